@@ -1,0 +1,266 @@
+"""Params, job specs, the job context and validation.
+
+A job is ``run(ctx, params) -> summary dict``. Its ``JobSpec`` declares the
+params with their types, defaults and allowed values, so every front end (the
+CLI's ``--set NAME=VALUE``, the TUI form) validates the same way and before
+anything touches the accelerator. Job modules must not import tensorflow at
+module level: listing jobs has to stay instant.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from jobs.events import Event, Log, Progress
+
+PARAM_KINDS = ("int", "float", "bool", "str", "floats", "ints")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class ParamError(ValueError):
+    """A param value that is not allowed; names the field and what is allowed."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+class JobCancelled(Exception):
+    """Raised by ``JobContext.raise_if_cancelled`` to unwind a cancelled job."""
+
+
+@dataclass(frozen=True)
+class Param:
+    """One typed, validated job parameter.
+
+    ``kind`` is one of PARAM_KINDS; ``floats``/``ints`` are comma-separated
+    lists (``length`` fixes how many). ``check`` is an extra rule returning an
+    error message or None. ``minimum_exclusive`` makes ``minimum`` a strict bound
+    (a learning rate must be > 0, not >= 0).
+    """
+
+    name: str
+    kind: str
+    default: Any
+    help: str = ""
+    minimum: float | None = None
+    maximum: float | None = None
+    minimum_exclusive: bool = False
+    choices: tuple | None = None
+    length: int | None = None
+    check: Callable[[Any], str | None] | None = None
+
+    def __post_init__(self):
+        if self.kind not in PARAM_KINDS:
+            raise ValueError(f"param {self.name}: kind {self.kind!r} is not one of {PARAM_KINDS}")
+
+    def allowed(self) -> str:
+        """A human description of what this param accepts."""
+        if self.choices:
+            return "one of " + ", ".join(str(choice) for choice in self.choices)
+        noun = {
+            "int": "an integer",
+            "float": "a number",
+            "bool": "true or false",
+            "str": "text",
+            "floats": "comma-separated numbers",
+            "ints": "comma-separated integers",
+        }[self.kind]
+        if self.length:
+            noun += f" ({self.length} of them)"
+        bounds = []
+        if self.minimum is not None:
+            bounds.append(f"{'>' if self.minimum_exclusive else '>='} {_number_text(self.minimum)}")
+        if self.maximum is not None:
+            bounds.append(f"<= {_number_text(self.maximum)}")
+        if bounds:
+            noun += " " + " and ".join(bounds)
+        return noun
+
+    def parse(self, raw: Any) -> Any:
+        """Convert text (or an already-typed value) and validate it."""
+        value = self._convert(raw)
+        self.validate(value)
+        return value
+
+    def _convert(self, raw: Any) -> Any:
+        if isinstance(raw, str):
+            text = raw.strip()
+            if text == "" and self.kind != "str":
+                raise ParamError(self.name, f"is empty; allowed: {self.allowed()}")
+        else:
+            text = None
+        try:
+            if self.kind == "int":
+                if isinstance(raw, bool):
+                    raise ValueError
+                if text is not None:
+                    return int(text, 10)
+                if isinstance(raw, float) and not raw.is_integer():
+                    raise ValueError
+                return int(raw)
+            if self.kind == "float":
+                if isinstance(raw, bool):
+                    raise ValueError
+                return float(text) if text is not None else float(raw)
+            if self.kind == "bool":
+                if isinstance(raw, bool):
+                    return raw
+                word = (text if text is not None else str(raw)).lower()
+                if word in TRUE_WORDS:
+                    return True
+                if word in FALSE_WORDS:
+                    return False
+                raise ValueError
+            if self.kind == "str":
+                return text if text is not None else str(raw)
+            item_type = float if self.kind == "floats" else int
+            items = text.split(",") if text is not None else list(raw)
+            return tuple(item_type(str(item).strip()) for item in items)
+        except (TypeError, ValueError, OverflowError):
+            raise ParamError(self.name, f"{raw!r} is not {self.allowed()}") from None
+
+    def validate(self, value: Any) -> None:
+        """Raise ParamError unless ``value`` (already typed) is allowed."""
+        items = value if self.kind in ("floats", "ints") else (value,)
+        if self.kind in ("floats", "ints") and self.length is not None and len(items) != self.length:
+            raise ParamError(self.name, f"needs {self.length} values, got {len(items)}")
+        for item in items:
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ParamError(self.name, f"{item!r} is not a finite number; allowed: {self.allowed()}")
+            if self.choices and item not in self.choices:
+                raise ParamError(self.name, f"{item!r} is not allowed; allowed: {self.allowed()}")
+            if self.minimum is not None and isinstance(item, (int, float)) and not isinstance(item, bool):
+                too_small = item <= self.minimum if self.minimum_exclusive else item < self.minimum
+                if too_small:
+                    raise ParamError(self.name, f"{_number_text(item)} is out of range; allowed: {self.allowed()}")
+            if self.maximum is not None and isinstance(item, (int, float)) and not isinstance(item, bool):
+                if item > self.maximum:
+                    raise ParamError(self.name, f"{_number_text(item)} is out of range; allowed: {self.allowed()}")
+        if self.check is not None:
+            problem = self.check(value)
+            if problem:
+                raise ParamError(self.name, problem)
+
+    def format(self, value: Any) -> str:
+        """The text form of a value, as a user would type it back."""
+        if self.kind in ("floats", "ints"):
+            return ",".join(_number_text(item) for item in value)
+        if self.kind == "bool":
+            return "true" if value else "false"
+        return str(value)
+
+
+def _number_text(number: float) -> str:
+    if isinstance(number, float) and number.is_integer() and abs(number) < 1e15:
+        return str(int(number)) if abs(number) >= 1 or number == 0 else repr(number)
+    return repr(number) if isinstance(number, float) else str(number)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job is called, what it takes, and the function that runs it.
+
+    ``check_params`` sees all typed params at once for rules across fields
+    (raise ParamError). ``check_runtime`` runs once the runtime is known, still
+    before the job starts (a device index must exist).
+    """
+
+    name: str
+    title: str
+    description: str
+    params: tuple[Param, ...]
+    run: Callable[["JobContext", dict], dict]
+    key: str | None = None
+    check_params: Callable[[dict], None] | None = None
+    check_runtime: Callable[[dict, Any], None] | None = None
+
+    def param(self, name: str) -> Param:
+        for param in self.params:
+            if param.name == name:
+                return param
+        raise KeyError(name)
+
+    def defaults(self) -> dict:
+        return {param.name: param.default for param in self.params}
+
+    def resolve(self, overrides: Mapping[str, Any] | None = None) -> dict:
+        """Defaults updated by ``overrides`` (text or typed), all validated."""
+        known = {param.name: param for param in self.params}
+        values = self.defaults()
+        for name, raw in (overrides or {}).items():
+            if name not in known:
+                allowed = ", ".join(known) or "none"
+                raise ParamError(name, f"unknown param for job {self.name!r}; allowed: {allowed}")
+            values[name] = known[name].parse(raw)
+        for param in self.params:
+            param.validate(values[param.name])
+        if self.check_params is not None:
+            self.check_params(values)
+        return values
+
+    def describe(self) -> dict:
+        """A JSON description for ``tpudash jobs --json`` and the TUI form."""
+        return {
+            "name": self.name,
+            "title": self.title,
+            "description": self.description,
+            "key": self.key,
+            "params": [
+                {
+                    "name": param.name,
+                    "kind": param.kind,
+                    "default": param.format(param.default),
+                    "help": param.help,
+                    "allowed": param.allowed(),
+                    "choices": list(param.choices) if param.choices else None,
+                }
+                for param in self.params
+            ],
+        }
+
+
+def parse_assignments(assignments: Sequence[str]) -> dict[str, str]:
+    """``["lr=0.1", "steps=5"]`` → ``{"lr": "0.1", "steps": "5"}``."""
+    parsed: dict[str, str] = {}
+    for assignment in assignments:
+        name, sep, value = assignment.partition("=")
+        if not sep or not name.strip():
+            raise ParamError(assignment or "--set", "expected NAME=VALUE")
+        parsed[name.strip()] = value
+    return parsed
+
+
+@dataclass
+class JobContext:
+    """What a running job sees: the runtime, an emitter, cancel, its run dir.
+
+    ``runtime`` is a ``tpudash.runtime.Runtime`` (strategy, logical devices,
+    description); jobs use it duck-typed so ``jobs`` stays independent of the
+    shell around it. ``settings`` carries paths such as ``data_dir``.
+    """
+
+    runtime: Any
+    emit: Callable[[Event], None]
+    run_dir: Path
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    settings: Any = None
+
+    def cancelled(self) -> bool:
+        return self.cancel_event.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self.cancel_event.is_set():
+            raise JobCancelled()
+
+    def log(self, text: str, level: str = "info") -> None:
+        self.emit(Log(level=level, text=text))
+
+    def progress(self, done: int, total: int | None, unit: str) -> None:
+        self.emit(Progress(done=done, total=total, unit=unit))

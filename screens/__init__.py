@@ -1,0 +1,1 @@
+"""One Textual Screen per module, each with its .tcss beside it."""

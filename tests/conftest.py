@@ -1,0 +1,116 @@
+"""Shared test fixtures: one 8-device CPU runtime per process, runners, job helpers.
+
+Logical devices can be configured only once per process, so every test that
+needs TensorFlow shares the same runtime: 8 logical CPU devices under a
+MirroredStrategy, the embedded default of tpudash.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Never let a test reach for the network or a developer's real run history.
+os.environ.setdefault("TFDS_DISABLE_GCS", "1")
+
+import pytest
+
+from jobs import get_job
+from jobs.events import Event, Metric, ReplicaValues, RunFinished, Table
+from tpudash.config import Settings
+from tpudash.records import RunStore
+from tpudash.runner import QueuedRun, Runner
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def isolated_runs_dir(tmp_path, monkeypatch):
+    """Every test gets its own runs directory and XDG data home."""
+    runs_dir = tmp_path / "runs"
+    monkeypatch.setenv("TPUDASH_RUNS_DIR", str(runs_dir))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    return runs_dir
+
+
+@pytest.fixture(scope="session")
+def runtime():
+    """The process-wide 8-device CPU runtime."""
+    from tpudash.runtime import get_runtime
+
+    return get_runtime(Settings(cpu_devices=8))
+
+
+@pytest.fixture
+def settings(isolated_runs_dir, tmp_path):
+    return Settings(cpu_devices=8, runs_dir=isolated_runs_dir, data_dir=tmp_path / "tfds")
+
+
+@pytest.fixture
+def store(isolated_runs_dir):
+    return RunStore(isolated_runs_dir)
+
+
+@pytest.fixture
+def runner(runtime, store, settings):
+    return Runner(lambda: runtime, store, settings)
+
+
+@dataclass
+class JobResult:
+    """A finished run and every event it emitted, in order."""
+
+    run: QueuedRun
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def finished(self) -> RunFinished:
+        return next(event for event in reversed(self.events) if isinstance(event, RunFinished))
+
+    @property
+    def status(self) -> str:
+        return self.finished.status
+
+    @property
+    def summary(self) -> dict:
+        return self.finished.summary
+
+    def of_type(self, kind: type) -> list:
+        return [event for event in self.events if isinstance(event, kind)]
+
+    def metrics(self, name: str, split: str | None = None) -> list[Metric]:
+        return [event for event in self.of_type(Metric) if event.name == name and (split is None or event.split == split)]
+
+    def tables(self) -> list[Table]:
+        return self.of_type(Table)
+
+    def replica_values(self, name: str | None = None) -> list[ReplicaValues]:
+        return [event for event in self.of_type(ReplicaValues) if name is None or event.name == name]
+
+    def logs(self) -> list[str]:
+        return [event.text for event in self.events if event.type == "log"]
+
+
+@pytest.fixture
+def run_job(runner):
+    """Validate ``overrides`` like the CLI does and run the job to completion.
+
+    ``on_event(run, event)`` sees each event as it is emitted (to cancel mid-run).
+    """
+
+    def run(name: str, on_event=None, **overrides) -> JobResult:
+        spec = get_job(name)
+        params = spec.resolve({key: value for key, value in overrides.items()})
+        events: list[Event] = []
+
+        def collect(queued_run, event):
+            events.append(event)
+            if on_event is not None:
+                on_event(queued_run, event)
+
+        queued = runner.run_now(spec, params, sinks=[collect])
+        return JobResult(run=queued, events=events)
+
+    return run

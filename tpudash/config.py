@@ -1,0 +1,105 @@
+"""One Settings object: command-line flags > TPUDASH_* variables > defaults.
+
+Every value is checked here, so a bad ``--cpu-devices`` or an unwritable runs
+directory is a clear message and exit code 2, never a traceback later on.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Mapping
+
+DEFAULT_CPU_DEVICES = 8
+MAX_CPU_DEVICES = 256
+ENV_PREFIX = "TPUDASH_"
+
+
+class SettingsError(ValueError):
+    """A setting that is not allowed; names the flag, the variable and the rule."""
+
+
+def default_runs_dir(environ: Mapping[str, str]) -> Path:
+    """``$XDG_DATA_HOME/tpudash/runs``, falling back to ~/.local/share."""
+    data_home = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data_home) / "tpudash" / "runs"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where to find the accelerator, the data and the run records.
+
+    tpu: None for automatic detection, else a TPU name, grpc://host:port or
+        'local'; an explicit value that fails is an error, never a fallback.
+    cpu_devices: logical devices the CPU is split into when no accelerator is found.
+    data_dir: tensorflow-datasets data directory (None: tfds's default).
+    runs_dir: where every run is kept.
+    tpu_timeout: seconds to wait for a TPU to connect and initialize (an
+        unreachable gRPC address otherwise hangs for good).
+    """
+
+    tpu: str | None = None
+    cpu_devices: int = DEFAULT_CPU_DEVICES
+    data_dir: Path | None = None
+    runs_dir: Path | None = None
+    tpu_timeout: float = 60.0
+
+    @classmethod
+    def load(cls, flags: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> "Settings":
+        """Merge flags (None means not given) over TPUDASH_* over defaults, validated."""
+        environ = os.environ if environ is None else environ
+        flags = flags or {}
+        merged: dict[str, object] = {}
+        for item in fields(cls):
+            flag_value = flags.get(item.name)
+            env_value = environ.get(ENV_PREFIX + item.name.upper())
+            if flag_value is not None:
+                merged[item.name] = (flag_value, "--" + item.name.replace("_", "-"))
+            elif env_value not in (None, ""):
+                merged[item.name] = (env_value, ENV_PREFIX + item.name.upper())
+        settings = cls()
+        for name, (raw, source) in merged.items():
+            settings = replace(settings, **{name: _convert(name, raw, source)})
+        if settings.runs_dir is None:
+            settings = replace(settings, runs_dir=default_runs_dir(environ))
+        return settings
+
+    def check_runs_dir(self) -> Path:
+        """Create the runs directory if needed; SettingsError if it cannot be written."""
+        runs_dir = self.runs_dir or default_runs_dir(os.environ)
+        try:
+            runs_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise SettingsError(f"--runs-dir / TPUDASH_RUNS_DIR: cannot create {runs_dir}: {error.strerror or error}") from None
+        if not os.access(runs_dir, os.W_OK | os.X_OK):
+            raise SettingsError(f"--runs-dir / TPUDASH_RUNS_DIR: {runs_dir} is not writable")
+        return runs_dir
+
+
+def _convert(name: str, raw: object, source: str) -> object:
+    if name == "cpu_devices":
+        try:
+            count = int(str(raw).strip(), 10)
+        except ValueError:
+            raise SettingsError(f"{source}: {raw!r} is not an integer; allowed: 1 to {MAX_CPU_DEVICES}") from None
+        if not 1 <= count <= MAX_CPU_DEVICES:
+            raise SettingsError(f"{source}: {count} is out of range; allowed: 1 to {MAX_CPU_DEVICES}")
+        return count
+    if name == "tpu_timeout":
+        try:
+            seconds = float(str(raw).strip())
+        except ValueError:
+            raise SettingsError(f"{source}: {raw!r} is not a number; allowed: 1 to 3600 seconds") from None
+        if not 1 <= seconds <= 3600:
+            raise SettingsError(f"{source}: {seconds:g} is out of range; allowed: 1 to 3600 seconds")
+        return seconds
+    if name == "tpu":
+        text = str(raw).strip()
+        if not text:
+            raise SettingsError(f"{source}: is empty; allowed: a TPU name, grpc://host:port or 'local'")
+        return text
+    path = Path(str(raw)).expanduser()
+    if name == "data_dir" and path.exists() and not (path.is_dir() and os.access(path, os.R_OK | os.X_OK)):
+        raise SettingsError(f"{source}: {path} is not a readable directory")
+    return path

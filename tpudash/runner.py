@@ -1,0 +1,213 @@
+"""The job queue, the one accelerator lane, cancel, and the fan-out to sinks.
+
+Jobs run one at a time in submit order: ``submit`` puts a run in the queue,
+``execute`` (called from whatever thread should do the work — the CLI's job
+thread or a Textual thread worker) waits for the run's turn on the lane, runs
+it, and turns every outcome into a ``RunFinished``: done, cancelled, or failed
+with the error and traceback. Every event goes to the run's recorder first,
+then to the sinks; a sink that raises is logged and skipped, never fatal.
+This module never imports textual.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from jobs.base import JobCancelled, JobContext, JobSpec
+from jobs.events import Event, RunFinished, RunStarted, to_jsonable
+from tpudash.records import RunRecorder, RunStore, new_run_id
+
+log = logging.getLogger(__name__)
+
+Sink = Callable[["QueuedRun", Event], None]
+
+STATE_QUEUED = "queued"
+STATE_RUNNING = "running"
+
+
+@dataclass(eq=False)
+class QueuedRun:
+    """A submitted job: queued, then running, then done/failed/cancelled."""
+
+    run_id: str
+    spec: JobSpec
+    params: dict
+    state: str = STATE_QUEUED
+    cancel_event: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    summary: dict = field(default_factory=dict)
+    error: str | None = None
+    traceback: str | None = None
+    run_dir: Path | None = None
+    sinks: list[Sink] = field(default_factory=list)
+    done_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def job(self) -> str:
+        return self.spec.name
+
+    @property
+    def finished_state(self) -> bool:
+        return self.done_event.is_set()
+
+
+class Runner:
+    """One lane, a FIFO queue, cancel tokens and sinks.
+
+    ``runtime_provider`` returns the ``tpudash.runtime.Runtime`` (it is called
+    on the lane, so a TUI can start before the accelerator is connected).
+    ``store`` is None to keep no records (tests of the runner alone).
+    """
+
+    def __init__(
+        self,
+        runtime_provider: Callable[[], Any],
+        store: RunStore | None,
+        settings: Any = None,
+        sinks: Iterable[Sink] = (),
+    ):
+        self._runtime_provider = runtime_provider
+        self.store = store
+        self.settings = settings
+        self._sinks: list[Sink] = list(sinks)
+        self._condition = threading.Condition()
+        self._waiting: list[QueuedRun] = []
+        self._current: QueuedRun | None = None
+
+    # -- sinks ---------------------------------------------------------
+    def add_sink(self, sink: Sink) -> None:
+        with self._condition:
+            self._sinks.append(sink)
+
+    def remove_sink(self, sink: Sink) -> None:
+        with self._condition:
+            if sink in self._sinks:
+                self._sinks.remove(sink)
+
+    # -- queue -----------------------------------------------------------
+    def submit(self, spec: JobSpec, params: dict, sinks: Iterable[Sink] = ()) -> QueuedRun:
+        """Queue a run of ``spec`` with already validated ``params``."""
+        run = QueuedRun(run_id=new_run_id(spec.name), spec=spec, params=dict(params), sinks=list(sinks))
+        with self._condition:
+            self._waiting.append(run)
+            self._condition.notify_all()
+        return run
+
+    def queued(self) -> list[QueuedRun]:
+        """Runs waiting for the lane, in the order they will run."""
+        with self._condition:
+            return list(self._waiting)
+
+    @property
+    def current(self) -> QueuedRun | None:
+        """The run on the lane now, if any."""
+        return self._current
+
+    @property
+    def busy(self) -> bool:
+        with self._condition:
+            return self._current is not None or bool(self._waiting)
+
+    def cancel(self, run: QueuedRun) -> None:
+        """Cancel a queued run (it never starts) or ask a running one to stop."""
+        with self._condition:
+            run.cancel_event.set()
+            if run in self._waiting:
+                self._waiting.remove(run)
+                run.state = "cancelled"
+                run.finished = time.time()
+                run.done_event.set()
+            self._condition.notify_all()
+
+    def cancel_current(self) -> QueuedRun | None:
+        run = self._current
+        if run is not None:
+            self.cancel(run)
+        return run
+
+    def cancel_all(self) -> None:
+        for run in self.queued():
+            self.cancel(run)
+        self.cancel_current()
+
+    # -- the lane ----------------------------------------------------------
+    def execute(self, run: QueuedRun) -> QueuedRun:
+        """Wait for ``run``'s turn, run it here, return it finished."""
+        with self._condition:
+            while not run.done_event.is_set() and (self._current is not None or self._waiting[0] is not run):
+                self._condition.wait()
+            if run.done_event.is_set():  # cancelled while queued
+                return run
+            self._waiting.remove(run)
+            self._current = run
+            run.state = STATE_RUNNING
+            run.started = time.time()
+        try:
+            self._run_on_lane(run)
+        finally:
+            with self._condition:
+                self._current = None
+                run.finished = time.time()
+                self._condition.notify_all()
+            run.done_event.set()
+        return run
+
+    def run_now(self, spec: JobSpec, params: dict, sinks: Iterable[Sink] = ()) -> QueuedRun:
+        """Submit and execute in the calling thread (headless and tests)."""
+        return self.execute(self.submit(spec, params, sinks))
+
+    def _run_on_lane(self, run: QueuedRun) -> None:
+        recorder: RunRecorder | None = None
+        status, error, trace = "done", None, None
+        try:
+            runtime = self._runtime_provider()
+            description = runtime.summary() if hasattr(runtime, "summary") else {}
+            if run.spec.check_runtime is not None:
+                run.spec.check_runtime(run.params, runtime)
+            if self.store is not None:
+                recorder = self.store.create(run.run_id, run.job, to_jsonable(run.params), description)
+                run.run_dir = recorder.run_dir
+            else:
+                run.run_dir = Path.cwd()
+            self._dispatch(run, recorder, RunStarted(run.run_id, run.job, to_jsonable(run.params), description, time.time()))
+            context = JobContext(
+                runtime=runtime,
+                emit=lambda event: self._dispatch(run, recorder, event),
+                run_dir=run.run_dir,
+                cancel_event=run.cancel_event,
+                settings=self.settings,
+            )
+            run.summary = dict(run.spec.run(context, dict(run.params)) or {})
+            if run.cancel_event.is_set():
+                status = "cancelled"
+        except JobCancelled:
+            status = "cancelled"
+        except BaseException as exception:  # noqa: BLE001 - a job must never take the app down
+            # A job interrupted by cancel or Ctrl-C often dies of it; that is a cancel.
+            interrupted = isinstance(exception, (SystemExit, KeyboardInterrupt))
+            status = "cancelled" if interrupted or run.cancel_event.is_set() else "failed"
+            error = f"{type(exception).__name__}: {exception}"
+            trace = traceback.format_exc()
+        run.state, run.error, run.traceback = status, error, trace
+        finished = RunFinished(status=status, summary=to_jsonable(run.summary), error=error, traceback=trace)
+        self._dispatch(run, recorder, finished)
+
+    def _dispatch(self, run: QueuedRun, recorder: RunRecorder | None, event: Event) -> None:
+        timestamp = time.time()
+        if recorder is not None:
+            recorder.record(event, timestamp)
+        with self._condition:
+            sinks = self._sinks + run.sinks
+        for sink in sinks:
+            try:
+                sink(run, event)
+            except Exception:  # noqa: BLE001 - a broken front end must not stop the job
+                log.exception("sink %r failed on %s", sink, event.type)
