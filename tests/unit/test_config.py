@@ -1,0 +1,66 @@
+"""Settings: flags beat TPUDASH_* variables beat defaults, and bad values are named."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tpudash.config import Settings, SettingsError
+
+
+def test_defaults_follow_xdg_and_split_the_cpu_into_eight():
+    settings = Settings.load({}, environ={"XDG_DATA_HOME": "/data"})
+    assert settings.cpu_devices == 8
+    assert settings.tpu is None
+    assert settings.runs_dir == Path("/data/tpudash/runs")
+
+
+def test_flags_beat_environment_beats_defaults():
+    environ = {"TPUDASH_CPU_DEVICES": "4", "TPUDASH_RUNS_DIR": "/env/runs", "TPUDASH_TPU": "env-tpu"}
+    from_env = Settings.load({}, environ=environ)
+    assert (from_env.cpu_devices, from_env.runs_dir, from_env.tpu) == (4, Path("/env/runs"), "env-tpu")
+    from_flags = Settings.load({"cpu_devices": "2", "runs_dir": "/flag/runs", "tpu": None}, environ=environ)
+    assert (from_flags.cpu_devices, from_flags.runs_dir, from_flags.tpu) == (2, Path("/flag/runs"), "env-tpu")
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "message"),
+    [
+        ({"cpu_devices": "0"}, {}, "--cpu-devices: 0 is out of range; allowed: 1 to 256"),
+        ({"cpu_devices": "100000"}, {}, "out of range"),
+        ({"cpu_devices": "eight"}, {}, "--cpu-devices: 'eight' is not an integer"),
+        ({}, {"TPUDASH_CPU_DEVICES": "-3"}, "TPUDASH_CPU_DEVICES: -3 is out of range"),
+        ({"tpu": "  "}, {}, "--tpu: is empty"),
+        ({}, {"TPUDASH_TPU_TIMEOUT": "0"}, "TPUDASH_TPU_TIMEOUT: 0 is out of range"),
+    ],
+)
+def test_bad_settings_name_the_flag_or_variable(flags, environ, message):
+    with pytest.raises(SettingsError) as caught:
+        Settings.load(flags, environ=environ)
+    assert message in str(caught.value)
+
+
+def test_a_data_dir_that_is_a_file_is_rejected(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(SettingsError, match="--data-dir: .* is not a readable directory"):
+        Settings.load({"data_dir": str(not_a_dir)}, environ={})
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_an_unwritable_runs_dir_is_reported(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    settings = Settings.load({"runs_dir": str(locked / "runs")}, environ={})
+    with pytest.raises(SettingsError, match="--runs-dir / TPUDASH_RUNS_DIR: cannot create"):
+        settings.check_runs_dir()
+
+
+def test_a_runs_dir_under_a_file_is_reported(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    settings = Settings.load({"runs_dir": str(blocker / "runs")}, environ={})
+    with pytest.raises(SettingsError, match="--runs-dir / TPUDASH_RUNS_DIR: cannot create"):
+        settings.check_runs_dir()

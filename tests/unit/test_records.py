@@ -1,0 +1,168 @@
+"""Run records on disk: kept through crashes, readable when damaged, exportable."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jobs.events import Log, Metric, Progress, RunFinished, RunStarted, dumps
+from tpudash.records import RunStore, new_run_id
+
+
+def make_run(store: RunStore, job: str = "train", finish: str | None = "done") -> str:
+    run_id = new_run_id(job)
+    recorder = store.create(run_id, job, {"epochs": 2}, {"kind": "CPU"})
+    recorder.record(RunStarted(run_id, job, {"epochs": 2}, {"kind": "CPU"}, 0.0))
+    for step in range(4):
+        recorder.record(Metric("loss", 1.0 - step * 0.2, step, epoch=step // 2))
+    recorder.record(Metric("accuracy", 0.75, 3, epoch=1, split="val"))
+    recorder.record(Progress(2, 2, "epoch"))
+    if finish:
+        recorder.record(RunFinished(finish, {"val_accuracy": 0.75}))
+    else:
+        recorder.close()
+    return run_id
+
+
+def test_run_ids_sort_by_start_time_and_name_the_job():
+    early, late = new_run_id("matmul", now=0), new_run_id("matmul", now=3600)
+    assert early.startswith("19700101-000000-matmul-") and len(early.rsplit("-", 1)[1]) == 6
+    assert early < late
+
+
+def test_finished_runs_list_with_status_duration_and_final_metrics(store):
+    run_id = make_run(store)
+    [info] = store.list_runs()
+    assert info.run_id == run_id and info.job == "train" and info.status == "done"
+    assert info.final_metrics == {"loss": pytest.approx(0.4), "val_accuracy": 0.75}
+    assert info.duration is not None and info.duration >= 0
+    assert info.problems == []
+
+
+def test_run_json_is_replaced_atomically_without_leftovers(store):
+    run_id = make_run(store)
+    files = sorted(path.name for path in store.find(run_id).iterdir())
+    assert files == ["events.jsonl", "run.json"]
+
+
+def test_export_csv_has_one_row_per_metric_point(store):
+    run_id = make_run(store)
+    rows = list(csv.DictReader(io.StringIO(store.export(run_id, "csv"))))
+    assert [row["name"] for row in rows] == ["loss"] * 4 + ["accuracy"]
+    assert rows[-1]["split"] == "val" and float(rows[-1]["value"]) == 0.75
+    exported = json.loads(store.export(run_id[:-2], "json"))
+    assert exported["run"]["status"] == "done" and len(exported["metrics"]) == 5
+    with pytest.raises(ValueError, match="format: 'xml' is not allowed; allowed: csv, json"):
+        store.export(run_id, "xml")
+
+
+def test_an_unknown_run_id_is_a_clear_error(store):
+    make_run(store)
+    with pytest.raises(KeyError, match="no run 'nope'"):
+        store.find("nope")
+
+
+def test_a_run_left_running_by_a_dead_process_reads_as_interrupted(store):
+    run_id = make_run(store, finish=None)
+    run_json = store.find(run_id) / "run.json"
+    meta = json.loads(run_json.read_text())
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    meta["pid"] = int(dead.stdout)
+    run_json.write_text(json.dumps(meta))
+    info = store.info(store.find(run_id))
+    assert info.status == "interrupted"
+    assert info.final_metrics["loss"] == pytest.approx(0.4)
+
+
+def test_a_run_of_this_live_process_stays_running(store):
+    run_id = make_run(store, finish=None)
+    assert store.info(store.find(run_id)).status == "running"
+
+
+def test_damaged_runs_still_list_and_show_what_they_can(store):
+    truncated = make_run(store)
+    with open(store.find(truncated) / "events.jsonl", "a") as handle:
+        handle.write('{"type": "metric", "name": "loss", "val')
+    malformed = make_run(store)
+    (store.find(malformed) / "run.json").write_text("{not json")
+    unknown = make_run(store)
+    with open(store.find(unknown) / "events.jsonl", "a") as handle:
+        handle.write(json.dumps({"type": "gpu_temperature", "value": 71}) + "\n")
+    runs = {info.run_id: info for info in store.list_runs()}
+    assert len(runs) == 3
+    truncated_data = store.load(truncated)
+    assert len(truncated_data.metrics()) == 5
+    assert truncated_data.problems == ["events.jsonl line 9: truncated or not JSON"]
+    malformed_info = runs[malformed]
+    assert malformed_info.problems[0].startswith("run.json: unreadable")
+    assert malformed_info.job == "train" and malformed_info.status == "done"
+    assert malformed_info.final_metrics["val_accuracy"] == 0.75
+    assert store.load(unknown).problems == ["events.jsonl line 9: unknown event type 'gpu_temperature'"]
+
+
+def test_an_unreadable_events_file_is_reported_not_raised(store):
+    run_id = make_run(store)
+    events = store.find(run_id) / "events.jsonl"
+    events.unlink()
+    events.mkdir()
+    data = store.load(run_id)
+    assert data.events == []
+    assert data.problems[0].startswith("events.jsonl: cannot read")
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import sys, threading
+    from jobs.base import JobSpec
+    from jobs.events import Metric
+    from tpudash.records import RunStore
+    from tpudash.runner import Runner
+
+    class Runtime:
+        def summary(self):
+            return {"kind": "CPU"}
+
+    def endless(ctx, params):
+        step = 0
+        while True:
+            ctx.emit(Metric("loss", 1.0 / (step + 1), step))
+            step += 1
+            if step == 200:
+                print("emitted", step, flush=True)
+            threading.Event().wait(0.001)
+
+    spec = JobSpec("endless", "Endless", "never stops", (), endless)
+    Runner(Runtime, RunStore(sys.argv[1])).run_now(spec, {})
+    """
+)
+
+
+def test_sigkill_mid_run_keeps_every_emitted_event_and_reads_as_interrupted(store):
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(store.root)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+    )
+    try:
+        assert child.stdout.readline().strip() == "emitted 200"
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    [info] = store.list_runs()
+    assert info.status == "interrupted"
+    data = store.load(info.run_id)
+    steps = [event.step for _, event in data.metrics()]
+    assert steps[:200] == list(range(200))
+    assert all(problem.startswith("events.jsonl line") for problem in data.problems)
+    assert len(data.problems) <= 1  # at most the one line being written when killed

@@ -1,0 +1,272 @@
+"""Argument parsing and the subcommands of ``tpudash``.
+
+``tpudash`` alone starts the TUI; ``devices``, ``jobs``, ``run``, ``runs`` and
+``export`` work headless for notebooks, scripts and CI. Global flags
+(``--tpu``, ``--cpu-devices``, ``--data-dir``, ``--runs-dir``) are accepted
+before or after the subcommand, and each also comes from a TPUDASH_* variable.
+Exit codes: 0 done, 1 job failed, 2 bad input, 130 cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from tpudash import __version__
+
+EXIT_DONE = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_CANCELLED = 130
+EXIT_BY_STATUS = {"done": EXIT_DONE, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
+GLOBAL_FLAGS = ("tpu", "cpu_devices", "data_dir", "runs_dir")
+
+
+class BadInput(Exception):
+    """Anything the user typed that cannot be used; exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: same prefix, exit 2
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"tpudash: error: {message}\n")
+
+
+def _global_flags() -> argparse.ArgumentParser:
+    # SUPPRESS keeps a flag given before the subcommand from being reset by the
+    # subparser's default, so `tpudash --cpu-devices 4 run …` and
+    # `tpudash run … --cpu-devices 4` mean the same.
+    flags = argparse.ArgumentParser(add_help=False)
+    group = flags.add_argument_group("session (also from TPUDASH_* variables)")
+    group.add_argument("--tpu", default=argparse.SUPPRESS, metavar="NAME|grpc://HOST:PORT|local",
+                       help="connect to this TPU; failure is an error, never a fallback [TPUDASH_TPU]")
+    group.add_argument("--cpu-devices", default=argparse.SUPPRESS, metavar="N",
+                       help="logical CPU devices when no accelerator is found (default 8) [TPUDASH_CPU_DEVICES]")
+    group.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
+                       help="tensorflow-datasets data directory [TPUDASH_DATA_DIR]")
+    group.add_argument("--runs-dir", default=argparse.SUPPRESS, metavar="DIR",
+                       help="where runs are kept (default $XDG_DATA_HOME/tpudash/runs) [TPUDASH_RUNS_DIR]")
+    return flags
+
+
+def build_parser() -> argparse.ArgumentParser:
+    flags = _global_flags()
+    parser = _Parser(
+        prog="tpudash",
+        description="Terminal dashboard for TensorFlow accelerator sessions. Without a command, starts the TUI.",
+        parents=[flags],
+    )
+    parser.add_argument("--version", action="version", version=f"tpudash {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    devices = commands.add_parser("devices", parents=[flags], help="detect the accelerator and describe its devices")
+    devices.add_argument("--json", action="store_true", help="print the description as JSON")
+
+    jobs = commands.add_parser("jobs", parents=[flags], help="list the jobs and their params")
+    jobs.add_argument("--json", action="store_true", help="print the job list as JSON")
+
+    run = commands.add_parser("run", parents=[flags], help="run a job headless",
+                              description="Run a job headless. Params: `tpudash jobs` lists them.")
+    run.add_argument("job", help="job name, e.g. matmul, gradient-descent, train")
+    run.add_argument("--set", dest="assignments", action="append", default=[], metavar="NAME=VALUE",
+                     help="set a param (repeatable)")
+    run.add_argument("--json", action="store_true", help="print one JSON event per line instead of the live display")
+
+    runs = commands.add_parser("runs", parents=[flags], help="list recorded runs")
+    runs.add_argument("--json", action="store_true", help="print the runs as JSON")
+
+    export = commands.add_parser("export", parents=[flags], help="export a run's metrics")
+    export.add_argument("run_id", metavar="RUN", help="run id (a unique prefix is enough)")
+    export.add_argument("--format", choices=("csv", "json"), default="csv", help="output format (default csv)")
+    export.add_argument("-o", "--output", metavar="FILE", help="write here instead of standard output")
+    return parser
+
+
+def load_settings(args: argparse.Namespace):
+    from tpudash.config import Settings, SettingsError
+
+    flags = {name: getattr(args, name, None) for name in GLOBAL_FLAGS}
+    try:
+        return Settings.load(flags)
+    except SettingsError as error:
+        raise BadInput(str(error)) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args)
+        if args.command is None:
+            return command_tui(settings)
+        handler = {
+            "devices": command_devices,
+            "jobs": command_jobs,
+            "run": command_run,
+            "runs": command_runs,
+            "export": command_export,
+        }[args.command]
+        return handler(args, settings)
+    except BadInput as error:
+        print(f"tpudash: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("tpudash: interrupted", file=sys.stderr)
+        return EXIT_CANCELLED
+    finally:
+        _release_native_stderr()
+
+
+_native_stderr = None
+
+
+def _runtime(settings):
+    """Detect the runtime with TensorFlow's native chatter sent to the session log."""
+    global _native_stderr
+    from tpudash.nativelog import NativeStderr, session_log_path
+    from tpudash.runtime import RuntimeSetupError, get_runtime
+
+    if _native_stderr is None and os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal":
+        _native_stderr = NativeStderr(session_log_path(settings.runs_dir)).start()
+    try:
+        return get_runtime(settings)
+    except RuntimeSetupError as error:
+        raise BadInput(str(error)) from None
+
+
+def _release_native_stderr() -> None:
+    global _native_stderr
+    if _native_stderr is not None:
+        _native_stderr.stop()
+        _native_stderr = None
+
+
+def command_tui(settings) -> int:
+    from tpudash.app import run_app
+
+    settings.check_runs_dir()
+    return run_app(settings) or 0
+
+
+def command_devices(args, settings) -> int:
+    from tpudash.console import render_devices
+
+    runtime = _runtime(settings)
+    if args.json:
+        print(json.dumps(runtime.description.to_dict(), indent=2))
+    else:
+        render_devices(runtime.description)
+    return EXIT_DONE
+
+
+def command_jobs(args, settings) -> int:
+    from jobs import registry
+    from tpudash.console import render_jobs
+
+    specs = list(registry().values())
+    if args.json:
+        print(json.dumps([spec.describe() for spec in specs], indent=2))
+    else:
+        render_jobs(specs)
+    return EXIT_DONE
+
+
+def command_run(args, settings) -> int:
+    from jobs import UnknownJobError, get_job
+    from jobs.base import ParamError, parse_assignments
+    from tpudash.config import SettingsError
+
+    try:
+        spec = get_job(args.job)
+        params = spec.resolve(parse_assignments(args.assignments))
+    except (UnknownJobError, ParamError) as error:
+        raise BadInput(str(error)) from None
+    try:
+        runs_dir = settings.check_runs_dir()
+    except SettingsError as error:
+        raise BadInput(str(error)) from None
+    runtime = _runtime(settings)
+    if spec.check_runtime is not None:
+        try:
+            spec.check_runtime(params, runtime)
+        except ParamError as error:
+            raise BadInput(str(error)) from None
+    return execute_headless(spec, params, runtime, settings, runs_dir, as_json=args.json)
+
+
+def execute_headless(spec, params, runtime, settings, runs_dir: Path, as_json: bool) -> int:
+    """Run on a job thread so Ctrl-C and SIGTERM become a clean, recorded cancel."""
+    from tpudash.console import ConsoleSink, JsonLinesSink
+    from tpudash.records import RunStore
+    from tpudash.runner import Runner
+
+    sink = JsonLinesSink(sys.stdout) if as_json else ConsoleSink()
+    runner = Runner(lambda: runtime, RunStore(runs_dir), settings, sinks=[sink])
+    queued = runner.submit(spec, params)
+    job_thread = threading.Thread(target=runner.execute, args=(queued,), name=f"tpudash-job-{spec.name}", daemon=True)
+    interrupts = []
+
+    def on_signal(signum, frame):
+        interrupts.append(signum)
+        if len(interrupts) == 1:
+            sink.notice(f"cancelling {spec.name} (signal {signal.Signals(signum).name}); again to stop at once")
+            runner.cancel(queued)
+        else:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        job_thread.start()
+        while not queued.done_event.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        # Second signal: the job ignores cancel; the record stays "running" and
+        # reads as interrupted, with every event written so far.
+        return EXIT_CANCELLED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sink.close()
+    if queued.state == "failed" and _native_stderr is not None:
+        print(f"tpudash: TensorFlow's native log for this session: {_native_stderr.log_path}", file=sys.stderr)
+    return EXIT_BY_STATUS.get(queued.state, EXIT_FAILED)
+
+
+def command_runs(args, settings) -> int:
+    from tpudash.console import render_runs
+    from tpudash.records import RunStore
+
+    runs = RunStore(settings.runs_dir).list_runs()
+    if args.json:
+        print(json.dumps([run.to_dict() for run in runs], indent=2, default=str))
+    else:
+        render_runs(runs, settings.runs_dir)
+    return EXIT_DONE
+
+
+def command_export(args, settings) -> int:
+    from tpudash.records import RunStore
+
+    store = RunStore(settings.runs_dir)
+    try:
+        text = store.export(args.run_id, args.format)
+    except KeyError as error:
+        raise BadInput(error.args[0]) from None
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise BadInput(f"-o/--output: cannot write {args.output}: {error.strerror or error}") from None
+        print(f"exported {args.run_id} to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_DONE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

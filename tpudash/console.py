@@ -1,0 +1,251 @@
+"""Headless rendering for ``tpudash run`` and the listing commands (rich).
+
+``ConsoleSink`` turns a run's events into a live progress display, log lines,
+result tables and a closing summary; ``JsonLinesSink`` prints one JSON event
+per line for scripts. Both are runner sinks: they are called on the job
+thread, so they only print, never block.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from datetime import datetime
+from typing import IO, Iterable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table as RichTable
+
+from jobs.events import (
+    Artifact,
+    Event,
+    Log,
+    Metric,
+    Progress as ProgressEvent,
+    ReplicaValues,
+    RunFinished,
+    RunStarted,
+    Table,
+    dumps,
+)
+
+LEVEL_STYLES = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold red"}
+STATUS_STYLES = {"done": "bold green", "failed": "bold red", "cancelled": "bold yellow",
+                 "interrupted": "bold magenta", "running": "cyan"}
+
+
+def format_value(value) -> str:
+    """Numbers compact, matrices and lists as nested brackets."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(format_value(item) for item in value) + "]"
+    return str(value)
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, seconds = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+class JsonLinesSink:
+    """One JSON object per event on ``stream`` (``tpudash run --json``)."""
+
+    def __init__(self, stream: IO[str]):
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def __call__(self, run, event: Event) -> None:
+        with self._lock:
+            self._stream.write(dumps(event, time.time()) + "\n")
+            self._stream.flush()
+
+    def notice(self, text: str) -> None:
+        print(f"tpudash: {text}", file=sys.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+class ConsoleSink:
+    """The human view of one headless run."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=False, highlight=False)
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[unit]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[metrics]}"),
+            console=self.console,
+            transient=True,
+        )
+        self._tasks: dict[str, int] = {}
+        self._latest: dict[str, float] = {}
+        self._started = False
+        self._lock = threading.Lock()
+
+    def notice(self, text: str) -> None:
+        self.console.print(f"[yellow]{text}[/]")
+
+    def _metrics_text(self) -> str:
+        shown = list(self._latest.items())[-4:]
+        return "  ".join(f"{name} {value:.4g}" for name, value in shown)
+
+    def __call__(self, run, event: Event) -> None:
+        with self._lock:
+            self._render(event)
+
+    def _render(self, event: Event) -> None:
+        if isinstance(event, RunStarted):
+            runtime = event.runtime
+            simulated = " (simulated replicas)" if runtime.get("simulated") else ""
+            self.console.print(
+                f"[bold]▶ {event.job}[/]  run [cyan]{event.run_id}[/]  on {runtime.get('kind')} · "
+                f"{runtime.get('strategy')} · {runtime.get('num_replicas')} replicas{simulated}"
+            )
+            self._progress.start()
+            self._started = True
+        elif isinstance(event, Log):
+            style = LEVEL_STYLES.get(event.level, "")
+            prefix = "" if event.level == "info" else f"{event.level}: "
+            self.console.print(f"{prefix}{event.text}", style=style or None, markup=False, highlight=False)
+        elif isinstance(event, ProgressEvent):
+            task = self._tasks.get(event.unit)
+            if task is None:
+                task = self._progress.add_task(event.unit + "s", total=event.total, unit="", metrics="")
+                self._tasks[event.unit] = task
+            self._progress.update(task, completed=event.done, total=event.total, metrics=self._metrics_text())
+            if event.unit == "epoch" and self._latest:
+                self.console.print(f"epoch {event.done}/{event.total}  {self._epoch_line()}", highlight=False)
+        elif isinstance(event, Metric):
+            key = event.name if event.split == "train" else f"{event.split}_{event.name}"
+            self._latest[key] = event.value
+            if event.split == "test":
+                self.console.print(f"test {event.name}: {event.value:.6g}", highlight=False)
+        elif isinstance(event, Table):
+            self.console.print(rich_table(event.title, event.columns, event.rows))
+        elif isinstance(event, ReplicaValues):
+            table = RichTable(title=event.name, title_justify="left")
+            table.add_column("replica", justify="right")
+            table.add_column("device")
+            table.add_column("value")
+            for index, (device, value) in enumerate(zip(event.devices, event.values)):
+                table.add_row(str(index), str(device), format_value(value))
+            self.console.print(table)
+        elif isinstance(event, Artifact):
+            self.console.print(f"[dim]{event.kind}:[/] {event.path}")
+        elif isinstance(event, RunFinished):
+            self._stop_progress()
+            style = STATUS_STYLES.get(event.status, "bold")
+            self.console.print(f"[{style}]■ {event.status}[/]")
+            if event.error:
+                self.console.print(f"error: {event.error}", style="red", markup=False)
+            if event.summary:
+                self.console.print(summary_table(event.summary))
+
+    def _epoch_line(self) -> str:
+        return "  ".join(f"{name} {value:.4g}" for name, value in self._latest.items())
+
+    def _stop_progress(self) -> None:
+        if self._started:
+            self._progress.stop()
+            self._started = False
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop_progress()
+
+
+def rich_table(title: str, columns: Iterable, rows: Iterable) -> RichTable:
+    table = RichTable(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(str(column))
+    for row in rows:
+        cells = []
+        for cell in row:
+            text = format_value(cell)
+            if text in ("PASS", "pass", "True"):
+                text = f"[green]{text}[/]"
+            elif text in ("FAIL", "fail", "False"):
+                text = f"[red]{text}[/]"
+            cells.append(text)
+        table.add_row(*cells)
+    return table
+
+
+def summary_table(summary: dict) -> RichTable:
+    table = RichTable(title="summary", title_justify="left", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for key, value in summary.items():
+        table.add_row(str(key), format_value(value))
+    return table
+
+
+def render_devices(description, console: Console | None = None) -> None:
+    console = console or Console()
+    simulated = " (simulated replicas)" if description.simulated else ""
+    console.print(f"[bold]{description.kind}[/] · {description.strategy} · "
+                  f"{description.num_replicas} replicas in sync{simulated}")
+    console.print(f"TensorFlow {description.tf_version} · Keras {description.keras_version} · host {description.host} · "
+                  f"initialized in {description.init_seconds:.2f}s")
+    if description.tpu_address:
+        console.print(f"TPU address: {description.tpu_address}")
+    if description.topology:
+        topology = description.topology
+        console.print(f"topology: mesh {topology.get('mesh_shape')} · {topology.get('num_tasks')} tasks · "
+                      f"{topology.get('num_tpus_per_task')} cores per task")
+    for kind, reason in description.reasons.items():
+        console.print(f"[dim]not {kind}:[/] {reason}")
+    for note in description.notes:
+        console.print(f"[dim]note:[/] {note}")
+    table = RichTable(title="logical devices", title_justify="left")
+    for column in ("index", "name", "type", "job", "replica", "task", "memory"):
+        table.add_column(column)
+    for device in description.devices:
+        memory = "-" if not device.memory else ", ".join(f"{key} {value}" for key, value in device.memory.items())
+        table.add_row(str(device.index), device.name, device.device_type, str(device.job or "-"),
+                      str(device.replica if device.replica is not None else "-"),
+                      str(device.task if device.task is not None else "-"), memory)
+    console.print(table)
+
+
+def render_jobs(specs, console: Console | None = None) -> None:
+    console = console or Console()
+    for spec in specs:
+        key = f" [dim](key {spec.key})[/]" if spec.key else ""
+        console.print(f"[bold]{spec.name}[/]{key} — {spec.title}")
+        console.print(f"  {spec.description}", style="dim", markup=False)
+        for param in spec.params:
+            console.print(f"  --set {param.name}={param.format(param.default)}  [dim]{param.allowed()}. {param.help}[/]",
+                          highlight=False)
+
+
+def render_runs(runs, runs_dir, console: Console | None = None) -> None:
+    console = console or Console()
+    if not runs:
+        console.print(f"no runs yet in {runs_dir}")
+        return
+    table = RichTable(title=f"runs in {runs_dir}", title_justify="left")
+    for column in ("run", "job", "started", "duration", "status", "final metrics"):
+        table.add_column(column)
+    for run in runs:
+        started = datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M:%S") if run.started else "-"
+        metrics = "  ".join(f"{name} {value:.4g}" for name, value in list(run.final_metrics.items())[:4]
+                            if isinstance(value, (int, float)))
+        status = f"[{STATUS_STYLES.get(run.status, '')}]{run.status}[/]"
+        if run.problems:
+            status += f" [red](! {len(run.problems)} problems)[/]"
+        table.add_row(run.run_id, run.job, started, format_seconds(run.duration), status, metrics)
+    console.print(table)

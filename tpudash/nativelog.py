@@ -1,0 +1,88 @@
+"""Keeps native writes to file descriptor 2 off the user's terminal.
+
+TensorFlow's C++ runtime logs (absl, oneDNN, CUDA probing) and tfds's tqdm
+bars write straight to fd 2, around Python's ``sys.stderr``. In the TUI that
+tears the screen; headless it buries the output. ``NativeStderr`` points fd 2
+at a session log file and hands Python a private duplicate of the original
+terminal, so tpudash's own messages (and Textual, which draws on
+``sys.__stderr__``) still reach the user.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def session_log_path(runs_dir: Path | None) -> Path:
+    """``<runs_dir>/.logs/session-<UTC time>-<pid>.log``, or the temp dir."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    for base in ([Path(runs_dir) / ".logs"] if runs_dir else []) + [Path(tempfile.gettempdir()) / "tpudash-logs"]:
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            return base / f"session-{stamp}-{os.getpid()}.log"
+        except OSError:
+            continue
+    return Path(os.devnull)
+
+
+class NativeStderr:
+    """Context manager: fd 2 → ``log_path``; Python's stderr → the real terminal."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = Path(log_path)
+        self._saved_fd: int | None = None
+        self._saved_streams: tuple | None = None
+
+    def start(self) -> "NativeStderr":
+        if self._saved_fd is not None:
+            return self
+        try:
+            sys.stderr.flush()
+            self._saved_fd = os.dup(2)
+            log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError:
+            self._saved_fd = None
+            return self
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        terminal = os.fdopen(os.dup(self._saved_fd), "w", buffering=1, encoding=sys.stderr.encoding or "utf-8",
+                             errors="backslashreplace")
+        self._saved_streams = (sys.stderr, sys.__stderr__)
+        sys.stderr = terminal
+        sys.__stderr__ = terminal
+        return self
+
+    def stop(self) -> None:
+        if self._saved_fd is None:
+            return
+        terminal = sys.stderr
+        try:
+            terminal.flush()
+        except (OSError, ValueError):
+            pass
+        sys.stderr, sys.__stderr__ = self._saved_streams
+        os.dup2(self._saved_fd, 2)
+        os.close(self._saved_fd)
+        self._saved_fd = None
+        try:
+            terminal.close()
+        except (OSError, ValueError):
+            pass
+
+    def __enter__(self) -> "NativeStderr":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def tail(self, lines: int = 20) -> list[str]:
+        """The last lines TensorFlow wrote, for an error report."""
+        try:
+            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+        return text.splitlines()[-lines:]
