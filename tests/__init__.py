@@ -1,0 +1,1 @@
+"""tpudash tests: unit (no Textual), functional (Pilot), benchmarks (not in the default run)."""

@@ -1,0 +1,1 @@
+"""Benchmarks of the performance targets; not part of the default test run."""

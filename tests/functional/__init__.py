@@ -1,0 +1,1 @@
+"""Functional tests: the Textual app driven by Pilot."""

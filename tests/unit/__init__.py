@@ -1,0 +1,1 @@
+"""Unit tests: the core and the jobs, no Textual."""
