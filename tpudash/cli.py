@@ -131,12 +131,20 @@ def _runtime(settings):
     from tpudash.nativelog import NativeStderr, session_log_path
     from tpudash.runtime import RuntimeSetupError, get_runtime
 
-    if _native_stderr is None and os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal":
+    if _native_stderr is None and os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal" and _stderr_is_fd2():
         _native_stderr = NativeStderr(session_log_path(settings.runs_dir)).start()
     try:
         return get_runtime(settings)
     except RuntimeSetupError as error:
         raise BadInput(str(error)) from None
+
+
+def _stderr_is_fd2() -> bool:
+    """Only a real process stderr is worth protecting (not a test's capture)."""
+    try:
+        return sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _release_native_stderr() -> None:

@@ -196,6 +196,9 @@ class Runner:
             status = "cancelled" if interrupted or run.cancel_event.is_set() else "failed"
             error = f"{type(exception).__name__}: {exception}"
             trace = traceback.format_exc()
+            # A check that fails (a wrong device) still has results worth keeping.
+            if isinstance(getattr(exception, "summary", None), dict):
+                run.summary = dict(exception.summary)
         run.state, run.error, run.traceback = status, error, trace
         finished = RunFinished(status=status, summary=to_jsonable(run.summary), error=error, traceback=trace)
         self._dispatch(run, recorder, finished)

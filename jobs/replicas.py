@@ -1,0 +1,385 @@
+"""Per-replica jobs: the same matmul on every replica, a distributed dataset, all-reduce.
+
+These run through the session's ``tf.distribute`` strategy, so on a TPU board
+they exercise every core the way training does (``strategy.run`` inside a
+``tf.function``), and on this CPU every simulated replica.
+
+- ``replica-matmul``: seed 004's ``strategy.run(matmul_fn, args=(a, b))``;
+  every replica must report [[22, 28], [49, 64]].
+- ``replica-dataset``: seed 000's ``experimental_distribute_dataset`` of
+  ``range(N).batch(per_replica × replicas)`` through a per-replica function.
+- ``all-reduce``: each replica contributes replica_id + 1; SUM and MEAN in
+  replica context and through ``strategy.reduce`` are checked against the
+  closed form, then a large all-reduce is timed for its bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+from jobs.base import JobSpec, Param, ParamError
+from jobs.events import ReplicaValues, Table
+from jobs.matmul import PRINTED_SHAPE_LIMIT, CheckFailed, format_matrix, relative_tolerance
+
+# Seed 004's inputs ("Use TPUs" guide): the product is [[22, 28], [49, 64]].
+SEED_A = ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+SEED_B = ((1.0, 2.0), (3.0, 4.0), (5.0, 6.0))
+MATMUL_SOURCES = ("seed", "random")
+MAX_REPLICA_MATMUL_DIMENSION = 1024
+
+DATASET_FUNCTIONS = ("double", "square", "identity")
+MAX_DATASET_SIZE = 10_000
+# Up to this many elements the summary keeps every output (seed 000 prints them).
+SUMMARY_OUTPUT_LIMIT = 1024
+
+BYTES_PER_FLOAT32 = 4
+MEGABYTE = 2**20
+
+
+def replica_devices(runtime: Any) -> list[str]:
+    """The device of each replica, in replica order.
+
+    Results that come out of a ``tf.function`` report the host as their
+    device, so the strategy's own list is the truth; the logical devices
+    are the fallback for a strategy that does not say.
+    """
+    strategy = runtime.strategy
+    devices = list(getattr(strategy.extended, "worker_devices", ()) or ())
+    if len(devices) == strategy.num_replicas_in_sync:
+        return devices
+    return list(runtime.device_names)
+
+
+def _local_values(strategy: Any, distributed: Any) -> list:
+    return [value.numpy() for value in strategy.experimental_local_results(distributed)]
+
+
+# -- replica-matmul -------------------------------------------------------------
+
+
+def _check_replica_matmul_params(params: dict) -> None:
+    if params["source"] == "seed" and (params["m"], params["k"], params["n"]) != (2, 3, 2):
+        raise ParamError(
+            "source",
+            "m, k and n apply only to source=random; seed 004's a and b are 2×3 and 3×2",
+        )
+
+
+def run_replica_matmul(ctx, params: dict) -> dict:
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = ctx.runtime.strategy
+    devices = replica_devices(ctx.runtime)
+    if params["source"] == "seed":
+        host_a, host_b = np.array(SEED_A, dtype=np.float32), np.array(SEED_B, dtype=np.float32)
+    else:
+        generator = np.random.default_rng(params["seed"])
+        host_a = generator.standard_normal((params["m"], params["k"]), dtype=np.float32)
+        host_b = generator.standard_normal((params["k"], params["n"]), dtype=np.float32)
+    reference = host_a.astype(np.float64) @ host_b.astype(np.float64)
+    reference_scale = max(float(np.max(np.abs(reference))), np.finfo(np.float64).tiny)
+    tolerance = relative_tolerance("float32", host_a.shape[1])
+
+    @tf.function
+    def matmul_fn(x, y):
+        return tf.matmul(x, y)
+
+    @tf.function
+    def replicated_matmul(x, y):
+        return strategy.run(matmul_fn, args=(x, y))
+
+    ctx.progress(0, 1, "run")
+    ctx.raise_if_cancelled()
+    products = _local_values(strategy, replicated_matmul(tf.constant(host_a), tf.constant(host_b)))
+    ctx.progress(1, 1, "run")
+
+    small = reference.shape[0] <= PRINTED_SHAPE_LIMIT and reference.shape[1] <= PRINTED_SHAPE_LIMIT
+    errors = [float(np.max(np.abs(product.astype(np.float64) - reference))) for product in products]
+    matches = [error / reference_scale <= tolerance for error in errors]
+    agree = all(np.array_equal(product, products[0]) for product in products)
+    rows = []
+    for replica, (device, product, error, match) in enumerate(zip(devices, products, errors, matches)):
+        rows.append([replica, device, float(f"{error:.3g}"), "pass" if match else "FAIL"])
+        if small:
+            ctx.log(f"replica {replica} ({device}): {format_matrix(product)}")
+    if small:
+        ctx.emit(ReplicaValues(name="product", values=[product.tolist() for product in products], devices=devices))
+    ctx.emit(ReplicaValues(name="max abs error", values=errors, devices=devices))
+    ctx.emit(Table(
+        title=f"replica-matmul: {reference.shape[0]}×{host_a.shape[1]}·{host_b.shape[0]}×{reference.shape[1]} "
+              f"on {len(products)} replicas",
+        columns=["replica", "device", "max abs error", "result"],
+        rows=rows,
+    ))
+
+    failed = [device for device, match in zip(devices, matches) if not match]
+    summary = {
+        "replicas": len(products),
+        "agree": bool(agree),
+        "matches_reference": not failed,
+        "failed_devices": failed,
+        "max_abs_error": max(errors),
+        "tolerance": tolerance,
+    }
+    if small:
+        summary["reference"] = reference.tolist()
+    if failed:
+        ctx.log(f"replica-matmul: wrong product on {', '.join(failed)}", "error")
+        raise CheckFailed(f"replica-matmul: wrong product on {', '.join(failed)}", summary)
+    if small:
+        ctx.log(f"every replica agrees with the reference: {format_matrix(reference)}")
+    else:
+        ctx.log(f"every replica agrees with the reference (max abs error {max(errors):.3g})")
+    return summary
+
+
+# -- replica-dataset ------------------------------------------------------------
+
+
+def _per_replica_function(tf: Any, name: str):
+    # One tf.function per choice, like seed 000's double_fn.
+    if name == "double":
+        return tf.function(lambda x: x * 2)
+    if name == "square":
+        return tf.function(lambda x: x * x)
+    return tf.function(tf.identity)
+
+
+def _numpy_function(name: str):
+    return {"double": lambda x: x * 2, "square": lambda x: x * x, "identity": lambda x: x}[name]
+
+
+def run_replica_dataset(ctx, params: dict) -> dict:
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = ctx.runtime.strategy
+    devices = replica_devices(ctx.runtime)
+    replicas = strategy.num_replicas_in_sync
+    global_batch = params["per_replica"] * replicas
+    steps = math.ceil(params["n"] / global_batch)
+    dataset = tf.data.Dataset.range(params["n"]).batch(global_batch)
+    distributed_dataset = strategy.experimental_distribute_dataset(dataset)
+    per_replica_fn = _per_replica_function(tf, params["fn"])
+    expected_fn = _numpy_function(params["fn"])
+
+    @tf.function
+    def distributed_step(batch):
+        return strategy.run(per_replica_fn, args=(batch,))
+
+    ctx.log(f"range({params['n']}).batch({params['per_replica']} × {replicas} = {global_batch}) "
+            f"through {params['fn']} on {replicas} replicas: {steps} steps")
+    ctx.progress(0, steps, "step")
+    outputs_per_step = []
+    wrong_steps = []
+    for step, batch in enumerate(distributed_dataset):
+        ctx.raise_if_cancelled()
+        inputs = _local_values(strategy, batch)
+        outputs = _local_values(strategy, distributed_step(batch))
+        ctx.emit(ReplicaValues(name=f"inputs step {step}", values=[item.tolist() for item in inputs], devices=devices))
+        ctx.emit(ReplicaValues(name=f"outputs step {step}", values=[item.tolist() for item in outputs], devices=devices))
+        if not all(np.array_equal(output, expected_fn(item)) for item, output in zip(inputs, outputs)):
+            wrong_steps.append(step)
+            ctx.log(f"step {step}: a replica's output is not {params['fn']} of its input", "error")
+        outputs_per_step.append([value for item in outputs for value in item.tolist()])
+        ctx.progress(step + 1, steps, "step")
+
+    summary = {
+        "replicas": replicas,
+        "global_batch": global_batch,
+        "steps": len(outputs_per_step),
+        "fn": params["fn"],
+        "correct": not wrong_steps,
+    }
+    if params["n"] <= SUMMARY_OUTPUT_LIMIT:
+        summary["outputs_per_step"] = outputs_per_step
+    if wrong_steps:
+        raise CheckFailed(f"replica-dataset: wrong outputs at steps {wrong_steps}", summary)
+    return summary
+
+
+# -- all-reduce -------------------------------------------------------------------
+
+
+def _all_reduce_checks(tf: Any, strategy: Any) -> dict:
+    """Contributions, replica-context SUM/MEAN per replica, strategy.reduce SUM/MEAN."""
+    SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
+
+    def contribute():
+        replica_context = tf.distribute.get_replica_context()
+        contribution = tf.cast(replica_context.replica_id_in_sync_group + 1, tf.float32)
+        return contribution, replica_context.all_reduce(SUM, contribution), replica_context.all_reduce(MEAN, contribution)
+
+    contributions, sums, means = tf.function(lambda: strategy.run(contribute))()
+    return {
+        "contributions": [float(value) for value in _local_values(strategy, contributions)],
+        "replica SUM": [float(value) for value in _local_values(strategy, sums)],
+        "replica MEAN": [float(value) for value in _local_values(strategy, means)],
+        "strategy SUM": float(strategy.reduce(SUM, contributions, axis=None).numpy()),
+        "strategy MEAN": float(strategy.reduce(MEAN, contributions, axis=None).numpy()),
+    }
+
+
+def run_all_reduce(ctx, params: dict) -> dict:
+    import numpy as np
+    import tensorflow as tf
+
+    strategy = ctx.runtime.strategy
+    devices = replica_devices(ctx.runtime)
+    replicas = strategy.num_replicas_in_sync
+    expected_sum = replicas * (replicas + 1) / 2
+    expected_mean = (replicas + 1) / 2
+    repeats = params["repeats"]
+
+    ctx.progress(0, repeats, "repeat")
+    ctx.raise_if_cancelled()
+    checks = _all_reduce_checks(tf, strategy)
+    ctx.emit(ReplicaValues(name="contribution", values=checks["contributions"], devices=devices))
+    ctx.emit(ReplicaValues(name="all_reduce SUM", values=checks["replica SUM"], devices=devices))
+    ctx.emit(ReplicaValues(name="all_reduce MEAN", values=checks["replica MEAN"], devices=devices))
+
+    def close(value: float, expected: float) -> bool:
+        return math.isclose(value, expected, rel_tol=1e-6)
+
+    check_rows = []
+    for how, op, got, expected in (
+        ("replica context all_reduce", "SUM", checks["replica SUM"], expected_sum),
+        ("replica context all_reduce", "MEAN", checks["replica MEAN"], expected_mean),
+        ("strategy.reduce", "SUM", [checks["strategy SUM"]], expected_sum),
+        ("strategy.reduce", "MEAN", [checks["strategy MEAN"]], expected_mean),
+    ):
+        passed = all(close(value, expected) for value in got)
+        shown = got[0] if len(set(got)) == 1 else got
+        check_rows.append([how, op, shown, expected, "pass" if passed else "FAIL"])
+    ctx.emit(Table(
+        title=f"all-reduce of replica_id + 1 over {replicas} replicas",
+        columns=["reduction", "op", "result", "expected", "result ok"],
+        rows=check_rows,
+    ))
+    wrong = [f"{row[0]} {row[1]} gave {row[2]}, expected {row[3]}" for row in check_rows if row[4] != "pass"]
+    for line in wrong:
+        ctx.log(line, "error")
+
+    # The timed part: every replica holds a float32 tensor filled with its
+    # replica_id + 1, so each element of the SUM must be the same closed form.
+    elements = max(1, int(params["size_mb"] * MEGABYTE) // BYTES_PER_FLOAT32)
+    size_bytes = elements * BYTES_PER_FLOAT32
+    per_replica_tensors = strategy.experimental_distribute_values_from_function(
+        lambda context: tf.fill([elements], float(context.replica_id_in_sync_group + 1))
+    )
+
+    @tf.function
+    def all_reduce_step(values):
+        return strategy.run(
+            lambda value: tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value),
+            args=(values,),
+        )
+
+    def reduce_and_wait():
+        reduced = all_reduce_step(per_replica_tensors)
+        # Reading one element of every replica's result waits for all of them.
+        for value in strategy.experimental_local_results(reduced):
+            value[:1].numpy()
+        return reduced
+
+    for _ in range(params["warmup"]):
+        ctx.raise_if_cancelled()
+        reduce_and_wait()
+    durations = []
+    reduced = None
+    for repeat in range(repeats):
+        ctx.raise_if_cancelled()
+        started = time.perf_counter()
+        reduced = reduce_and_wait()
+        durations.append(time.perf_counter() - started)
+        ctx.progress(repeat + 1, repeats, "repeat")
+    large_correct = all(np.all(value == expected_sum) for value in _local_values(strategy, reduced))
+    if not large_correct:
+        wrong.append(f"the timed {size_bytes:,}-byte all-reduce SUM is not {expected_sum:g} everywhere")
+        ctx.log(wrong[-1], "error")
+
+    median_seconds = statistics.median(durations)
+    algorithm_gbps = size_bytes / median_seconds / 1e9
+    # The NCCL-tests convention: a ring all-reduce moves 2(N-1)/N of the
+    # tensor over each link, which makes figures comparable across N.
+    bus_gbps = algorithm_gbps * 2 * (replicas - 1) / replicas
+    ctx.emit(Table(
+        title=f"timed all-reduce SUM, median of {repeats}",
+        columns=["bytes", "replicas", "median ms", "algorithm GB/s", "bus GB/s"],
+        rows=[[size_bytes, replicas, round(median_seconds * 1e3, 3), round(algorithm_gbps, 3), round(bus_gbps, 3)]],
+    ))
+    ctx.log(f"all-reduce of {size_bytes / MEGABYTE:g} MiB over {replicas} replicas: "
+            f"{median_seconds * 1e3:.2f} ms, {algorithm_gbps:.2f} GB/s (bus {bus_gbps:.2f} GB/s)")
+
+    summary = {
+        "replicas": replicas,
+        "sum": checks["strategy SUM"],
+        "mean": checks["strategy MEAN"],
+        "replica_sum": checks["replica SUM"][0],
+        "replica_mean": checks["replica MEAN"][0],
+        "expected_sum": expected_sum,
+        "expected_mean": expected_mean,
+        "all_correct": not wrong,
+        "bytes": size_bytes,
+        "median_ms": median_seconds * 1e3,
+        "algorithm_gbps": algorithm_gbps,
+        "bus_gbps": bus_gbps,
+    }
+    if wrong:
+        raise CheckFailed("all-reduce: " + "; ".join(wrong), summary)
+    return summary
+
+
+SPECS = (
+    JobSpec(
+        name="replica-matmul",
+        title="Replica matmul",
+        description=(
+            "strategy.run(matmul_fn, args=(a, b)) with the same inputs on every replica (seed 004); "
+            "every replica must match the reference, [[22, 28], [49, 64]] by default."
+        ),
+        params=(
+            Param("source", "str", "seed", "seed: seed 004's a and b; random: seeded m×k and k×n", choices=MATMUL_SOURCES),
+            Param("m", "int", 2, "rows of a (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION),
+            Param("k", "int", 3, "columns of a, rows of b (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION),
+            Param("n", "int", 2, "columns of b (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION),
+            Param("seed", "int", 0, "seed of the random inputs", minimum=0, maximum=2**31 - 1),
+        ),
+        run=run_replica_matmul,
+        key="r",
+        check_params=_check_replica_matmul_params,
+    ),
+    JobSpec(
+        name="replica-dataset",
+        title="Replica dataset",
+        description=(
+            "experimental_distribute_dataset(range(n).batch(per_replica × replicas)) through a per-replica "
+            "function (seed 000): each step's inputs and outputs per replica."
+        ),
+        params=(
+            Param("n", "int", 16, "elements of tf.data.Dataset.range(n)", minimum=1, maximum=MAX_DATASET_SIZE),
+            Param("per_replica", "int", 1, "elements per replica per step", minimum=1, maximum=1024),
+            Param("fn", "str", "double", "what each replica computes", choices=DATASET_FUNCTIONS),
+        ),
+        run=run_replica_dataset,
+    ),
+    JobSpec(
+        name="all-reduce",
+        title="All-reduce",
+        description=(
+            "Each replica contributes replica_id + 1: replica-context all_reduce and strategy.reduce, "
+            "SUM and MEAN, checked against the closed form; then a timed all-reduce and its bandwidth."
+        ),
+        params=(
+            Param("size_mb", "float", 4.0, "MiB of float32 per replica in the timed all-reduce",
+                  minimum=0.0, minimum_exclusive=True, maximum=1024.0),
+            Param("repeats", "int", 10, "timed all-reduces; the median is reported", minimum=1, maximum=1000),
+            Param("warmup", "int", 2, "untimed all-reduces first", minimum=0, maximum=100),
+        ),
+        run=run_all_reduce,
+    ),
+)

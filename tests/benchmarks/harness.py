@@ -1,0 +1,100 @@
+"""Side-by-side measurement: alternate A and B, take medians, report ratios against targets.
+
+These machines are noisy (two cores, shared), so every benchmark measures its
+figure and its baseline in the same run, interleaved A B A B, and compares
+medians. A result row says what was measured, the baseline, the ratio and the
+target, and whether the target was met.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass
+class Result:
+    """One line of the report."""
+
+    benchmark: str
+    figure: str
+    value: float
+    unit: str
+    baseline_name: str = ""
+    baseline: float | None = None
+    ratio: float | None = None
+    target: str = ""
+    met: bool | None = None
+    samples: dict = field(default_factory=dict)
+    notes: str = ""
+
+
+def alternate(measure_a: Callable[[], float], measure_b: Callable[[], float], repeats: int) -> tuple[list[float], list[float]]:
+    """A B A B …: drift and background load hit both sides alike."""
+    a_samples, b_samples = [], []
+    for _ in range(repeats):
+        a_samples.append(measure_a())
+        b_samples.append(measure_b())
+    return a_samples, b_samples
+
+
+def median(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    ordered = sorted(samples)
+    index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class Stopwatch:
+    """``with Stopwatch() as watch: …`` then ``watch.seconds``."""
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._start
+
+
+def machine() -> dict:
+    import os
+
+    info = {"python": platform.python_version(), "cores": os.cpu_count(), "platform": platform.platform()}
+    try:
+        from importlib.metadata import version
+
+        for package in ("tensorflow", "keras", "textual", "textual-plotext", "plotext"):
+            info[package] = version(package)
+    except Exception:  # noqa: BLE001 - informative only
+        pass
+    return info
+
+
+def report(results: list[Result], json_path: Path | None, console: Console | None = None) -> None:
+    console = console or Console()
+    table = Table(title="tpudash benchmarks", title_justify="left")
+    for column in ("benchmark", "figure", "value", "baseline", "ratio", "target", "met"):
+        table.add_column(column)
+    for result in results:
+        baseline = "-" if result.baseline is None else f"{result.baseline:.4g} ({result.baseline_name})"
+        ratio = "-" if result.ratio is None else f"{result.ratio:.3f}"
+        met = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[result.met]
+        table.add_row(result.benchmark, result.figure, f"{result.value:.4g} {result.unit}", baseline, ratio,
+                      result.target, met)
+    console.print(table)
+    if json_path is not None:
+        payload = {"machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "results": [asdict(result) for result in results]}
+        json_path.write_text(json.dumps(payload, indent=2))
+        console.print(f"written to {json_path}")
