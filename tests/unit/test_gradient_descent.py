@@ -87,7 +87,7 @@ def test_bad_params_are_rejected_naming_the_field(overrides, field):
     assert raised.value.field == field
 
 
-def test_a_device_index_out_of_range_exits_2_and_creates_no_run(runtime, isolated_runs_dir, capsys, monkeypatch):
+def test_a_device_index_out_of_range_exits_2_and_creates_no_run(runtime, isolated_runs_dir, capsys):
     assert cli.main(["run", "gradient-descent", "--set", "device=8"]) == 2
     assert "device: 8 is out of range; this session has 8 devices (0-7)" in capsys.readouterr().err
     assert run_dirs(isolated_runs_dir) == []

@@ -178,7 +178,7 @@ def test_device_selection_text():
         ("m=0", "m: 0 is out of range"),
     ],
 )
-def test_the_cli_exits_2_for_bad_values_and_creates_no_run(assignment, message, runtime, isolated_runs_dir, capsys, monkeypatch):
+def test_the_cli_exits_2_for_bad_values_and_creates_no_run(assignment, message, runtime, isolated_runs_dir, capsys):
     assert cli.main(["run", "matmul", "--set", assignment]) == 2
     assert message in capsys.readouterr().err
     assert run_dirs(isolated_runs_dir) == []
