@@ -12,6 +12,7 @@ This module never imports textual.
 from __future__ import annotations
 
 import logging
+import tempfile
 import threading
 import time
 import traceback
@@ -176,7 +177,8 @@ class Runner:
                 recorder = self.store.create(run.run_id, run.job, to_jsonable(run.params), description)
                 run.run_dir = recorder.run_dir
             else:
-                run.run_dir = Path.cwd()
+                # No records kept: the job still gets a private place for its files.
+                run.run_dir = Path(tempfile.mkdtemp(prefix=f"tpudash-{run.job}-"))
             self._dispatch(run, recorder, RunStarted(run.run_id, run.job, to_jsonable(run.params), description, time.time()))
             context = JobContext(
                 runtime=runtime,

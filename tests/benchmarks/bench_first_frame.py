@@ -1,0 +1,71 @@
+"""Target 2: first frame ≤ 0.5 s and ≤ 0.25 × ``python -c "import tensorflow"``.
+
+The TUI runs in a real pseudo-terminal with TPUDASH_EXIT_AFTER_FIRST_FRAME=1:
+it prints the wall-clock time of its first rendered frame and exits. The time
+from spawning the process to that frame is compared with the wall time of a
+bare TensorFlow import, alternated A B A B.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import time
+
+from tests.benchmarks.harness import Result, alternate
+
+FIRST_FRAME = re.compile(rb"first_frame_unix=([0-9.]+)")
+
+
+def first_frame_seconds() -> float:
+    """Spawn ``tpudash`` on a pty (120×40) and return seconds to its first frame."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    environment = dict(os.environ, TPUDASH_EXIT_AFTER_FIRST_FRAME="1", TERM="xterm-256color",
+                       TPUDASH_RUNS_DIR=tempfile.mkdtemp(prefix="tpudash-bench-"))
+    started = time.time()
+    process = subprocess.Popen([sys.executable, "-m", "tpudash"], stdin=slave, stdout=slave, stderr=slave,
+                               env=environment, close_fds=True)
+    os.close(slave)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    process.wait(timeout=60)
+    os.close(master)
+    match = FIRST_FRAME.search(output)
+    if match is None:
+        raise RuntimeError(f"tpudash printed no first-frame time (exit {process.returncode}): {output[-500:]!r}")
+    return float(match.group(1)) - started
+
+
+def import_tensorflow_seconds() -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True, capture_output=True,
+                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    return time.perf_counter() - started
+
+
+def run(quick: bool) -> list[Result]:
+    rounds = 1 if quick else 7
+    frames, imports = alternate(first_frame_seconds, import_tensorflow_seconds, rounds)
+    frame, baseline = statistics.median(frames), statistics.median(imports)
+    ratio = frame / baseline
+    return [
+        Result("first frame", "time to first frame", frame, "s", "import tensorflow", baseline, ratio,
+               "≤ 0.25 × import", ratio <= 0.25, {"first_frame": frames, "import_tensorflow": imports}),
+        Result("first frame", "time to first frame, absolute", frame, "s", target="≤ 0.5 s", met=frame <= 0.5),
+    ]
