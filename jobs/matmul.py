@@ -9,20 +9,34 @@ product fails the run and is named, after the per-device table is out.
 On a TPU the job also says how much of the 128×128 matrix unit (MXU) the
 padding of each dimension wastes (seed 001: one dimension is padded to a
 multiple of 8, another to a multiple of 128).
+
+A size the machine cannot hold is refused before anything is allocated: the
+pre-flight check (``check_runtime``) estimates the bytes the run needs and
+compares them with the memory available to this process, so the CLI exits 2
+with no run directory. An allocation that still fails during the run (memory
+taken by something else meanwhile) becomes a failed run with the same kind of
+message, never a dead process. Cancel is honoured between timed multiplies,
+so a run stops within one multiply.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from typing import Any
 
-from jobs.base import JobSpec, Param, ParamError
+from jobs.base import JobCancelled, JobSpec, Param, ParamError
 from jobs.events import ReplicaValues, Table
 
 DTYPES = ("float32", "bfloat16", "float16")
-MAX_DIMENSION = 8192
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The memory check, not this bound, is what refuses a size the machine cannot hold.
+MAX_DIMENSION = 65536
+GIB = 2**30
+# cgroup v1 reports "no limit" as a huge page-rounded number.
+UNLIMITED_CGROUP_BYTES = 2**60
 # Rows of A (and of the product) are padded to a multiple of this on a TPU...
 TPU_ROW_TILE = 8
 # ...while the contracted dimension k and the output columns n fill the
@@ -52,6 +66,10 @@ BLAS_THREADED_WORK = 65536 * 4
 TOLERANCE_SAFETY = 4.0
 
 
+class OutOfMemory(RuntimeError):
+    """An allocation failed during the run; the message says which sizes to lower."""
+
+
 class CheckFailed(RuntimeError):
     """A device or replica computed a wrong result; the run is recorded as failed.
 
@@ -76,6 +94,155 @@ def relative_tolerance(dtype: str, k: int, reduced_float32_input_roundoff: float
     input_roundoff = reduced_float32_input_roundoff if dtype == "float32" else 0.0
     model = UNIT_ROUNDOFF[dtype] + input_roundoff + math.sqrt(k) * ACCUMULATION_ROUNDOFF
     return TOLERANCE_SAFETY * model
+
+
+def memory_needed(params: dict, devices_share_host_memory: bool) -> tuple[int, int]:
+    """Peak bytes the run needs: (on the host, on each accelerator device).
+
+    The host holds the seeded inputs (float32 draws and their cast to
+    ``dtype``) for the whole run; first the float64 reference (both inputs
+    widened, and the product, which is kept), then, per device, the product
+    read back (``dtype``, widened to float64) and |C − C_ref|. Each device
+    holds its copies of A and B and two products (the previous one is alive
+    while the next is computed). Simulated CPU devices are host memory, and
+    they are checked one after the other, so one device's share counts
+    towards the host then; an accelerator's share is per device. Measured
+    on a CPU session (3000³ and 6000×8·8×6000 float32), the peak grows by
+    75-90% of this estimate: it errs on the safe side.
+    """
+    m, k, n, item = params["m"], params["k"], params["n"], DTYPE_BYTES[params["dtype"]]
+    inputs, output = m * k + k * n, m * n
+    host_inputs = inputs * (4 + item)
+    reference_phase = inputs * 8 + output * 8
+    device_share = inputs * item + 2 * output * item
+    corrupted_reference = output * 8 if params.get("inject_error") else 0
+    check_phase = output * 8 + output * (item + 8 + 8) + corrupted_reference
+    if devices_share_host_memory:
+        check_phase += device_share
+    host = host_inputs + max(reference_phase, check_phase)
+    return host, (0 if devices_share_host_memory else device_share)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            text = handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _inactive_file_bytes(stat_path: str, key: str) -> int:
+    """Page cache the kernel can drop, which a cgroup's usage counts."""
+    try:
+        with open(stat_path, encoding="ascii") as handle:
+            for line in handle:
+                name, _, value = line.partition(" ")
+                if name == key and value.strip().isdigit():
+                    return int(value)
+    except (OSError, UnicodeDecodeError):
+        pass
+    return 0
+
+
+def _cgroup_headroom() -> int | None:
+    """Bytes left under this container's memory limit, None without a limit."""
+    for limit_path, usage_path, stat_path, inactive_key in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "inactive_file"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+         "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"),
+    ):
+        limit, usage = _read_int(limit_path), _read_int(usage_path)
+        if limit is None or usage is None or limit >= UNLIMITED_CGROUP_BYTES:
+            continue
+        return max(0, limit - max(0, usage - _inactive_file_bytes(stat_path, inactive_key)))
+    return None
+
+
+def available_host_bytes() -> int | None:
+    """Memory this process can still take: MemAvailable, capped by a cgroup limit."""
+    available = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, OSError, ValueError):
+            available = None
+    headroom = _cgroup_headroom()
+    if headroom is not None:
+        available = headroom if available is None else min(available, headroom)
+    return available
+
+
+def available_device_bytes(tf: Any, device_name: str) -> int | None:
+    """Free bytes on an accelerator where TensorFlow reports a limit, else None.
+
+    ``tf.config.experimental.get_memory_info`` reports what is in use
+    (``current``, ``peak``); only where it also reports a limit can the check
+    say what is free. Elsewhere the run relies on catching the allocator's
+    ResourceExhaustedError.
+    """
+    try:
+        info = tf.config.experimental.get_memory_info(device_name)
+    except Exception:  # noqa: BLE001 - CPUs and some backends do not answer
+        return None
+    limit = info.get("limit") or info.get("bytes_limit")
+    if not limit:
+        return None
+    return int(limit) - int(info.get("current", 0))
+
+
+def format_gib(size: float) -> str:
+    return f"{size / GIB:.1f} GiB"
+
+
+def shape_text(params: dict) -> str:
+    return f"m={params['m']}, k={params['k']}, n={params['n']} ({params['dtype']})"
+
+
+def _largest_dimension(params: dict) -> str:
+    return max(("m", "k", "n"), key=lambda name: params[name])
+
+
+def check_memory(params: dict, runtime: Any, available_host: int | None = None) -> None:
+    """ParamError naming m, k, n and the sizes when the run cannot fit.
+
+    The field is the largest dimension (the one a form should mark); the
+    message names all three.
+    """
+    on_host = getattr(runtime, "kind", "CPU") == "CPU"
+    host_needed, device_needed = memory_needed(params, devices_share_host_memory=on_host)
+    available_host = available_host_bytes() if available_host is None else available_host
+    if available_host is not None and host_needed > available_host:
+        raise ParamError(
+            _largest_dimension(params),
+            f"{shape_text(params)} needs {format_gib(host_needed)} of host memory, "
+            f"{format_gib(available_host)} available; lower m, k or n",
+        )
+    if on_host or not device_needed:
+        return
+    import tensorflow as tf
+
+    for device in runtime.logical_devices:
+        free = available_device_bytes(tf, device.name)
+        if free is not None and device_needed > free:
+            raise ParamError(
+                _largest_dimension(params),
+                f"{shape_text(params)} needs {format_gib(device_needed)} on each device, "
+                f"{format_gib(free)} free on {device.name}; lower m, k or n",
+            )
+
+
+def out_of_memory_message(params: dict, error: BaseException) -> str:
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"out of memory for {shape_text(params)}: {detail}; lower m, k or n"
 
 
 def padding_warnings(m: int, k: int, n: int) -> list[str]:
@@ -166,6 +333,7 @@ def _check_runtime(params: dict, runtime: Any) -> None:
             "inject_device",
             f"{params['inject_device']} is not among the devices checked ({params['devices']})",
         )
+    check_memory(params, runtime)
 
 
 def _reduced_float32_input_roundoff(tf: Any, kind: str) -> float:
@@ -181,23 +349,30 @@ def _device_suffix(device_name: str) -> str:
     return device_name.rpartition("device:")[2]
 
 
-def _median_seconds(multiply, a, b, warmup: int, repeats: int, settle_seconds: float = 0.0):
+def _median_seconds(multiply, a, b, warmup: int, repeats: int, settle_seconds: float = 0.0,
+                    cancelled=lambda: False):
     """Median wall time of ``multiply(a, b)``, each run forced to finish.
 
     Reading one element of the product back to the host cannot happen
     before the whole multiply is done, on any device, and costs next to
     nothing; the product of the last run is returned for the check. The
     warm-up runs ``warmup`` times and for at least ``settle_seconds``.
+    ``cancelled()`` is asked before every multiply (JobCancelled when true),
+    so a large check stops within one multiply.
     """
     product = None
     warmed_up = 0
     settle_until = time.perf_counter() + settle_seconds
     while warmed_up < warmup or time.perf_counter() < settle_until:
+        if cancelled():
+            raise JobCancelled()
         product = multiply(a, b)
         product[:1, :1].numpy()
         warmed_up += 1
     durations = []
     for _ in range(repeats):
+        if cancelled():
+            raise JobCancelled()
         started = time.perf_counter()
         product = multiply(a, b)
         product[:1, :1].numpy()
@@ -206,23 +381,27 @@ def _median_seconds(multiply, a, b, warmup: int, repeats: int, settle_seconds: f
 
 
 def _check_device(tf: Any, multiply, name: str, inputs: tuple, expected: Any, scale: float,
-                  tolerance: float, params: dict, settle_seconds: float = 0.0) -> dict:
+                  tolerance: float, params: dict, settle_seconds: float = 0.0, cancelled=lambda: False) -> dict:
     """Time the multiply on device ``name`` and compare its product with ``expected``."""
     import numpy as np
 
     with tf.device(name):
         device_a, device_b = (tf.identity(matrix) for matrix in inputs)
         seconds, product = _median_seconds(
-            multiply, device_a, device_b, params["warmup"], params["repeats"], settle_seconds
+            multiply, device_a, device_b, params["warmup"], params["repeats"], settle_seconds, cancelled
         )
     result = product.numpy().astype(np.float64)
-    max_abs_error = float(np.max(np.abs(result - expected)))
+    difference = result - expected
+    max_abs_error = float(np.max(np.abs(difference, out=difference)))
+    del difference
     relative_error = max_abs_error / scale
     flops = 2.0 * params["m"] * params["k"] * params["n"]
+    printed = params["m"] <= PRINTED_SHAPE_LIMIT and params["n"] <= PRINTED_SHAPE_LIMIT
     return {
         "device": name,
         "placed_on": product.device,
-        "product": result,
+        # Only a printable product is kept: eight large ones would not fit.
+        "product": result if printed else None,
         # NaN compares False: a device that produces NaN fails.
         "passed": bool(relative_error <= tolerance),
         "max_abs_error": max_abs_error,
@@ -233,8 +412,18 @@ def _check_device(tf: Any, multiply, name: str, inputs: tuple, expected: Any, sc
 
 
 def run(ctx, params: dict) -> dict:
-    import numpy as np
     import tensorflow as tf
+
+    try:
+        return _run_check(ctx, params, tf)
+    except (MemoryError, tf.errors.ResourceExhaustedError) as error:
+        message = out_of_memory_message(params, error)
+        ctx.log(message, "error")
+        raise OutOfMemory(message) from error
+
+
+def _run_check(ctx, params: dict, tf: Any) -> dict:
+    import numpy as np
 
     runtime = ctx.runtime
     m, k, n, dtype = params["m"], params["k"], params["n"], params["dtype"]
@@ -260,15 +449,11 @@ def run(ctx, params: dict) -> dict:
     # The reference multiplies exactly the values the devices get.
     reference = tf.cast(host_a, tf.float64).numpy() @ tf.cast(host_b, tf.float64).numpy()
     scale = max(float(np.max(np.abs(reference))), np.finfo(np.float64).tiny)
-    multiply = tf.function(tf.matmul)
+    multiply = make_multiply(tf)
 
     ctx.progress(0, len(chosen), "device")
     results: list[dict] = []
     for position, index in enumerate(chosen):
-        if ctx.cancelled():
-            ctx.log(f"cancelled after {len(results)} of {len(chosen)} devices", "warning")
-            _emit_table(ctx, results, params, tolerance)
-            ctx.raise_if_cancelled()
         name = all_devices[index].name
         expected = reference
         if params["inject_error"] and index == params["inject_device"]:
@@ -276,11 +461,20 @@ def run(ctx, params: dict) -> dict:
             expected = reference.copy()
             expected[0, 0] += params["inject_error"] * scale
         settle_seconds = BLAS_SETTLE_SECONDS if position == 0 and m * k * n >= BLAS_THREADED_WORK else 0.0
-        outcome = _check_device(tf, multiply, name, (host_a, host_b), expected, scale, tolerance, params, settle_seconds)
+        try:
+            if ctx.cancelled():
+                raise JobCancelled()
+            outcome = _check_device(tf, multiply, name, (host_a, host_b), expected, scale, tolerance, params,
+                                    settle_seconds, ctx.cancelled)
+        except JobCancelled:
+            # The devices finished so far keep their rows; the one cut short has none.
+            ctx.log(f"cancelled after {len(results)} of {len(chosen)} devices", "warning")
+            _emit_table(ctx, results, params, tolerance)
+            raise
         results.append(outcome)
         if outcome["placed_on"] and _device_suffix(outcome["placed_on"]) != _device_suffix(name):
             ctx.log(f"{name}: the product was placed on {outcome['placed_on']}, not on the device asked for", "warning")
-        if m <= PRINTED_SHAPE_LIMIT and n <= PRINTED_SHAPE_LIMIT:
+        if outcome["product"] is not None:
             ctx.log(f"{name}: {format_matrix(outcome['product'])}")
         verdict = "pass" if outcome["passed"] else "FAIL"
         ctx.log(
@@ -303,6 +497,11 @@ def run(ctx, params: dict) -> dict:
         f"{summary['gflops'][summary['fastest_device']]:.1f} GFLOP/s, spread {summary['spread']:.1%}"
     )
     return summary
+
+
+def make_multiply(tf: Any):
+    """The timed function: one traced ``tf.matmul`` per run."""
+    return tf.function(tf.matmul)
 
 
 def _emit_table(ctx, results: list[dict], params: dict, tolerance: float) -> None:

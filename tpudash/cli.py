@@ -26,6 +26,7 @@ EXIT_BAD_INPUT = 2
 EXIT_CANCELLED = 130
 EXIT_BY_STATUS = {"done": EXIT_DONE, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 GLOBAL_FLAGS = ("tpu", "cpu_devices", "data_dir", "runs_dir")
+PATH_FLAGS = ("data_dir", "runs_dir")
 
 
 class BadInput(Exception):
@@ -92,10 +93,23 @@ def load_settings(args: argparse.Namespace):
     from tpudash.config import Settings, SettingsError
 
     flags = {name: getattr(args, name, None) for name in GLOBAL_FLAGS}
+    for name in PATH_FLAGS:
+        # An empty path would silently mean the current directory
+        # (`--runs-dir "$UNSET_VARIABLE"`), so it is refused.
+        if flags[name] is not None and not str(flags[name]).strip():
+            raise BadInput(f"--{name.replace('_', '-')}: is empty; allowed: a directory path")
     try:
         return Settings.load(flags)
     except SettingsError as error:
         raise BadInput(str(error)) from None
+
+
+def readable_runs_dir(settings) -> Path:
+    """The runs directory for listing and export: missing is fine (no runs yet), a file is not."""
+    runs_dir = Path(settings.runs_dir)
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise BadInput(f"--runs-dir / TPUDASH_RUNS_DIR: {runs_dir} is not a directory")
+    return runs_dir
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -213,7 +227,12 @@ def execute_headless(spec, params, runtime, settings, runs_dir: Path, as_json: b
     from tpudash.records import RunStore
     from tpudash.runner import Runner
 
-    sink = JsonLinesSink(sys.stdout) if as_json else ConsoleSink()
+    def on_output_closed():
+        # The reader of standard output went away (`tpudash run … | head`).
+        print(f"tpudash: standard output was closed; cancelling {spec.name}", file=sys.stderr)
+        runner.cancel(queued)
+
+    sink = JsonLinesSink(sys.stdout, on_output_closed) if as_json else ConsoleSink(on_output_closed=on_output_closed)
     runner = Runner(lambda: runtime, RunStore(runs_dir), settings, sinks=[sink])
     queued = runner.submit(spec, params)
     job_thread = threading.Thread(target=runner.execute, args=(queued,), name=f"tpudash-job-{spec.name}", daemon=True)
@@ -249,18 +268,19 @@ def command_runs(args, settings) -> int:
     from tpudash.console import render_runs
     from tpudash.records import RunStore
 
-    runs = RunStore(settings.runs_dir).list_runs()
+    runs_dir = readable_runs_dir(settings)
+    runs = RunStore(runs_dir).list_runs()
     if args.json:
         print(json.dumps([run.to_dict() for run in runs], indent=2, default=str))
     else:
-        render_runs(runs, settings.runs_dir)
+        render_runs(runs, runs_dir)
     return EXIT_DONE
 
 
 def command_export(args, settings) -> int:
     from tpudash.records import RunStore
 
-    store = RunStore(settings.runs_dir)
+    store = RunStore(readable_runs_dir(settings))
     try:
         text = store.export(args.run_id, args.format)
     except KeyError as error:

@@ -4,15 +4,21 @@
 result tables and a closing summary; ``JsonLinesSink`` prints one JSON event
 per line for scripts. Both are runner sinks: they are called on the job
 thread, so they only print, never block.
+
+When the reader of standard output goes away (``tpudash run … | head``),
+a sink stops writing, points file descriptor 1 at /dev/null (so nothing
+complains at exit) and calls ``on_output_closed`` once; the CLI cancels the
+run then, as a pipe closing would stop any other Unix tool.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from datetime import datetime
-from typing import IO, Iterable
+from typing import IO, Callable, Iterable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -55,17 +61,40 @@ def format_seconds(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
+def silence_output(stream: IO[str]) -> None:
+    """Send whatever is still buffered for a closed pipe, and all later writes, to /dev/null."""
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture): nothing flushes it at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, descriptor)
+    finally:
+        os.close(devnull)
+
+
 class JsonLinesSink:
     """One JSON object per event on ``stream`` (``tpudash run --json``)."""
 
-    def __init__(self, stream: IO[str]):
+    def __init__(self, stream: IO[str], on_output_closed: Callable[[], None] | None = None):
         self._stream = stream
         self._lock = threading.Lock()
+        self.on_output_closed = on_output_closed
+        self.output_closed = False
 
     def __call__(self, run, event: Event) -> None:
         with self._lock:
-            self._stream.write(dumps(event, time.time()) + "\n")
-            self._stream.flush()
+            if self.output_closed:
+                return
+            try:
+                self._stream.write(dumps(event, time.time()) + "\n")
+                self._stream.flush()
+            except BrokenPipeError:
+                self.output_closed = True
+                silence_output(self._stream)
+                if self.on_output_closed is not None:
+                    self.on_output_closed()
 
     def notice(self, text: str) -> None:
         print(f"tpudash: {text}", file=sys.stderr)
@@ -77,8 +106,13 @@ class JsonLinesSink:
 class ConsoleSink:
     """The human view of one headless run."""
 
-    def __init__(self, console: Console | None = None):
+    def __init__(self, console: Console | None = None, on_output_closed: Callable[[], None] | None = None):
         self.console = console or Console(stderr=False, highlight=False)
+        self.on_output_closed = on_output_closed
+        self.output_closed = False
+        # rich's default raises SystemExit, which would unwind the job from
+        # inside whatever it was doing; a cancel stops it at its next step.
+        self.console.on_broken_pipe = self._output_went_away
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -95,8 +129,20 @@ class ConsoleSink:
         self._started = False
         self._lock = threading.Lock()
 
+    def _output_went_away(self) -> None:
+        self.console.quiet = True
+        if self.output_closed:
+            return
+        self.output_closed = True
+        silence_output(self.console.file)
+        if self.on_output_closed is not None:
+            self.on_output_closed()
+
     def notice(self, text: str) -> None:
-        self.console.print(f"[yellow]{text}[/]")
+        if self.output_closed:
+            print(f"tpudash: {text}", file=sys.stderr)
+        else:
+            self.console.print(f"[yellow]{text}[/]")
 
     def _metrics_text(self) -> str:
         shown = list(self._latest.items())[-4:]

@@ -208,3 +208,43 @@ def test_cancel_on_the_first_progress_event_stops_before_any_device(run_job):
     result = run_job("matmul", on_event=lambda run, event: run.cancel_event.set() if isinstance(event, Progress) else None, **SMALL)
     assert result.status == "cancelled"
     assert result.tables() == []
+
+
+def test_cancel_while_a_device_is_timed_stops_after_the_multiply_in_flight(run_job, monkeypatch):
+    import jobs.matmul
+
+    calls = []
+    current = {}
+    real_make_multiply = jobs.matmul.make_multiply
+
+    def counting_make_multiply(tf):
+        multiply = real_make_multiply(tf)
+
+        def counted(a, b):
+            calls.append(1)
+            if len(calls) == 3:
+                current["run"].cancel_event.set()  # as if `c` were pressed during this multiply
+            return multiply(a, b)
+
+        return counted
+
+    monkeypatch.setattr(jobs.matmul, "make_multiply", counting_make_multiply)
+    result = run_job("matmul", on_event=lambda run, event: current.setdefault("run", run),
+                     m=32, k=32, n=32, repeats=1000, warmup=0)
+    assert result.status == "cancelled"
+    assert len(calls) == 3  # not the 1000 repeats, nor the other seven devices
+    assert result.tables() == []
+    assert any(line == "cancelled after 0 of 8 devices" for line in result.logs())
+
+
+def test_the_memory_guard_admits_what_fits_and_refuses_a_byte_less(runtime):
+    from jobs.matmul import check_memory, memory_needed
+
+    params = get_job("matmul").resolve({"m": "8192", "k": "8192", "n": "8192"})
+    needed, _ = memory_needed(params, devices_share_host_memory=True)
+    # At least A, B and the float64 reference and product of 8192² values each.
+    assert needed >= 8192 * 8192 * (4 + 4 + 8 + 8)
+    check_memory(params, runtime, available_host=needed)
+    with pytest.raises(ParamError) as raised:
+        check_memory(params, runtime, available_host=needed - 1)
+    assert "m=8192, k=8192, n=8192 (float32) needs 3.8 GiB of host memory" in str(raised.value)

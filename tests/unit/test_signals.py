@@ -1,0 +1,151 @@
+"""Signals to ``tpudash run``: SIGTERM and SIGINT cancel cleanly, twice stops at once, SIGKILL loses nothing written.
+
+Each test starts the real console script with ``--json`` and reads its
+standard output line by line: the signal is sent once the job has reported
+its first step (or, for the double Ctrl-C, while it is inside one long
+uninterruptible computation), so nothing depends on timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tpudash.records import RunStore
+
+TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
+EXIT_CANCELLED = 130
+WAIT_SECONDS = 120
+# Far more steps than a test waits for: only a signal ends this run.
+ENDLESS_DESCENT = ["run", "gradient-descent", "--set", "steps=100000", "--json"]
+
+
+class HeadlessRun:
+    """``tpudash run … --json`` in a child process, read one event at a time."""
+
+    def __init__(self, argv: list[str], runs_dir: Path):
+        environment = {key: value for key, value in os.environ.items() if key not in ("TPU_NAME", "COLAB_TPU_ADDR")}
+        environment["TPUDASH_RUNS_DIR"] = str(runs_dir)
+        self.process = subprocess.Popen(
+            [str(TPUDASH_SCRIPT), *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+            env=environment,
+        )
+        self.events: list[dict] = []
+
+    def read_until(self, wanted) -> dict:
+        """Events up to and including the first for which ``wanted(event)`` is true."""
+        for line in self.process.stdout:
+            event = json.loads(line)
+            self.events.append(event)
+            if wanted(event):
+                return event
+        raise AssertionError(f"the run ended without the event; stderr:\n{self.process.stderr.read()}")
+
+    def read_stderr_until(self, text: str) -> None:
+        for line in self.process.stderr:
+            if text in line:
+                return
+        raise AssertionError(f"standard error never said {text!r}")
+
+    def finish(self) -> tuple[int, str]:
+        """Read the rest; the exit code and standard error."""
+        out, err = self.process.communicate(timeout=WAIT_SECONDS)
+        self.events.extend(json.loads(line) for line in out.splitlines())
+        return self.process.returncode, err
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+
+@pytest.fixture
+def headless(isolated_runs_dir):
+    started: list[HeadlessRun] = []
+
+    def start(argv: list[str]) -> HeadlessRun:
+        run = HeadlessRun(argv, isolated_runs_dir)
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        run.kill()
+
+
+def is_first_step(event: dict) -> bool:
+    return event["type"] == "progress" and event["done"] >= 1
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_cancels_the_run_records_it_and_exits_130(signal_number, headless, isolated_runs_dir):
+    run = headless(ENDLESS_DESCENT)
+    run.read_until(is_first_step)
+    run.process.send_signal(signal_number)
+    code, err = run.finish()
+
+    assert code == EXIT_CANCELLED
+    assert f"cancelling gradient-descent (signal {signal.Signals(signal_number).name}); again to stop at once" in err
+    assert "Traceback" not in err
+    assert run.events[-1]["type"] == "run_finished" and run.events[-1]["status"] == "cancelled"
+    steps = [event["done"] for event in run.events if event["type"] == "progress"]
+    assert 1 <= steps[-1] < 100000
+
+    [info] = RunStore(isolated_runs_dir).list_runs()
+    assert info.status == "cancelled"
+    assert json.loads((info.path / "run.json").read_text())["status"] == "cancelled"
+    data = RunStore(isolated_runs_dir).load(info.run_id)
+    assert data.problems == []
+    # The record holds every event the user saw, up to and including the finish.
+    assert [event.type for _, event in data.events] == [event["type"] for event in run.events]
+    assert data.info.final_metrics["loss"] == [event for event in run.events if event["type"] == "metric"
+                                               and event["name"] == "loss"][-1]["value"]
+
+
+def test_a_second_sigint_stops_at_once_and_the_run_reads_as_interrupted(headless, isolated_runs_dir):
+    # The float64 reference of a 3072³ matmul is one long NumPy call that no
+    # cancel can interrupt: both signals arrive while it runs.
+    run = headless(["run", "matmul", "--set", "m=3072", "--set", "k=3072", "--set", "n=3072",
+                    "--set", "devices=0", "--set", "repeats=1", "--set", "warmup=0", "--json"])
+    run.read_until(lambda event: event["type"] == "run_started")
+    run.process.send_signal(signal.SIGINT)
+    run.read_stderr_until("cancelling matmul (signal SIGINT); again to stop at once")
+    run.process.send_signal(signal.SIGINT)
+    code, err = run.finish()
+
+    assert code == EXIT_CANCELLED
+    assert "Traceback" not in err
+    assert not any(event["type"] == "run_finished" for event in run.events)
+    [info] = RunStore(isolated_runs_dir).list_runs()
+    assert info.status == "interrupted"
+    data = RunStore(isolated_runs_dir).load(info.run_id)
+    assert [event.type for _, event in data.events] == [event["type"] for event in run.events]
+
+
+def test_sigkill_keeps_every_event_the_user_saw_and_the_run_reads_as_interrupted(headless, isolated_runs_dir):
+    run = headless(ENDLESS_DESCENT)
+    run.read_until(lambda event: event["type"] == "progress" and event["done"] >= 5)
+    run.process.send_signal(signal.SIGKILL)
+    # What is left in the pipe is not read: the kill may have cut its last line.
+    assert run.process.wait(WAIT_SECONDS) == -signal.SIGKILL
+    [info] = RunStore(isolated_runs_dir).list_runs()
+    assert info.status == "interrupted"
+    data = RunStore(isolated_runs_dir).load(info.run_id)
+    # Events are written to the record before they are printed, so the record
+    # has at least what the user saw; at most one line was cut by the kill.
+    seen_steps = [event["done"] for event in run.events if event["type"] == "progress"]
+    recorded_steps = [event.done for _, event in data.events if event.type == "progress"]
+    assert recorded_steps[: len(seen_steps)] == seen_steps
+    assert len(data.problems) <= 1 and all(problem.startswith("events.jsonl line") for problem in data.problems)
+    assert info.final_metrics["loss"] > 0
