@@ -102,4 +102,15 @@ def _convert(name: str, raw: object, source: str) -> object:
     path = Path(str(raw)).expanduser()
     if name == "data_dir" and path.exists() and not (path.is_dir() and os.access(path, os.R_OK | os.X_OK)):
         raise SettingsError(f"{source}: {path} is not a readable directory")
+    blocker = _non_directory_ancestor(path)
+    if blocker is not None:
+        raise SettingsError(f"{source}: {path} cannot be a directory: {blocker} is a file")
     return path
+
+
+def _non_directory_ancestor(path: Path) -> Path | None:
+    """The first existing parent of ``path`` that is not a directory, if any."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None

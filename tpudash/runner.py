@@ -50,6 +50,7 @@ class QueuedRun:
     run_dir: Path | None = None
     sinks: list[Sink] = field(default_factory=list)
     done_event: threading.Event = field(default_factory=threading.Event)
+    failed_sinks: set = field(default_factory=set)
 
     @property
     def job(self) -> str:
@@ -215,4 +216,7 @@ class Runner:
             try:
                 sink(run, event)
             except Exception:  # noqa: BLE001 - a broken front end must not stop the job
-                log.exception("sink %r failed on %s", sink, event.type)
+                # One traceback per sink and run is enough to diagnose it.
+                if id(sink) not in run.failed_sinks:
+                    run.failed_sinks.add(id(sink))
+                    log.exception("sink %r failed on %s; later failures of it in this run are not logged", sink, event.type)

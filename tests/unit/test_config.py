@@ -61,6 +61,12 @@ def test_an_unwritable_runs_dir_is_reported(tmp_path):
 def test_a_runs_dir_under_a_file_is_reported(tmp_path):
     blocker = tmp_path / "blocker"
     blocker.write_text("x")
-    settings = Settings.load({"runs_dir": str(blocker / "runs")}, environ={})
-    with pytest.raises(SettingsError, match="--runs-dir / TPUDASH_RUNS_DIR: cannot create"):
-        settings.check_runs_dir()
+    with pytest.raises(SettingsError, match=f"--runs-dir: {blocker}/runs cannot be a directory: {blocker} is a file"):
+        Settings.load({"runs_dir": str(blocker / "runs")}, environ={})
+
+
+def test_a_data_dir_below_a_file_is_rejected_before_tfds_sees_it(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    with pytest.raises(SettingsError, match=f"--data-dir: {blocker}/sub cannot be a directory: {blocker} is a file"):
+        Settings.load({"data_dir": str(blocker / "sub")}, environ={})
