@@ -1,0 +1,149 @@
+"""The Devices screen: what the session sees — runtime, strategy, topology, logical devices.
+
+Shows "connecting…" until the runtime worker answers, then the kind, strategy,
+replicas in sync, TPU topology, versions, time to initialize, why every other
+kind was not used, and a table of logical devices with the last matmul
+check's verdict and speed per device when there is one.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widgets import DataTable, LoadingIndicator, Static
+
+from screens.base import DashScreen
+
+DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
+
+
+def format_bytes(count: int | None) -> str:
+    if count is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)
+
+
+def format_memory(memory: dict | None) -> str:
+    if not memory:
+        return "n/a"
+    current, peak = memory.get("current"), memory.get("peak")
+    return f"{format_bytes(current)} (peak {format_bytes(peak)})" if peak is not None else format_bytes(current)
+
+
+def describe_runtime(description) -> Text:
+    """The runtime as labelled lines, for the top of the screen."""
+    text = Text()
+
+    def line(label: str, value: str, style: str = "") -> None:
+        text.append(f"{label:>16}  ", "bold")
+        text.append(f"{value}\n", style)
+
+    kind = description.kind + (" (simulated replicas on CPU)" if description.simulated else "")
+    line("kind", kind, "bold cyan")
+    line("strategy", description.strategy)
+    line("replicas in sync", str(description.num_replicas))
+    if description.tpu_address:
+        line("TPU address", description.tpu_address)
+    if description.topology:
+        topology = description.topology
+        line("TPU topology", f"mesh {topology.get('mesh_shape')}, {topology.get('num_tasks')} task(s), "
+                             f"{topology.get('num_tpus_per_task')} cores per task")
+    else:
+        line("TPU topology", "n/a (no TPU)", "dim")
+    line("versions", f"TensorFlow {description.tf_version}, Keras {description.keras_version}")
+    line("host", description.host)
+    line("init time", f"{description.init_seconds:.2f} s")
+    for kind_name, reason in description.reasons.items():
+        line(f"why not {kind_name}", reason, "dim")
+    for note in description.notes:
+        line("note", note, "yellow")
+    return text
+
+
+class DevicesScreen(DashScreen):
+    """The runtime description and the logical devices."""
+
+    CSS_PATH = "devices.tcss"
+
+    def compose_body(self) -> ComposeResult:
+        with VerticalScroll(id="devices-body"):
+            yield Static(Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"),
+                         id="runtime-summary")
+            yield LoadingIndicator(id="runtime-loading")
+            yield Static("", id="device-check-title")
+            yield DataTable(id="device-table", zebra_stripes=True, cursor_type="row")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#device-table", DataTable)
+        for column in DEVICE_COLUMNS:
+            table.add_column(column, key=column)
+        self.watch(self.app, "runtime", self._show_runtime)
+        self.watch(self.app, "runtime_error", self._show_error)
+        self.watch(self.app, "device_check", self._show_device_check, init=False)
+
+    def _show_error(self, error: str | None) -> None:
+        if error:
+            self.query_one("#runtime-loading").display = False
+            self.query_one("#runtime-summary", Static).update(
+                Text.assemble(("runtime failed\n", "bold red"), (error, "red"),
+                              ("\nfix the cause, then re-initialise from the command palette (ctrl+p)", "dim")))
+
+    def _show_runtime(self, runtime) -> None:
+        loading = self.query_one("#runtime-loading")
+        summary = self.query_one("#runtime-summary", Static)
+        table = self.query_one("#device-table", DataTable)
+        table.clear()
+        if runtime is None:
+            if not self.app.runtime_error:
+                loading.display = True
+                summary.update(Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"))
+            return
+        loading.display = False
+        description = runtime.description
+        summary.update(describe_runtime(description))
+        for device in description.devices:
+            table.add_row(
+                str(device.index), device.name, device.device_type, device.job or "",
+                "" if device.replica is None else str(device.replica),
+                "" if device.task is None else str(device.task),
+                format_memory(device.memory), "", key=device.name,
+            )
+        self._show_device_check(self.app.device_check)
+
+    def _show_device_check(self, check: dict | None) -> None:
+        title = self.query_one("#device-check-title", Static)
+        table = self.query_one("#device-table", DataTable)
+        if not check or self.app.runtime is None:
+            title.update(Text("Logical devices — press m to run the matmul check on every device", style="bold"))
+            return
+        results = check["results"]
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(check["finished"])) if check.get("finished") else "?"
+        title.update(Text.assemble(("Logical devices", "bold"), f" — last matmul check {check['run_id']} ({when}): ",
+                                   (check.get("status", ""), "bold green" if check.get("status") == "done" else "bold red")))
+        for device in self.app.runtime.description.devices:
+            result = match_device(results, device.name)
+            if result is None:
+                cell = Text("not checked", style="dim")
+            else:
+                speed = f" {result['gflops']:.1f} GFLOP/s" if "gflops" in result else ""
+                cell = Text(("✓ pass" if result["passed"] else "✗ FAIL") + speed,
+                            style="green" if result["passed"] else "bold red")
+            table.update_cell(device.name, "last check", cell)
+
+
+def match_device(results: dict[str, dict], name: str) -> dict | None:
+    """The result for a device, whether the check named it in full or as ``CPU:3``."""
+    if name in results:
+        return results[name]
+    suffix = name.rsplit("device:", 1)[-1]
+    for key, value in results.items():
+        if key.rsplit("device:", 1)[-1] == suffix:
+            return value
+    return None

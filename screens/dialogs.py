@@ -1,0 +1,57 @@
+"""Small modal dialogs: a yes/no question such as "a job is running, quit anyway?"."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Static
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Ask a question; dismisses with True for yes (``y``), False for no (``n``/escape)."""
+
+    DEFAULT_CSS = """
+    ConfirmScreen { align: center middle; }
+    ConfirmScreen > Vertical {
+        width: 60;
+        max-width: 95%;
+        height: auto;
+        border: thick $warning;
+        background: $surface;
+        padding: 1 2;
+    }
+    ConfirmScreen .question { margin: 0 0 1 0; }
+    ConfirmScreen Horizontal { height: auto; align: center middle; }
+    ConfirmScreen Button { margin: 0 1; }
+    """
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes", id="confirm.yes"),
+        Binding("n", "answer(False)", "No", id="confirm.no"),
+        Binding("escape", "answer(False)", "No", id="confirm.escape", show=False),
+    ]
+
+    def __init__(self, question: str, yes: str = "Yes", no: str = "No"):
+        super().__init__()
+        self.question = question
+        self.yes_label = yes
+        self.no_label = no
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Static(self.question, classes="question", markup=False)
+            with Horizontal():
+                yield Button(f"{self.yes_label} (y)", variant="error", id="yes")
+                yield Button(f"{self.no_label} (n)", variant="primary", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

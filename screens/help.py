@@ -1,0 +1,60 @@
+"""The Help screen: every key, what each screen is for, and what tpudash keeps on disk."""
+
+from __future__ import annotations
+
+from rich.table import Table as RichTable
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from screens.base import DashScreen
+
+SCREEN_KEYS = (
+    ("Jobs", "↑/↓ pick a job · tab through the form · enter launch · escape back to the list"),
+    ("Run view", "[ / ] previous / next run of this session · c cancel · tabs: Plots, Replicas, Results, Log"),
+    ("History", "enter open · space mark · o overlay two marked runs' loss · e export CSV · f5 reload"),
+)
+
+
+class HelpScreen(DashScreen):
+    """Keys and guarantees."""
+
+    CSS_PATH = "help.tcss"
+
+    BINDINGS = [Binding("escape", "app.back", "Back", id="help.back")]
+
+    def compose_body(self) -> ComposeResult:
+        with VerticalScroll(id="help-body"):
+            yield Static(self._keys(), id="help-keys")
+            yield Static(self._screens(), id="help-screens")
+            yield Static(self._guarantees(), id="help-guarantees")
+
+    def _keys(self) -> RichTable:
+        table = RichTable(title="Keys (anywhere, except while typing in a field)", title_justify="left",
+                          show_header=False, box=None, padding=(0, 2))
+        for binding in self.app.BINDINGS:
+            key = binding.key_display or self.app.get_key_display(binding)
+            table.add_row(Text(key, style="bold cyan"), binding.description)
+        table.add_row(Text("ctrl+p", style="bold cyan"), "command palette: every job, every screen, re-initialise the TPU")
+        return table
+
+    def _screens(self) -> RichTable:
+        table = RichTable(title="On each screen", title_justify="left", show_header=False, box=None, padding=(0, 2))
+        for name, keys in SCREEN_KEYS:
+            table.add_row(Text(name, style="bold"), keys)
+        return table
+
+    def _guarantees(self) -> Text:
+        runs_dir = self.app.runs_dir
+        log = self.app.session_log.log_path if self.app.session_log is not None else "not redirected in this session"
+        return Text.assemble(
+            ("What tpudash keeps\n", "bold"),
+            f"Every run is a directory in {runs_dir}: events.jsonl (every event, flushed as it is emitted) "
+            "and run.json (status, params, final metrics).\n",
+            "Cancel (c) stops the job at its next step and records it as cancelled with the metrics so far.\n",
+            "Quit (q) while a job runs asks first; yes cancels the job, waits until it is recorded, then exits.\n",
+            "A run whose process died shows as interrupted in History.\n",
+            f"TensorFlow's native log for this session: {log}\n",
+        )

@@ -1,0 +1,313 @@
+"""The History screen: every run in the runs directory, opened, overlaid or exported.
+
+Lists job, start, duration, status (including ``interrupted`` for a run whose
+process died) and final metrics, newest first. ``enter`` opens a run in the
+run view fed from its events.jsonl; ``space`` marks runs and ``o`` overlays
+the loss curves of two marked runs; ``e`` exports the highlighted run's
+metrics as CSV into its run directory. Runs with unreadable parts still list
+and show what could be read, with the problems named.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import DataTable, Static
+from textual.worker import Worker, WorkerState
+
+from screens.base import DashScreen
+from screens.run import RunModel, RunView, format_seconds, format_value, status_text
+from tpudash.records import RunData, RunInfo
+from tpudash.widgets import DecimatedSeries, MetricPlot, PlotLine
+
+HISTORY_COLUMNS = ("", "started", "job", "status", "duration", "final metrics", "problems")
+EXPORT_FILE = "metrics.csv"
+MAX_MARKED = 2
+
+
+def format_metrics(metrics: dict, limit: int = 4) -> str:
+    items = list(metrics.items())
+    preferred = [item for item in items if "loss" in item[0] or "acc" in item[0]] or items
+    return "  ".join(f"{name}={format_value(value, 12)}" for name, value in preferred[:limit])
+
+
+def model_from_stored(data: RunData) -> RunModel:
+    """The run view's model of a stored run; the record's status wins (interrupted)."""
+    info = data.info
+    model = RunModel(run_id=info.run_id, job=info.job, params=info.params, status=info.status)
+    model.apply_all(data.events)
+    model.run_id, model.status = info.run_id, info.status
+    if info.job != "?":
+        model.job = info.job
+    model.started = model.started or info.started
+    model.finished = model.finished or info.finished
+    if info.error and not model.error:
+        model.error = info.error
+    model.summary = model.summary or dict(info.summary)
+    model.problems = list(data.problems)
+    return model
+
+
+class HistoryScreen(DashScreen):
+    """Past runs, newest first."""
+
+    CSS_PATH = "history.tcss"
+
+    BINDINGS = [
+        Binding("space", "toggle_mark", "Mark", id="history.mark"),
+        Binding("o", "overlay", "Overlay marked", id="history.overlay"),
+        Binding("e", "export", "Export CSV", id="history.export"),
+        Binding("f5", "reload", "Reload", id="history.reload"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs: dict[str, RunInfo] = {}
+        self.marked: list[str] = []
+
+    def compose_body(self) -> ComposeResult:
+        yield Static("", id="history-title")
+        yield DataTable(id="history-table", zebra_stripes=True, cursor_type="row")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#history-table", DataTable)
+        for column in HISTORY_COLUMNS:
+            table.add_column(column or "✓", key=column or "mark")
+        self.watch(self.app, "lane_version", self._lane_changed, init=False)
+
+    def on_screen_resume(self) -> None:
+        self.action_reload()
+
+    def _lane_changed(self, _version: int) -> None:
+        if self.app.screen is self:
+            self.action_reload()
+
+    # -- listing --------------------------------------------------------------------
+    def action_reload(self) -> None:
+        self.list_runs()
+
+    @work(thread=True, exclusive=True, exit_on_error=False, group="history-list",
+          description="Read run.json of every run in the runs directory")
+    def list_runs(self) -> list[RunInfo]:
+        return self.app.store.list_runs()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if event.state == WorkerState.SUCCESS and worker.group == "history-list":
+            self._show_runs(worker.result)
+        elif event.state == WorkerState.SUCCESS and worker.group == "history-export":
+            self.app.notify(f"exported to {worker.result}", title="CSV export")
+        elif event.state == WorkerState.ERROR:
+            self.app.notify(f"{type(worker.error).__name__}: {worker.error}", title=worker.description,
+                            severity="error")
+
+    def _show_runs(self, infos: list[RunInfo]) -> None:
+        table = self.query_one("#history-table", DataTable)
+        cursor_key = self.highlighted_run_id
+        # Newest first by start time: run ids only sort to the second.
+        ordered = sorted(infos, key=lambda info: (info.started or 0.0, info.run_id), reverse=True)
+        self.runs = {info.run_id: info for info in ordered}
+        self.marked = [run_id for run_id in self.marked if run_id in self.runs]
+        table.clear()
+        for info in self.runs.values():
+            started = time.strftime("%m-%d %H:%M:%S", time.localtime(info.started)) if info.started else "?"
+            problems = Text(f"⚠ {len(info.problems)}", style="yellow") if info.problems else Text("")
+            table.add_row(
+                "✓" if info.run_id in self.marked else "", started, info.job, status_text(info.status),
+                format_seconds(info.duration) if info.duration is not None else "", format_metrics(info.final_metrics),
+                problems, key=info.run_id,
+            )
+        if cursor_key in self.runs:
+            table.move_cursor(row=table.get_row_index(cursor_key))
+        where = self.app.store.root
+        self.query_one("#history-title", Static).update(Text.assemble(
+            (f"{len(self.runs)} runs", "bold"), f" in {where}   ",
+            ("enter open · space mark · o overlay two · e export CSV", "dim")))
+
+    @property
+    def highlighted_run_id(self) -> str | None:
+        table = self.query_one("#history-table", DataTable)
+        if not table.row_count:
+            return None
+        row_key, _ = table.coordinate_to_cell_key(table.cursor_coordinate)
+        return row_key.value
+
+    # -- actions ------------------------------------------------------------------------
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()
+        if event.row_key.value:
+            self.open_run(event.row_key.value)
+
+    def open_run(self, run_id: str) -> None:
+        self.app.push_screen(RunDetailScreen(run_id))
+
+    def action_toggle_mark(self) -> None:
+        run_id = self.highlighted_run_id
+        if run_id is None:
+            return
+        if run_id in self.marked:
+            self.marked.remove(run_id)
+        else:
+            self.marked.append(run_id)
+            del self.marked[:-MAX_MARKED]
+        table = self.query_one("#history-table", DataTable)
+        for key in self.runs:
+            table.update_cell(key, "mark", "✓" if key in self.marked else "")
+
+    def action_overlay(self) -> None:
+        if len(self.marked) != 2:
+            self.app.notify("Mark two training runs with space first.", title="Overlay", severity="warning")
+            return
+        self.app.push_screen(OverlayScreen(list(self.marked)))
+
+    def action_export(self) -> None:
+        run_id = self.highlighted_run_id
+        if run_id is not None:
+            self.export_run(run_id)
+
+    @work(thread=True, exit_on_error=False, group="history-export", description="Export a run's metrics as CSV")
+    def export_run(self, run_id: str) -> Path:
+        store = self.app.store
+        path = store.find(run_id) / EXPORT_FILE
+        path.write_text(store.export(run_id, "csv"), encoding="utf-8")
+        return path
+
+
+class RunDetailScreen(DashScreen):
+    """One stored run in the run view, read from its events.jsonl."""
+
+    CSS_PATH = "history.tcss"
+
+    BINDINGS = [
+        Binding("escape", "close", "Back", id="history.back"),
+        Binding("e", "export", "Export CSV", id="history.detail_export"),
+    ]
+
+    def __init__(self, run_id: str):
+        super().__init__()
+        self.run_id = run_id
+        self.loaded = False
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(Text(f"loading {self.run_id}…", style="dim"), id="detail-problems")
+        yield RunView(budget=self.app.redraw_budget, id="detail-view")
+
+    def on_mount(self) -> None:
+        self.load()
+
+    @work(thread=True, exit_on_error=False, group="history-load", description="Read a run's events.jsonl")
+    def load(self) -> RunModel:
+        return model_from_stored(self.app.store.load(self.run_id))
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        problems = self.query_one("#detail-problems", Static)
+        if event.state == WorkerState.SUCCESS and worker.group == "history-load":
+            model = worker.result
+            self.query_one("#detail-view", RunView).show(model)
+            if model.problems:
+                problems.update(Text("⚠ could not read everything: " + "; ".join(model.problems[:5])
+                                     + (f" (+{len(model.problems) - 5} more)" if len(model.problems) > 5 else ""),
+                                     style="yellow"))
+            else:
+                problems.display = False
+            self.loaded = True
+        elif event.state == WorkerState.SUCCESS and worker.group == "history-export":
+            self.app.notify(f"exported to {worker.result}", title="CSV export")
+        elif event.state == WorkerState.ERROR:
+            problems.update(Text(f"cannot open {self.run_id}: {worker.error}", style="bold red"))
+            problems.display = True
+
+    @property
+    def view(self) -> RunView:
+        return self.query_one("#detail-view", RunView)
+
+    def tick(self, force: bool = False) -> None:
+        if self.loaded:
+            self.view.sync(force)
+
+    def action_close(self) -> None:
+        self.dismiss()
+
+    def action_export(self) -> None:
+        self.export_run()
+
+    @work(thread=True, exit_on_error=False, group="history-export", description="Export a run's metrics as CSV")
+    def export_run(self) -> Path:
+        store = self.app.store
+        path = store.find(self.run_id) / EXPORT_FILE
+        path.write_text(store.export(self.run_id, "csv"), encoding="utf-8")
+        return path
+
+
+def loss_series(model: RunModel) -> list[tuple[str, DecimatedSeries]]:
+    """The loss curves of a run worth overlaying: the finest train series, then val."""
+    tracks = model.families.get("loss", [])
+    lines = []
+    for granularity in ("batch", "step", "epoch"):
+        train = [track for track in tracks if track.split == "train" and track.granularity == granularity]
+        if train:
+            track = train[0]
+            lines.append(("train", track.smoothed if track.smoothed is not None and len(track.smoothed) else track.series))
+            break
+    lines += [(track.split, track.series) for track in tracks if track.split != "train"]
+    return lines
+
+
+class OverlayScreen(DashScreen):
+    """Two runs' loss curves in one plot."""
+
+    CSS_PATH = "history.tcss"
+
+    BINDINGS = [Binding("escape", "close", "Back", id="history.overlay_back")]
+
+    def __init__(self, run_ids: list[str]):
+        super().__init__()
+        self.run_ids = run_ids
+        self.models: list[RunModel] = []
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(Text("loading…", style="dim"), id="overlay-title")
+        yield MetricPlot("loss", self.app.redraw_budget, id="overlay-plot")
+
+    def on_mount(self) -> None:
+        self.load()
+
+    @work(thread=True, exit_on_error=False, group="history-load", description="Read two runs' events.jsonl")
+    def load(self) -> list[RunModel]:
+        return [model_from_stored(self.app.store.load(run_id)) for run_id in self.run_ids]
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        title = self.query_one("#overlay-title", Static)
+        if event.state == WorkerState.SUCCESS:
+            self.models = worker.result
+            colors = (("blue", "cyan"), ("red", "orange"))
+            lines: list[PlotLine] = []
+            missing = []
+            for (train_color, val_color), model in zip(colors, self.models):
+                series = loss_series(model)
+                if not series:
+                    missing.append(model.run_id)
+                for split, values in series:
+                    lines.append(PlotLine(f"{model.job} {model.run_id[-6:]} {split}", values,
+                                          color=train_color if split == "train" else val_color))
+            self.query_one("#overlay-plot", MetricPlot).set_lines(lines)
+            text = Text.assemble(("loss: ", "bold"), " vs ".join(model.run_id for model in self.models))
+            if missing:
+                text.append(f"   no loss metric in {', '.join(missing)}", "yellow")
+            title.update(text)
+        elif event.state == WorkerState.ERROR:
+            title.update(Text(f"cannot open the runs: {worker.error}", style="bold red"))
+
+    @property
+    def plot(self) -> MetricPlot:
+        return self.query_one("#overlay-plot", MetricPlot)
+
+    def action_close(self) -> None:
+        self.dismiss()

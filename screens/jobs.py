@@ -1,0 +1,153 @@
+"""The Jobs screen: every registered job, and a form generated from its params.
+
+Moving through the list shows the highlighted job's form (defaults filled,
+help text, choices as selects, switches for booleans). Fields are checked as
+the user types and marked with what is wrong and what is allowed; ``enter``
+launches only when every field, the rules across fields and (once the
+runtime is known) the runtime checks pass. Forms keep what was typed while
+the app runs. The bottom line shows the accelerator lane and its queue.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Button, ContentSwitcher, OptionList, Static
+from textual.widgets._select import SelectOverlay
+from textual.widgets.option_list import Option
+
+from screens.base import DashScreen
+from tpudash.widgets import ParamForm
+
+
+def form_id(job_name: str) -> str:
+    return "form-" + "".join(char if char.isalnum() else "-" for char in job_name)
+
+
+class JobsScreen(DashScreen):
+    """Pick a job, fill its form, press enter."""
+
+    CSS_PATH = "jobs.tcss"
+
+    BINDINGS = [
+        # Priority, so enter launches from any field of the form; it steps
+        # aside (check_action) while a select's list is open so enter picks.
+        Binding("enter", "launch", "Launch", id="jobs.launch", priority=True),
+        Binding("escape", "focus_list", "Job list", id="jobs.list", show=False),
+    ]
+
+    def compose_body(self) -> ComposeResult:
+        specs = self.app.job_specs
+        with Horizontal(id="jobs-body"):
+            options = []
+            for name, spec in specs.items():
+                key = f"  [{spec.key}]" if spec.key else ""
+                options.append(Option(Text.assemble((spec.title, "bold"), "\n", (f"{name}{key}", "dim")), id=name))
+            yield OptionList(*options, id="job-list")
+            yield ContentSwitcher(id="forms")
+        yield Static("", id="lane-line")
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "runtime", self._runtime_changed, init=False)
+        self.watch(self.app, "lane_version", self._show_lane)
+        job_list = self.query_one("#job-list", OptionList)
+        if job_list.option_count:
+            job_list.highlighted = 0
+        job_list.focus()
+
+    # -- the forms ----------------------------------------------------------------
+    def form_for(self, name: str) -> ParamForm:
+        """The form of job ``name``, created the first time it is shown."""
+        switcher = self.query_one("#forms", ContentSwitcher)
+        existing = switcher.query(f"#{form_id(name)}")
+        if existing:
+            return existing.first(ParamForm)
+        form = ParamForm(self.app.job_specs[name], runtime=lambda: self.app.runtime, id=form_id(name))
+        switcher.mount(form)
+        return form
+
+    @property
+    def current_form(self) -> ParamForm | None:
+        switcher = self.query_one("#forms", ContentSwitcher)
+        if not switcher.current:
+            return None
+        return switcher.query_one(f"#{switcher.current}", ParamForm)
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_list.id == "job-list" and event.option_id:
+            event.stop()
+            self.form_for(event.option_id)
+            self.query_one("#forms", ContentSwitcher).current = form_id(event.option_id)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        # A click on a job selects it: show its form and put the cursor in it.
+        if event.option_list.id == "job-list" and event.option_id:
+            event.stop()
+            self.select_job(event.option_id, focus_form=True)
+
+    def select_job(self, name: str, focus_form: bool = False) -> None:
+        """Show job ``name``'s form (the ``t`` key and the palette come here)."""
+        if name not in self.app.job_specs:
+            self.app.notify(f"job {name!r} is not installed", severity="error")
+            return
+        job_list = self.query_one("#job-list", OptionList)
+        job_list.highlighted = job_list.get_option_index(name)
+        form = self.form_for(name)
+        self.query_one("#forms", ContentSwitcher).current = form_id(name)
+        if focus_form and form.fields:
+            self.call_after_refresh(form.fields[0].input.focus)
+        else:
+            job_list.focus()
+
+    def _runtime_changed(self, runtime) -> None:
+        for form in self.query(ParamForm):
+            form.validate()
+
+    # -- launching ----------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action == "launch":
+            focused = self.focused
+            if isinstance(focused, SelectOverlay):
+                return False
+            if isinstance(focused, Button) and not focused.has_class("launch"):
+                return False
+        return True
+
+    def action_launch(self) -> None:
+        form = self.current_form
+        if form is None:
+            return
+        self._launch(form)
+
+    def on_param_form_launch_requested(self, event: ParamForm.LaunchRequested) -> None:
+        event.stop()
+        self._launch(event.form)
+
+    def _launch(self, form: ParamForm) -> None:
+        params = form.validate()
+        if params is None:
+            problems = "; ".join(f"{name}: {message}" if name else message for name, message in form.errors.items())
+            self.app.notify(problems, title=f"{form.spec.name} not launched", severity="error")
+            invalid = form.first_invalid()
+            if invalid is not None:
+                invalid.input.focus()
+            return
+        self.app.launch(form.spec, params)
+
+    def action_focus_list(self) -> None:
+        self.query_one("#job-list", OptionList).focus()
+
+    def _show_lane(self, _version: int = 0) -> None:
+        runner = self.app.runner
+        current = runner.current
+        waiting = runner.queued()
+        text = Text("lane: ", style="bold")
+        if current is None:
+            text.append("idle", "dim")
+        else:
+            text.append(f"{current.job} running", "bold yellow")
+        if waiting:
+            text.append("   queued: " + ", ".join(f"{position}. {run.job}" for position, run in enumerate(waiting, 1)))
+        self.query_one("#lane-line", Static).update(text)

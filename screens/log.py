@@ -1,0 +1,80 @@
+"""The Session log screen: what TensorFlow and tfds wrote to fd 2, and this session's notifications.
+
+While the TUI runs, file descriptor 2 points at the session log file, so C++
+logs and tqdm bars never tear the screen; this pane tails that file.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import RichLog, Static
+
+from screens.base import DashScreen
+
+TAIL_SECONDS = 0.5
+READ_LIMIT = 1 << 20
+
+
+class SessionLogScreen(DashScreen):
+    """Tails the session log file."""
+
+    CSS_PATH = "log.tcss"
+
+    def compose_body(self) -> ComposeResult:
+        with Vertical(id="log-body"):
+            yield Static("", id="log-title")
+            yield RichLog(id="session-log", max_lines=5000, wrap=True, markup=False, highlight=False)
+            yield Static(Text("Notifications", style="bold"), id="notices-title")
+            yield RichLog(id="notices", max_lines=500, wrap=True, markup=False, highlight=False)
+
+    def on_mount(self) -> None:
+        self._offset = 0
+        self._notices_shown = 0
+        session_log = self.app.session_log
+        title = self.query_one("#log-title", Static)
+        if session_log is None:
+            title.update(Text("fd 2 is not redirected in this session (TPUDASH_NATIVE_STDERR=terminal or a test run)",
+                              style="dim"))
+        else:
+            title.update(Text.assemble(("Session log ", "bold"), (str(session_log.log_path), "dim")))
+        self.set_interval(TAIL_SECONDS, self.tail)
+        self.tail()
+
+    def tail(self) -> None:
+        self._show_notices()
+        session_log = self.app.session_log
+        if session_log is None or self.app.screen is not self:
+            return
+        try:
+            with open(session_log.log_path, "rb") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read(READ_LIMIT)
+        except OSError:
+            return
+        if not chunk:
+            return
+        # Only whole lines: a C++ log line may be half written.
+        end = chunk.rfind(b"\n") + 1
+        if end == 0 and len(chunk) < READ_LIMIT:
+            return
+        chunk = chunk[:end] if end else chunk
+        self._offset += len(chunk)
+        log = self.query_one("#session-log", RichLog)
+        # tqdm redraws with carriage returns; the last state of a bar is what matters.
+        for line in chunk.decode("utf-8", errors="replace").splitlines():
+            log.write(line.rsplit("\r", 1)[-1])
+
+    def _show_notices(self) -> None:
+        notices = self.app.notices
+        if len(notices) == self._notices_shown:
+            return
+        log = self.query_one("#notices", RichLog)
+        styles = {"error": "bold red", "warning": "yellow"}
+        for stamp, severity, message in notices[self._notices_shown:]:
+            log.write(Text(f"{time.strftime('%H:%M:%S', time.localtime(stamp))} {message}",
+                           style=styles.get(severity, "")))
+        self._notices_shown = len(notices)

@@ -1,0 +1,741 @@
+"""The run view: one run's status, progress, plots, per-replica values, results and log.
+
+``RunModel`` turns a run's events into what the view draws (bounded metric
+histories, the latest per-replica values, result tables, log lines); it knows
+nothing of Textual, so the History screen can feed it stored events and a
+benchmark can feed it a million points. ``RunView`` draws a model and is
+reused by History; ``RunScreen`` is the live view of the runs this session
+launched, with the accelerator lane beside it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Label, OptionList, ProgressBar, RichLog, Static, TabbedContent, TabPane
+from textual.widgets.option_list import Option
+
+from jobs.events import Artifact, Event, Log, Metric, Progress, ReplicaValues, RunFinished, RunStarted, Table, is_finite_number
+from screens.base import DashScreen
+from tpudash.widgets import DecimatedSeries, Ema, MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
+
+MAX_LOG_LINES = 5000
+STATUS_STYLES = {
+    "queued": ("◌", "dim"),
+    "running": ("●", "bold yellow"),
+    "done": ("✓", "bold green"),
+    "failed": ("✗", "bold red"),
+    "cancelled": ("■", "bold magenta"),
+    "interrupted": ("!", "bold red"),
+}
+# Metrics named like these are one point of a 2-D path (gradient descent's x0, x1).
+PATH_FAMILIES = ("x0", "x1")
+SPLIT_PREFIXES = ("val_", "test_")
+
+
+def status_text(status: str) -> Text:
+    symbol, style = STATUS_STYLES.get(status, ("?", ""))
+    return Text(f"{symbol} {status}", style=style)
+
+
+def format_seconds(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "--:--"
+    seconds = max(0.0, seconds)
+    minutes, rest = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}:{minutes:02d}:{rest:02d}"
+    return f"{minutes:02d}:{rest:02d}" if seconds >= 10 else f"{seconds:.1f}s"
+
+
+def format_value(value: Any, width: int = 60) -> str:
+    """A compact cell text for numbers, lists and matrices."""
+    if isinstance(value, float):
+        text = f"{value:.6g}"
+    elif isinstance(value, list):
+        text = "[" + ", ".join(format_value(item, width) for item in value) + "]"
+    else:
+        text = str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_params(params: dict) -> str:
+    return "  ".join(f"{name}={format_value(value, 40)}" for name, value in params.items())
+
+
+# -- the model ----------------------------------------------------------------
+
+
+@dataclass
+class MetricTrack:
+    """One metric series: a family (loss), a split (train/val/test) and a granularity."""
+
+    family: str
+    split: str
+    granularity: str  # "batch" (per step within epochs), "epoch", or "step" (no epochs)
+    series: DecimatedSeries = field(default_factory=DecimatedSeries)
+    smoothed: DecimatedSeries | None = None
+    ema: Ema | None = None
+    last: float | None = None
+    last_step: int | None = None
+    count: int = 0
+
+    @property
+    def label(self) -> str:
+        if self.granularity == "epoch":
+            return f"{self.split} (epoch)"
+        if self.granularity == "batch":
+            return f"{self.split} (batch)"
+        return self.split
+
+
+def classify_metric(metric: Metric) -> tuple[str, str, str]:
+    """(family, split, granularity) of a metric event.
+
+    The train job's convention: ``batch_loss`` per batch, ``loss`` per epoch
+    (train and val), ``loss`` with split test at the end. Keras-style
+    ``val_loss`` with split "train" counts as loss/val and ``epoch_loss`` as
+    a per-epoch loss. A metric without an epoch is a plain per-step series
+    (gradient descent).
+    """
+    name, split = metric.name, metric.split or "train"
+    for prefix in SPLIT_PREFIXES:
+        if name.startswith(prefix) and split == "train":
+            name, split = name[len(prefix):], prefix[:-1]
+    if name.startswith("batch_"):
+        return name[len("batch_"):], split, "batch"
+    if name.startswith("epoch_"):
+        return name[len("epoch_"):], split, "epoch"
+    return name, split, "epoch" if metric.epoch is not None else "step"
+
+
+@dataclass
+class ProgressState:
+    """Progress of one unit (steps, epochs, devices) and what it implies for the ETA."""
+
+    unit: str
+    done: int
+    total: int | None
+    first_time: float
+    first_done: int
+    last_time: float
+
+    def eta(self) -> float | None:
+        if self.total is None or self.done <= self.first_done or self.last_time <= self.first_time:
+            return None
+        rate = (self.done - self.first_done) / (self.last_time - self.first_time)
+        return max(0.0, (self.total - self.done) / rate)
+
+    @property
+    def fraction(self) -> float | None:
+        if not self.total:
+            return None
+        return min(1.0, self.done / self.total)
+
+
+class RunModel:
+    """Everything the run view shows about one run, built from its events.
+
+    ``version`` changes on every event; ``plot_version`` only when a plotted
+    series changes, so a view redraws plots only when it has to.
+    """
+
+    def __init__(self, run_id: str = "", job: str = "", params: dict | None = None, status: str = "queued"):
+        self.run_id = run_id
+        self.job = job
+        self.params: dict = dict(params or {})
+        self.status = status
+        self.runtime: dict = {}
+        self.started: float | None = None
+        self.finished: float | None = None
+        self.summary: dict = {}
+        self.error: str | None = None
+        self.traceback: str | None = None
+        self.problems: list[str] = []
+        self.progress: dict[str, ProgressState] = {}
+        self.tracks: dict[tuple[str, str, str], MetricTrack] = {}
+        self.families: dict[str, list[MetricTrack]] = {}
+        self.family_versions: dict[str, int] = {}
+        self.final_metrics: dict[str, float] = {}
+        self.path: DecimatedSeries | None = None
+        self._path_pending: dict[int, dict[str, float]] = {}
+        self.replicas: dict[str, ReplicaValues] = {}
+        self.latest_numeric_replica: str | None = None
+        self.tables: dict[str, Table] = {}
+        self.table_versions: dict[str, int] = {}
+        self.logs: deque[tuple[str, str]] = deque(maxlen=MAX_LOG_LINES)
+        self.logs_total = 0
+        self.artifacts: list[Artifact] = []
+        self.events_seen = 0
+        self.version = 0
+        self.plot_version = 0
+        self.replica_version = 0
+
+    @classmethod
+    def from_events(cls, events: Iterable[tuple[float | None, Event]], **info: Any) -> "RunModel":
+        model = cls(**info)
+        for stamp, event in events:
+            model.apply(event, stamp)
+        return model
+
+    @property
+    def finished_state(self) -> bool:
+        return self.status in ("done", "failed", "cancelled", "interrupted")
+
+    def elapsed(self, now: float | None = None) -> float | None:
+        if self.started is None:
+            return None
+        end = self.finished if self.finished is not None else (now if now is not None else time.time())
+        return max(0.0, end - self.started)
+
+    def apply_all(self, events: Iterable[tuple[float | None, Event]]) -> None:
+        for stamp, event in events:
+            self.apply(event, stamp)
+
+    def apply(self, event: Event, stamp: float | None = None) -> None:
+        now = stamp if stamp is not None else time.time()
+        self.events_seen += 1
+        self.version += 1
+        if isinstance(event, Metric):
+            self._metric(event)
+        elif isinstance(event, Progress):
+            self._progress(event, now)
+        elif isinstance(event, Log):
+            self.logs.append((event.level, event.text))
+            self.logs_total += 1
+        elif isinstance(event, ReplicaValues):
+            self.replicas[event.name] = event
+            if event.values and all(is_finite_number(value) for value in event.values):
+                self.latest_numeric_replica = event.name
+            self.replica_version += 1
+        elif isinstance(event, Table):
+            self.tables[event.title] = event
+            self.table_versions[event.title] = self.table_versions.get(event.title, 0) + 1
+        elif isinstance(event, Artifact):
+            self.artifacts.append(event)
+        elif isinstance(event, RunStarted):
+            self.run_id, self.job, self.params = event.run_id or self.run_id, event.job, dict(event.params)
+            self.runtime = dict(event.runtime or {})
+            self.started = event.time
+            self.status = "running"
+        elif isinstance(event, RunFinished):
+            self.status = event.status
+            self.summary = dict(event.summary or {})
+            self.error, self.traceback = event.error, event.traceback
+            self.finished = now
+            if self.started is None:
+                self.started = now
+
+    def _metric(self, metric: Metric) -> None:
+        family, split, granularity = classify_metric(metric)
+        if family in PATH_FAMILIES:
+            self._path_point(family, metric)
+        key = (family, split, granularity)
+        track = self.tracks.get(key)
+        if track is None:
+            track = MetricTrack(family, split, granularity)
+            if granularity == "batch":
+                track.smoothed, track.ema = DecimatedSeries(), Ema()
+            self.tracks[key] = track
+            self.families.setdefault(family, []).append(track)
+        value = float(metric.value) if is_finite_number(metric.value) else math.nan
+        track.series.append(metric.step, value)
+        if track.ema is not None and math.isfinite(value):
+            track.smoothed.append(metric.step, track.ema.update(value))
+        track.last, track.last_step = value, metric.step
+        track.count += 1
+        self.family_versions[family] = self.family_versions.get(family, 0) + 1
+        self.plot_version += 1
+        self.final_metrics[metric.name if metric.split == "train" else f"{metric.split}_{metric.name}"] = value
+
+    def _path_point(self, family: str, metric: Metric) -> None:
+        pending = self._path_pending.setdefault(metric.step, {})
+        pending[family] = float(metric.value) if is_finite_number(metric.value) else math.nan
+        if len(pending) == len(PATH_FAMILIES):
+            if self.path is None:
+                self.path = DecimatedSeries()
+            self.path.append(pending[PATH_FAMILIES[0]], pending[PATH_FAMILIES[1]])
+            del self._path_pending[metric.step]
+        # Only the newest steps can still be completed; keep the dict small.
+        if len(self._path_pending) > 8:
+            for step in sorted(self._path_pending)[:-8]:
+                del self._path_pending[step]
+
+    def _progress(self, event: Progress, now: float) -> None:
+        state = self.progress.get(event.unit)
+        if state is None or event.done < state.done:
+            self.progress[event.unit] = ProgressState(event.unit, event.done, event.total, now, event.done, now)
+        else:
+            state.done, state.total, state.last_time = event.done, event.total, now
+
+    def outcome_line(self) -> str | None:
+        """What the run concluded: the summary's ``line`` if it has one, else its last info log."""
+        line = self.summary.get("line")
+        if isinstance(line, str) and line:
+            return line
+        return next((text for level, text in reversed(self.logs) if level == "info"), None)
+
+    def last_metrics(self) -> dict[str, float]:
+        """The newest value of every metric, named like run.json's final_metrics (``val_loss``)."""
+        return dict(self.final_metrics)
+
+    def device_results(self) -> dict[str, dict]:
+        """Per device: passed? and GFLOP/s, from a result table with device and result columns."""
+        results: dict[str, dict] = {}
+        for table in self.tables.values():
+            columns = [str(column).lower() for column in table.columns]
+            device_column = next((i for i, c in enumerate(columns) if c == "device"), None)
+            result_column = next((i for i, c in enumerate(columns) if c in ("result", "pass", "passed", "status")), None)
+            speed_column = next((i for i, c in enumerate(columns) if "gflop" in c), None)
+            if device_column is None or result_column is None:
+                continue
+            for row in table.rows:
+                if len(row) <= max(device_column, result_column):
+                    continue
+                verdict = row[result_column]
+                passed = verdict is True or str(verdict).strip().lower() in ("pass", "passed", "ok", "true", "✓")
+                entry = {"passed": passed, "result": str(verdict)}
+                if speed_column is not None and speed_column < len(row) and is_finite_number(row[speed_column]):
+                    entry["gflops"] = float(row[speed_column])
+                results[str(row[device_column])] = entry
+        return results
+
+
+# -- the view -------------------------------------------------------------------
+
+
+class ProgressRow(Horizontal):
+    """One unit's progress: label, bar, counts and ETA."""
+
+    DEFAULT_CSS = """
+    ProgressRow { height: 1; }
+    ProgressRow .progress-unit { width: 10; color: $text-muted; }
+    ProgressRow ProgressBar { width: auto; }
+    ProgressRow .progress-eta { width: 1fr; padding: 0 0 0 1; color: $text-muted; }
+    """
+
+    def __init__(self, unit: str):
+        super().__init__()
+        self.unit = unit
+        self.bar = ProgressBar(total=None, show_eta=False)
+        self.counts = Label("", classes="progress-eta")
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.unit, classes="progress-unit")
+        yield self.bar
+        yield self.counts
+
+    def show(self, state: ProgressState, finished: bool) -> None:
+        self.bar.update(total=state.total, progress=state.done)
+        counts = f"{state.done}/{state.total}" if state.total is not None else str(state.done)
+        eta = "" if finished or state.total is None else f"  ETA {format_seconds(state.eta())}"
+        self.counts.update(counts + eta)
+
+
+class RunView(Vertical):
+    """Draws one RunModel: header, error, progress, and tabs of plots, replicas, results, log."""
+
+    DEFAULT_CSS = """
+    RunView { height: 1fr; }
+    RunView #run-title { height: 1; padding: 0 1; }
+    RunView #run-params { height: auto; max-height: 2; padding: 0 1; color: $text-muted; }
+    RunView #run-error { height: auto; max-height: 3; padding: 0 1; display: none; }
+    RunView #run-outcome { height: auto; max-height: 2; padding: 0 1; display: none; }
+    RunView #run-progress { height: auto; padding: 0 1; }
+    RunView #run-tabs { height: 1fr; }
+    RunView TabPane { padding: 0; }
+    RunView #plots { height: 1fr; grid-gutter: 0 1; }
+    RunView #plots-empty { color: $text-muted; padding: 1; }
+    RunView #replica-plot { height: 1fr; min-height: 8; }
+    RunView #replica-table { height: auto; max-height: 12; }
+    RunView #results { height: 1fr; }
+    RunView .result-title { margin: 1 0 0 0; }
+    RunView .result-table { height: auto; max-height: 24; }
+    RunView #run-summary { height: auto; }
+    RunView #run-log { height: 1fr; }
+    """
+
+    def __init__(self, model: RunModel | None = None, budget: RedrawBudget | None = None, *, id: str | None = None):
+        super().__init__(id=id)
+        self.model = model
+        self.budget = budget or RedrawBudget()
+        self._drawn: dict[str, int] = {}
+        self._logs_written = 0
+        self._tables_drawn: dict[str, int] = {}
+        self._progress_rows: dict[str, ProgressRow] = {}
+        self._plots: dict[str, MetricPlot] = {}
+        self._path_plot: PathPlot | None = None
+        self._replica_drawn = -1
+        self._tab_chosen_by_user = False
+        self._tab_expected: str | None = None
+        self._last_header = None
+        self._ended_shown = False
+        self._ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="run-title")
+        yield Static("", id="run-params", markup=False)
+        yield Static("", id="run-error", markup=False)
+        yield Static("", id="run-outcome", markup=False)
+        yield Vertical(id="run-progress")
+        with TabbedContent(id="run-tabs"):
+            with TabPane("Plots", id="tab-plots"):
+                yield Static("No metrics yet.", id="plots-empty")
+                yield Grid(id="plots")
+            with TabPane("Replicas", id="tab-replicas"):
+                yield ReplicaBarPlot(self.budget, id="replica-plot")
+                yield DataTable(id="replica-table", zebra_stripes=True, cursor_type="row")
+            with TabPane("Results", id="tab-results"):
+                yield VerticalScroll(Static("", id="run-summary", markup=False), id="results")
+            with TabPane("Log", id="tab-log"):
+                yield RichLog(id="run-log", max_lines=MAX_LOG_LINES, wrap=True, markup=False, highlight=False)
+
+    def on_mount(self) -> None:
+        self._ready = True
+        self.sync(force=True)
+
+    # -- switching what is shown --------------------------------------------------
+    def show(self, model: RunModel | None) -> None:
+        """Draw another run from scratch."""
+        if model is self.model:
+            return
+        self.model = model
+        if not self._ready:
+            return  # on_mount draws it
+        self._drawn.clear()
+        self._logs_written = 0
+        self._tables_drawn.clear()
+        self._replica_drawn = -1
+        self._tab_chosen_by_user = False
+        self._tab_expected = None
+        self._last_header = None
+        self._ended_shown = False
+        for row in self._progress_rows.values():
+            row.remove()
+        self._progress_rows.clear()
+        for plot in list(self._plots.values()) + ([self._path_plot] if self._path_plot else []):
+            plot.remove()
+        self._plots.clear()
+        self._path_plot = None
+        self.query_one("#run-log", RichLog).clear()
+        for table in self.query("#results .result-table, #results .result-title"):
+            table.remove()
+        self.query_one("#replica-table", DataTable).clear(columns=True)
+        self.query_one("#replica-plot", ReplicaBarPlot).set_values("", [], [])
+        self.sync(force=True)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        # Tabs this view picked itself come back here too; any other is the user's.
+        if event.pane.id == self._tab_expected:
+            self._tab_expected = None
+        else:
+            self._tab_chosen_by_user = True
+
+    def _choose_tab(self, pane_id: str) -> None:
+        tabs = self.query_one("#run-tabs", TabbedContent)
+        if tabs.active != pane_id:
+            self._tab_expected = pane_id
+            tabs.active = pane_id
+
+    # -- drawing ----------------------------------------------------------------
+    def sync(self, force: bool = False) -> None:
+        """Bring every part up to date with the model; plots only when the budget allows."""
+        if not self._ready:
+            return
+        model = self.model
+        self._sync_header(model)
+        if model is None:
+            return
+        self._sync_progress(model)
+        self._sync_log(model)
+        self._sync_tables(model)
+        self._sync_replicas(model)
+        plots_due = force or self.budget.ready()
+        if plots_due and self._plots_stale(model):
+            self.budget.start_round()
+            self._sync_plots(model)
+        if not self._tab_chosen_by_user:
+            self._choose_tab(self._preferred_tab(model))
+
+    def plots_stale(self) -> bool:
+        return self.model is not None and self._plots_stale(self.model)
+
+    def _plots_stale(self, model: RunModel) -> bool:
+        return self._drawn.get("plots") != model.plot_version
+
+    def _preferred_tab(self, model: RunModel) -> str:
+        if model.status == "failed" and not model.tracks:
+            return "tab-log"
+        if model.tracks:
+            return "tab-plots"
+        if model.latest_numeric_replica or model.replicas:
+            return "tab-replicas"
+        if model.tables or model.summary:
+            return "tab-results"
+        return "tab-log" if model.logs_total else "tab-plots"
+
+    def _sync_header(self, model: RunModel | None) -> None:
+        title = self.query_one("#run-title", Static)
+        if model is None:
+            if self._last_header != "empty":
+                title.update(Text("No run yet: press m, r or g, or launch a job from Jobs (j).", style="dim"))
+                self.query_one("#run-params", Static).update("")
+                self.query_one("#run-error", Static).display = False
+                self._last_header = "empty"
+            return
+        elapsed = format_seconds(model.elapsed())
+        header = (model.run_id, model.job, model.status, elapsed, model.error)
+        if header != self._last_header:
+            text = Text.assemble((model.job or "?", "bold"), "  ")
+            text.append_text(status_text(model.status))
+            text.append(f"  {elapsed}", "bold")
+            if model.run_id:
+                text.append(f"   {model.run_id}", "dim")
+            title.update(text)
+            self.query_one("#run-params", Static).update(format_params(model.params) or "(no params)")
+            self._last_header = header
+            error = self.query_one("#run-error", Static)
+            if model.error:
+                error.update(Text.assemble(("✗ ", "bold red"), (model.error, "red"), ("   (traceback in Log)", "dim")))
+            error.display = bool(model.error)
+            outcome = self.query_one("#run-outcome", Static)
+            last_line = model.outcome_line() if model.finished_state and not model.error else None
+            if last_line:
+                outcome.update(Text.assemble(("→ ", "bold"), (last_line, "bold")))
+            outcome.display = bool(last_line)
+
+    def _sync_progress(self, model: RunModel) -> None:
+        container = self.query_one("#run-progress", Vertical)
+        for unit, state in model.progress.items():
+            row = self._progress_rows.get(unit)
+            if row is None:
+                row = self._progress_rows[unit] = ProgressRow(unit)
+                container.mount(row)
+            row.show(state, model.finished_state)
+
+    def _sync_log(self, model: RunModel) -> None:
+        if model.logs_total == self._logs_written and not (model.traceback and not self._ended_shown):
+            return
+        log = self.query_one("#run-log", RichLog)
+        fresh = min(model.logs_total - self._logs_written, len(model.logs))
+        styles = {"warning": "yellow", "error": "bold red", "debug": "dim"}
+        for level, text in list(model.logs)[len(model.logs) - fresh:] if fresh > 0 else ():
+            prefix = "" if level == "info" else f"{level}: "
+            log.write(Text(prefix + text, style=styles.get(level, "")))
+        self._logs_written = model.logs_total
+        if model.finished_state and not self._ended_shown:
+            self._ended_shown = True
+            if model.traceback:
+                log.write(Text(model.error or "failed", style="bold red"))
+                log.write(Text(model.traceback.rstrip(), style="red"))
+
+    def _sync_tables(self, model: RunModel) -> None:
+        results = self.query_one("#results", VerticalScroll)
+        summary = self.query_one("#run-summary", Static)
+        if model.summary or model.problems:
+            lines = [f"{key}: {format_value(value, 100)}" for key, value in model.summary.items()]
+            lines += [f"problem: {problem}" for problem in model.problems]
+            summary.update("\n".join(lines))
+        for title, table_event in model.tables.items():
+            version = model.table_versions.get(title, 0)
+            if self._tables_drawn.get(title) == version:
+                continue
+            table = self._result_table(results, title)
+            table.clear(columns=True)
+            table.add_columns(*[str(column) for column in table_event.columns])
+            for row in table_event.rows:
+                cells = [format_value(cell, 40) for cell in row]
+                cells += [""] * (len(table_event.columns) - len(cells))
+                table.add_row(*cells[: len(table_event.columns)])
+            self._tables_drawn[title] = version
+
+    def _result_table(self, results: VerticalScroll, title: str) -> DataTable:
+        for table in results.query(".result-table"):
+            if getattr(table, "result_title", None) == title:
+                return table
+        label = Static(Text(title, style="bold"), classes="result-title")
+        table = DataTable(classes="result-table", zebra_stripes=True, cursor_type="row")
+        table.result_title = title
+        results.mount(label, table)
+        return table
+
+    def _sync_replicas(self, model: RunModel) -> None:
+        if self._replica_drawn == model.replica_version:
+            return
+        self._replica_drawn = model.replica_version
+        table = self.query_one("#replica-table", DataTable)
+        table.clear(columns=True)
+        replicas = list(model.replicas.values())
+        width = max((len(event.values) for event in replicas), default=0)
+        if not width:
+            return
+        table.add_column("value", key="name")
+        for index in range(width):
+            table.add_column(f"replica {index}", key=f"r{index}")
+        for event in replicas[-200:]:
+            cells = [format_value(value, 30) for value in event.values]
+            table.add_row(event.name, *(cells + [""] * (width - len(cells))))
+        if model.latest_numeric_replica:
+            event = model.replicas[model.latest_numeric_replica]
+            labels = [short_device(device) or str(index) for index, device in
+                      enumerate(event.devices or [""] * len(event.values))]
+            self.query_one("#replica-plot", ReplicaBarPlot).set_values(event.name, labels, event.values)
+
+    def _sync_plots(self, model: RunModel) -> None:
+        grid = self.query_one("#plots", Grid)
+        for family, tracks in model.families.items():
+            if family in PATH_FAMILIES and model.path is not None:
+                continue
+            version = model.family_versions.get(family, 0)
+            plot = self._plots.get(family)
+            if plot is None:
+                plot = self._plots[family] = MetricPlot(family, self.budget, classes="metric-plot")
+                plot.family = family
+                grid.mount(plot)
+            if self._drawn.get(family) != version:
+                plot.set_lines(plot_lines(tracks))
+                self._drawn[family] = version
+        if model.path is not None:
+            if self._path_plot is None:
+                self._path_plot = PathPlot("path (x0, x1)", self.budget, classes="metric-plot")
+                grid.mount(self._path_plot)
+            if self._drawn.get("path") != model.path.seen:
+                self._path_plot.set_path(model.path)
+                self._drawn["path"] = model.path.seen
+        self._drawn["plots"] = model.plot_version
+        self.query_one("#plots-empty", Static).display = not (self._plots or self._path_plot)
+        self._layout_plots()
+
+    def on_resize(self) -> None:
+        self._layout_plots()
+
+    def _layout_plots(self) -> None:
+        grid = self.query_one("#plots", Grid)
+        count = len(self._plots) + (1 if self._path_plot else 0)
+        if not count:
+            return
+        width, height = self.size.width, max(self.size.height - 8, 8)
+        columns = 2 if width >= 100 and count > 1 else 1
+        rows = math.ceil(count / columns)
+        row_height = max(height // rows, 10)
+        grid.styles.grid_size_columns = columns
+        grid.styles.grid_size_rows = rows
+        grid.styles.grid_rows = str(row_height)
+
+    # -- what tests and the History screen read -----------------------------------
+    def plot_for(self, family: str) -> MetricPlot | None:
+        return self._plots.get(family)
+
+    @property
+    def path_plot(self) -> PathPlot | None:
+        return self._path_plot
+
+
+def short_device(name: str) -> str:
+    """``/job:localhost/replica:0/task:0/device:CPU:3`` → ``CPU:3``."""
+    return name.rsplit("device:", 1)[-1] if name else name
+
+
+def plot_lines(tracks: list[MetricTrack]) -> list[PlotLine]:
+    """The lines of one metric family: per-step (raw, and smoothed for batches), then epochs."""
+    colors = {"train": "blue", "val": "orange", "test": "green"}
+    lines: list[PlotLine] = []
+    for track in tracks:
+        color = colors.get(track.split)
+        if track.granularity == "batch":
+            lines.append(PlotLine(f"{track.split} (batch)", track.series, color="gray"))
+            if track.smoothed is not None:
+                lines.append(PlotLine(f"{track.split} (smoothed)", track.smoothed, color=color))
+        elif track.granularity == "epoch":
+            lines.append(PlotLine(f"{track.split} (epoch)", track.series, color=color or "red"))
+        else:
+            lines.append(PlotLine(track.split, track.series, color=color))
+    return lines
+
+
+# -- the live screen ------------------------------------------------------------------
+
+
+class RunScreen(DashScreen):
+    """The live view of this session's runs; the lane (running and queued runs) on the side."""
+
+    CSS_PATH = "run.tcss"
+
+    BINDINGS = [
+        Binding("left_square_bracket", "show_neighbour(-1)", "Prev run", id="run.previous", key_display="["),
+        Binding("right_square_bracket", "show_neighbour(1)", "Next run", id="run.next", key_display="]"),
+    ]
+
+    def compose_body(self) -> ComposeResult:
+        with Horizontal(id="run-body"):
+            yield RunView(budget=getattr(self.app, "redraw_budget", None), id="run-view")
+            with Vertical(id="lane-panel"):
+                yield Label("Session runs", id="lane-title")
+                yield OptionList(id="lane-list")
+
+    def on_mount(self) -> None:
+        self._lane_signature: tuple = ()
+        self.watch(self.app, "shown_run_id", self._show_run)
+        self.watch(self.app, "lane_version", self.refresh_lane)
+        self._ready = True
+
+    @property
+    def view(self) -> RunView:
+        return self.query_one("#run-view", RunView)
+
+    @property
+    def shown_model(self) -> RunModel | None:
+        return self.view.model
+
+    def _show_run(self, run_id: str | None) -> None:
+        live = self.app.live_runs.get(run_id) if run_id else None
+        self.view.show(live.model if live else None)
+        self.refresh_lane()
+
+    def tick(self, force: bool = False) -> None:
+        """Called by the app on its timer (and when a run starts or ends): redraw what changed."""
+        # A mode's screen is current before it has composed; there is nothing to draw yet.
+        if getattr(self, "_ready", False):
+            self.view.sync(force)
+
+    def refresh_lane(self, _version: int = 0) -> None:
+        """List this session's runs, newest first, with their status."""
+        live_runs = list(self.app.live_runs.values())[::-1]
+        signature = tuple((live.run_id, live.model.status, live.queue_position) for live in live_runs)
+        signature += (self.app.shown_run_id,)
+        if signature == self._lane_signature:
+            return
+        self._lane_signature = signature
+        lane = self.query_one("#lane-list", OptionList)
+        lane.clear_options()
+        for live in live_runs:
+            model = live.model
+            text = status_text(model.status)
+            text.append(f" {model.job}", "bold" if live.run_id == self.app.shown_run_id else "")
+            if model.status == "queued" and live.queue_position:
+                text.append(f" (#{live.queue_position})", "dim")
+            lane.add_option(Option(text, id=live.run_id))
+        if self.app.shown_run_id in self.app.live_runs:
+            lane.highlighted = lane.get_option_index(self.app.shown_run_id)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        if event.option_id:
+            self.app.shown_run_id = event.option_id
+
+    def action_show_neighbour(self, offset: int) -> None:
+        run_ids = list(self.app.live_runs)
+        if not run_ids:
+            return
+        shown = self.app.shown_run_id
+        current = run_ids.index(shown) if shown in run_ids else len(run_ids) - 1
+        self.app.shown_run_id = run_ids[max(0, min(len(run_ids) - 1, current + offset))]

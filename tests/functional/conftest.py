@@ -1,0 +1,129 @@
+"""Fixtures for driving the Textual app with Pilot.
+
+The app under test shares the session's 8-device CPU runtime (through
+``runtime_provider``), keeps fd 2 alone (pytest captures it) and records runs
+in the test's own runs directory. Waiting is always on something the app
+signals — the runtime answering, a run settling, the UI's next timer tick —
+never on a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from jobs import registry
+from jobs.base import JobSpec, Param
+from jobs.events import Metric, Table
+from tpudash.app import TpudashApp
+
+SIZE = (120, 40)
+RUN_TIMEOUT = 120.0
+UNTIL_TIMEOUT = 60.0
+
+
+class JobGate:
+    """Lets a test hold a job mid-run (to look at the live view) and release it."""
+
+    def __init__(self):
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def wait(self, ctx) -> None:
+        self.reached.set()
+        while not self.release.wait(0.05):
+            if ctx.cancelled():
+                return
+
+
+def _steps_job(gate: JobGate | None = None) -> JobSpec:
+    """Emits a falling loss per step (named like train's), then a val loss; a gate holds it half way."""
+
+    def run(ctx, params):
+        steps = params["steps"]
+        for step in range(steps):
+            ctx.raise_if_cancelled()
+            if gate is not None and step == steps // 2:
+                gate.wait(ctx)
+                ctx.raise_if_cancelled()
+            ctx.emit(Metric("batch_loss", 1.0 / (step + 1), step, epoch=0))
+            ctx.progress(step + 1, steps, "step")
+        ctx.emit(Metric("loss", 1.0 / steps, steps, epoch=0, split="val"))
+        ctx.emit(Table("steps", ["steps", "final loss"], [[steps, 1.0 / steps]]))
+        return {"final_loss": 1.0 / steps}
+
+    return JobSpec(
+        name="test-steps",
+        title="Test steps",
+        description="A test job that emits one loss per step.",
+        params=(Param("steps", "int", 20, "how many steps", minimum=2, maximum=10_000),),
+        run=run,
+    )
+
+
+def _failing_job() -> JobSpec:
+    def run(ctx, params):
+        ctx.log("about to fail")
+        raise ValueError("deliberate failure for the test")
+
+    return JobSpec(name="test-fails", title="Test fails", description="A test job that raises.", params=(), run=run)
+
+
+@pytest.fixture
+def job_gate() -> JobGate:
+    gate = JobGate()
+    yield gate
+    gate.release.set()
+
+
+@pytest.fixture
+def test_specs(job_gate) -> dict:
+    """The real registry plus two test jobs (one held by ``job_gate``, one that raises)."""
+    specs = dict(registry())
+    specs["test-steps"] = _steps_job(job_gate)
+    specs["test-fails"] = _failing_job()
+    return specs
+
+
+@pytest.fixture
+def make_app(settings, runtime, test_specs):
+    """``make_app(**options)`` → a TpudashApp on the shared runtime, fd 2 untouched."""
+
+    def make(**options) -> TpudashApp:
+        options.setdefault("runtime_provider", lambda: runtime)
+        options.setdefault("job_specs", test_specs)
+        return TpudashApp(settings, **options)
+
+    return make
+
+
+async def runtime_ready(pilot) -> None:
+    """Wait until the runtime worker has answered and the screens have heard of it."""
+    await asyncio.wait_for(pilot.app.runtime_settled.wait(), RUN_TIMEOUT)
+    await pilot.pause()
+
+
+async def run_settled(pilot, live, timeout: float = RUN_TIMEOUT) -> None:
+    """Wait until the run's worker has ended and the UI has shown its end."""
+    assert live is not None, "the launch was refused"
+    await asyncio.wait_for(live.settled.wait(), timeout)
+    await pilot.pause()
+
+
+async def until(pilot, predicate, timeout: float = UNTIL_TIMEOUT) -> None:
+    """Wait, tick by tick of the app's UI timer, until ``predicate()`` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise AssertionError(f"condition not met within {timeout} s")
+        await asyncio.wait_for(pilot.app.next_tick(), remaining)
+    await pilot.pause()
+
+
+def shown_live(app):
+    """The session run the Run view shows."""
+    return app.live_runs.get(app.shown_run_id)

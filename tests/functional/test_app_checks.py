@@ -1,0 +1,55 @@
+"""The quick keys: m runs the matmul check, g runs gradient descent; the run view shows their results."""
+
+from __future__ import annotations
+
+from textual.widgets import DataTable, Static
+
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live
+from screens.run import RunScreen
+from tpudash.widgets import PathPlot, ReplicaBarPlot
+
+SEED_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
+
+
+async def test_m_runs_the_matmul_check_and_shows_a_passing_row_per_device_and_a_chart(make_app, runtime):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("m")
+        live = shown_live(app)
+        assert live is not None and live.model.job == "matmul"
+        await run_settled(pilot, live)
+        assert isinstance(app.screen, RunScreen)
+        assert live.model.status == "done"
+        view = app.screen.view
+        table = view.query_one(".result-table", DataTable)
+        rows = [table.get_row_at(index) for index in range(table.row_count)]
+        assert [row[0] for row in rows] == runtime.device_names
+        assert all(row[4] == "pass" for row in rows)
+        chart = view.query_one("#replica-plot", ReplicaBarPlot)
+        assert len(chart.values) == 8 and all(value > 0 for value in chart.values)
+        assert chart.title == "gflops"
+        # The Devices screen now shows the verdict per device.
+        await pilot.press("d")
+        devices = app.screen.query_one("#device-table", DataTable)
+        verdicts = [str(devices.get_row_at(index)[-1]) for index in range(devices.row_count)]
+        assert all(verdict.startswith("✓ pass") for verdict in verdicts), verdicts
+
+
+async def test_g_runs_gradient_descent_and_shows_the_seed_figure(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("g")
+        live = shown_live(app)
+        await run_settled(pilot, live)
+        view = app.screen.view
+        assert live.model.status == "done"
+        assert SEED_FIGURE in str(view.query_one("#run-outcome", Static).content)
+        assert SEED_FIGURE in str(view.query_one("#run-summary", Static).content)
+        steps = live.model.tracks[("loss", "train", "step")].count
+        assert steps >= 20
+        loss_plot = view.plot_for("loss")
+        assert loss_plot is not None and loss_plot.points_drawn == steps
+        path = view.query_one(PathPlot)
+        assert path.points_drawn == steps

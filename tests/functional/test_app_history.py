@@ -1,0 +1,104 @@
+"""The History screen: the runs just made, opening one, overlaying two, CSV export, corrupt runs."""
+
+from __future__ import annotations
+
+import json
+
+from textual.widgets import DataTable, Static
+
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
+from screens.history import HistoryScreen, OverlayScreen, RunDetailScreen
+
+
+def history_rows(screen: HistoryScreen) -> list[list]:
+    table = screen.query_one("#history-table", DataTable)
+    return [table.get_row_at(index) for index in range(table.row_count)]
+
+
+async def open_history(pilot, expected_rows: int) -> HistoryScreen:
+    await pilot.press("h")
+    screen = pilot.app.screen
+    assert isinstance(screen, HistoryScreen)
+    await pilot.app.workers.wait_for_complete()
+    await until(pilot, lambda: screen.query_one("#history-table", DataTable).row_count == expected_rows)
+    return screen
+
+
+async def test_history_lists_the_runs_just_made_and_opens_one(make_app, job_gate):
+    job_gate.release.set()
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("g")
+        await run_settled(pilot, app.live_runs[app.shown_run_id])
+        await run_settled(pilot, app.launch_by_name("test-fails"))
+        screen = await open_history(pilot, 2)
+        rows = history_rows(screen)
+        assert [row[2] for row in rows] == ["test-fails", "gradient-descent"]  # newest first
+        assert [str(row[3]) for row in rows] == ["✗ failed", "✓ done"]
+        assert "loss=0.00225969" in rows[1][5]
+
+        await pilot.press("down", "enter")
+        detail = app.screen
+        assert isinstance(detail, RunDetailScreen)
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: detail.loaded and detail.view.plot_for("loss") is not None)
+        assert detail.view.model.job == "gradient-descent"
+        assert detail.view.plot_for("loss").points_drawn == detail.view.model.tracks[("loss", "train", "step")].count >= 20
+        assert "0.0022596875205636024" in str(detail.view.query_one("#run-outcome", Static).content)
+        await pilot.press("escape")
+        assert app.screen is screen
+
+
+async def test_two_marked_runs_overlay_their_loss_and_export_writes_csv(make_app, job_gate, isolated_runs_dir):
+    job_gate.release.set()
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        first = app.launch_by_name("test-steps", {"steps": "10"})
+        second = app.launch_by_name("test-steps", {"steps": "30"})
+        await run_settled(pilot, first)
+        await run_settled(pilot, second)
+        screen = await open_history(pilot, 2)
+        await pilot.press("space", "down", "space")
+        assert [str(row[0]) for row in history_rows(screen)] == ["✓", "✓"]
+        await pilot.press("o")
+        overlay = app.screen
+        assert isinstance(overlay, OverlayScreen)
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: len(overlay.plot.lines) == 4)
+        labels = [line.label for line in overlay.plot.lines]
+        assert labels == [f"test-steps {second.run_id[-6:]} train", f"test-steps {second.run_id[-6:]} val",
+                          f"test-steps {first.run_id[-6:]} train", f"test-steps {first.run_id[-6:]} val"]
+        await pilot.press("escape")
+
+        await pilot.press("e")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        exported = isolated_runs_dir / first.run_id / "metrics.csv"
+        assert exported.read_text().splitlines()[0] == "time,name,split,step,epoch,value"
+        assert len(exported.read_text().splitlines()) == 1 + 10 + 1
+        assert any(str(exported) in message for _, _, message in app.notices)
+
+
+async def test_corrupt_runs_still_list_and_show_what_they_can(make_app, isolated_runs_dir):
+    broken = isolated_runs_dir / "20260101-000000-train-abcdef"
+    broken.mkdir(parents=True)
+    (broken / "run.json").write_text("{not json")
+    started = {"type": "run_started", "t": 1.0, "run_id": broken.name, "job": "train", "params": {},
+               "runtime": {}, "time": 1.0}
+    metric = {"type": "metric", "t": 2.0, "name": "batch_loss", "value": 0.5, "step": 1, "epoch": 0, "split": "train"}
+    (broken / "events.jsonl").write_text(json.dumps(started) + "\n" + json.dumps(metric) + "\n" + '{"type": "metr')
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_history(pilot, 1)
+        row = history_rows(screen)[0]
+        assert row[2] == "train" and str(row[3]) == "! interrupted"
+        assert str(row[6]) == "⚠ 2"
+        await pilot.press("enter")
+        detail = app.screen
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: detail.loaded)
+        problems = str(detail.query_one("#detail-problems", Static).content)
+        assert "run.json: unreadable" in problems and "line 3: truncated" in problems
+        assert detail.view.model.tracks[("loss", "train", "batch")].last == 0.5

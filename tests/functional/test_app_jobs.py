@@ -1,0 +1,86 @@
+"""The Jobs screen: forms generated from params, checked as the user types; enter launches."""
+
+from __future__ import annotations
+
+from textual.widgets import Input, OptionList, Select
+
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live
+from screens.jobs import JobsScreen
+from tpudash.widgets import ParamForm
+
+
+async def type_into(pilot, widget: Input, text: str) -> None:
+    widget.focus()
+    widget.value = ""
+    await pilot.press(*text)
+
+
+async def test_jobs_screen_lists_every_job_with_a_form_of_its_params(make_app, test_specs):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("j")
+        assert isinstance(app.screen, JobsScreen)
+        job_list = app.screen.query_one("#job-list", OptionList)
+        assert [job_list.get_option_at_index(i).id for i in range(job_list.option_count)] == list(test_specs)
+        await pilot.press("down", "down", "down", "down")  # gradient-descent
+        form = app.screen.current_form
+        assert form.spec.name == "gradient-descent"
+        assert form.field("learning_rate").input.value == "0.1"
+        assert isinstance(form.field("optimizer").input, Select)
+        assert form.field("optimizer").input.value == "sgd"
+        assert form.params is not None and form.params["steps"] == 20
+
+
+async def test_an_invalid_field_is_explained_as_typed_and_blocks_launch(make_app, isolated_runs_dir):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("j")
+        app.screen.select_job("gradient-descent")
+        await pilot.pause()
+        form: ParamForm = app.screen.current_form
+        field = form.field("learning_rate")
+        await type_into(pilot, field.input, "-0.5")
+        assert field.has_class("-invalid")
+        assert "out of range" in field.error and "> 0" in field.error
+        await pilot.press("enter")
+        assert not app.live_runs and not app.runner.busy
+        assert not isolated_runs_dir.exists() or not any(isolated_runs_dir.iterdir())
+        assert any("learning_rate" in message and severity == "error" for _, severity, message in app.notices)
+        assert app.focused is field.input
+
+        await type_into(pilot, field.input, "abc")
+        assert "'abc' is not a number" in field.error
+        # A device index the runtime does not have is caught before launch too.
+        await type_into(pilot, field.input, "0.1")
+        assert not field.has_class("-invalid")
+        device = form.field("device")
+        await type_into(pilot, device.input, "8")
+        assert device.has_class("-invalid")
+        await pilot.press("enter")
+        assert not app.live_runs
+
+        await type_into(pilot, device.input, "3")
+        await pilot.press("enter")
+        live = shown_live(app)
+        await run_settled(pilot, live)
+        assert live.model.status == "done"
+        assert live.model.params["device"] == 3
+
+
+async def test_enter_launches_a_small_matmul_typed_into_the_form(make_app, runtime):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("j")
+        form: ParamForm = app.screen.current_form
+        assert form.spec.name == "matmul"
+        for name in ("m", "k", "n"):
+            await type_into(pilot, form.field(name).input, "64")
+        await type_into(pilot, form.field("devices").input, "0,2-3")
+        await pilot.press("enter")
+        live = shown_live(app)
+        await run_settled(pilot, live)
+        assert live.model.status == "done"
+        assert live.model.params["m"] == 64
+        assert sorted(live.model.device_results()) == [runtime.device_names[i] for i in (0, 2, 3)]

@@ -1,0 +1,134 @@
+"""The app shell: quit asks while a job runs, fd 2 goes to the session log, the palette, every screen at two sizes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+from textual.command import CommandList, CommandPalette
+from textual.widgets import RichLog
+
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
+from screens.dialogs import ConfirmScreen
+from screens.history import RunDetailScreen
+from tpudash.records import RunStore
+from tpudash.widgets import BudgetedPlot, SessionBar
+
+
+async def test_quit_during_a_run_asks_then_records_the_run_as_cancelled(make_app, job_gate, isolated_runs_dir):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        live = app.launch_by_name("test-steps", {"steps": "1000"})
+        await until(pilot, lambda: job_gate.reached.is_set())
+        await pilot.press("q")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert live.model.status == "running" and app.is_running
+
+        await pilot.press("q")
+        await pilot.press("y")
+        await app.quit_worker.wait()
+    assert app.return_code == 0
+    info = RunStore(isolated_runs_dir).info(isolated_runs_dir / live.run_id)
+    assert info.status == "cancelled"
+    assert info.final_metrics["batch_loss"] == 1 / 500
+
+
+async def test_quit_without_a_job_exits_at_once(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("q")
+        await pilot.pause()
+        assert not app.is_running
+    assert app.return_code == 0
+
+
+async def test_native_writes_to_fd2_go_to_the_session_log_and_fd2_comes_back(make_app, isolated_runs_dir):
+    before = os.fstat(2)
+    python_stderr = sys.stderr
+    app = make_app(redirect_stderr=True)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            log_path = app.session_log.log_path
+            assert log_path.parent == isolated_runs_dir / ".logs"
+            os.write(2, b"I0000 native chatter from the C++ runtime\n")
+            assert os.fstat(2).st_ino != before.st_ino
+            await pilot.press("l")
+            log = app.screen.query_one("#session-log", RichLog)
+            await until(pilot, lambda: any("native chatter" in line.text for line in log.lines))
+    finally:
+        app.release_session_log()  # what run() does once the app has stopped drawing
+    assert (os.fstat(2).st_ino, os.fstat(2).st_dev) == (before.st_ino, before.st_dev)
+    assert sys.stderr is python_stderr
+    assert "native chatter" in log_path.read_text()
+
+
+async def test_the_palette_offers_every_job_and_every_screen(make_app, test_specs):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("ctrl+p")
+        assert isinstance(app.screen, CommandPalette)
+        await until(pilot, lambda: app.screen.query_one(CommandList).option_count > 0)
+        commands = app.screen.query_one(CommandList)
+        prompts = [str(commands.get_option_at_index(i).prompt).split("\n")[0] for i in range(commands.option_count)]
+        for name in test_specs:
+            assert f"Run {name}" in prompts and f"Form: {name}" in prompts
+        for screen_name in ("Devices", "Jobs", "Run view", "History", "Help", "Session log"):
+            assert f"Show {screen_name}" in prompts
+        assert any(prompt.startswith("Re-initialise the TPU") for prompt in prompts)
+        await pilot.press(*"gradient-descent")
+        await until(pilot, lambda: commands.option_count > 0 and "gradient" in str(commands.get_option_at_index(0).prompt))
+        await pilot.press("escape")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 60)])
+async def test_every_screen_renders_at_small_and_large_sizes(make_app, job_gate, size):
+    job_gate.release.set()
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("g")
+        await run_settled(pilot, shown_live(app))
+        await run_settled(pilot, app.launch_by_name("test-steps"))
+        for key, mode in (("d", "devices"), ("j", "jobs"), ("v", "run"), ("h", "history"), ("l", "log"),
+                          ("question_mark", "help")):
+            await pilot.press(key)
+            await pilot.pause()
+            assert app.current_mode == mode
+            bar = app.screen.query_one(SessionBar)
+            assert bar.region.width == size[0] and "8 replicas" in str(bar.content)
+        await pilot.press("h")
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: app.screen.query_one("#history-table").row_count == 2)
+        await pilot.press("enter")
+        assert isinstance(app.screen, RunDetailScreen)
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: app.screen.loaded)
+        await pilot.press("escape", "v")
+        for tab in ("tab-replicas", "tab-results", "tab-log", "tab-plots"):
+            app.screen.view.query_one("#run-tabs").active = tab
+            await pilot.pause()
+        plots = list(app.screen.view.query(BudgetedPlot))
+        assert plots and all(plot.points_drawn > 0 for plot in plots if plot.display and plot.id != "replica-plot")
+
+
+async def test_resizing_during_a_run_keeps_the_plots(make_app, job_gate):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        live = app.launch_by_name("test-steps", {"steps": "40"})
+        await until(pilot, lambda: job_gate.reached.is_set())
+        view = app.screen.view
+        await until(pilot, lambda: view.plot_for("loss") is not None and view.plot_for("loss").points_drawn >= 20)
+        for width, height in ((80, 24), (200, 60), (120, 40)):
+            await pilot.resize_terminal(width, height)
+            await pilot.pause()
+            plot = view.plot_for("loss")
+            assert plot.size.width > 0 and plot.points_drawn >= 20
+        job_gate.release.set()
+        await run_settled(pilot, live)
+        assert live.model.status == "done"

@@ -1,0 +1,647 @@
+"""The Textual app: modes, key bindings, the command palette, workers and the event feed.
+
+The first frame must appear before TensorFlow has finished importing, so this
+module imports neither tensorflow nor any screen at import time: screens are
+imported when their mode is first shown, and the runtime is detected in a
+thread worker started after the first frame. Jobs run in thread workers
+through the Runner (one accelerator lane, FIFO queue). Workers never touch
+widgets: a per-run sink buffers events and posts one ``RunEventsPending``
+message per batch; the UI drains the buffer into the run's model and redraws
+on its timer. While the TUI runs, file descriptor 2 (TensorFlow's C++ logs,
+tqdm bars) goes to the session log, which the Log screen shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from textual import work
+from textual.app import App, ScreenStackError
+from textual.binding import Binding
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.message import Message
+from textual.reactive import reactive
+from textual.worker import Worker, WorkerState
+
+from tpudash.config import Settings
+from tpudash.records import RunStore
+from tpudash.runner import QueuedRun, Runner
+
+# How many runs may wait for the lane; more would only pile up thread workers.
+MAX_WAITING_RUNS = 4
+# Runs of this session kept in memory for the run view (their models are bounded).
+MAX_SESSION_RUNS = 50
+TICK_SECONDS = 0.1
+QUICK_JOBS = {"m": "matmul", "r": "replica-matmul", "g": "gradient-descent"}
+FIRST_FRAME_ENV = "TPUDASH_EXIT_AFTER_FIRST_FRAME"
+
+MODE_SCREENS = {
+    "devices": ("screens.devices", "DevicesScreen", "Devices", "the runtime, strategy and logical devices"),
+    "jobs": ("screens.jobs", "JobsScreen", "Jobs", "every job with its parameter form"),
+    "run": ("screens.run", "RunScreen", "Run view", "the live view of this session's runs"),
+    "history": ("screens.history", "HistoryScreen", "History", "past runs: open, overlay, export"),
+    "log": ("screens.log", "SessionLogScreen", "Session log", "TensorFlow's native log and notifications"),
+    "help": ("screens.help", "HelpScreen", "Help", "keys and what tpudash keeps"),
+}
+
+
+def _screen_factory(module_name: str, class_name: str) -> Callable[[], Any]:
+    """A MODES entry that imports its screen module only when the mode is first shown."""
+
+    def make_screen():
+        return getattr(importlib.import_module(module_name), class_name)()
+
+    make_screen.__name__ = f"make_{class_name}"
+    return make_screen
+
+
+class RunEventsPending(Message):
+    """A run's sink buffered new events; the UI should drain them."""
+
+    def __init__(self, run_id: str):
+        super().__init__()
+        self.run_id = run_id
+
+
+class LiveRun:
+    """A run launched in this session: its queue entry, its model, and its pending events.
+
+    ``sink`` runs in the job thread: it appends to a locked buffer and posts
+    one message per batch (later events wait for the drain), so a job emitting
+    thousands of metrics a second costs the UI one drain per frame at most.
+    """
+
+    def __init__(self, app: "TpudashApp", model: Any):
+        self.app = app
+        self.queued: QueuedRun | None = None
+        self.run_id = ""
+        self.model = model
+        self.worker: Worker | None = None
+        self.settled = asyncio.Event()
+        """Set once the UI has applied the run's end (and notified the user)."""
+        self.queue_position = 0
+        self._pending: list[tuple[float, Any]] = []
+        self._lock = threading.Lock()
+        self._message_posted = False
+
+    def attach(self, queued: QueuedRun) -> None:
+        self.queued, self.run_id, self.model.run_id = queued, queued.run_id, queued.run_id
+
+    def sink(self, run: QueuedRun, event: Any) -> None:
+        with self._lock:
+            self._pending.append((time.time(), event))
+            post = not self._message_posted
+            self._message_posted = True
+        if post:
+            self.app.post_message(RunEventsPending(self.run_id))
+
+    def drain(self) -> bool:
+        """Apply buffered events to the model; True if a status-changing event was among them."""
+        with self._lock:
+            events, self._pending = self._pending, []
+            self._message_posted = False
+        if not events:
+            return False
+        self.model.apply_all(events)
+        return any(event.type in ("run_started", "run_finished") for _, event in events)
+
+
+class TpudashCommands(Provider):
+    """The command palette: every job (launch or open its form), every screen, runtime re-init."""
+
+    def _commands(self) -> list[tuple[str, Callable, str]]:
+        app = self.app
+        commands: list[tuple[str, Callable, str]] = []
+        for name, spec in app.job_specs.items():
+            commands.append((f"Run {name}", partial(app.run_action, f"launch_job({name!r})"),
+                             f"{spec.title}: launch with default params"))
+            commands.append((f"Form: {name}", partial(app.run_action, f"open_form({name!r})"),
+                             f"{spec.title}: set params, then enter to launch"))
+        for mode, (_, _, label, help_text) in MODE_SCREENS.items():
+            commands.append((f"Show {label}", partial(app.run_action, f"show({mode!r})"), help_text))
+        commands.append(("Re-initialise the TPU (detect the runtime again)", app.action_reinitialize_runtime,
+                         "connect, initialize the TPU system and rebuild the strategy"))
+        commands.append(("Cancel the running job", app.action_cancel_job, "stop the job on the accelerator lane"))
+        return commands
+
+    async def discover(self) -> Hits:
+        for name, callback, help_text in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, callback, help_text in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
+
+
+class TpudashApp(App[int]):
+    """tpudash: devices, jobs, live runs and history of a TensorFlow accelerator session."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "tpudash"
+    MODES = {mode: _screen_factory(module, cls) for mode, (module, cls, _, _) in MODE_SCREENS.items()}
+    DEFAULT_MODE = "devices"
+    COMMANDS = App.COMMANDS | {TpudashCommands}
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    BINDINGS = [
+        Binding("d", "show('devices')", "Devices", id="tpudash.devices"),
+        Binding("j", "show('jobs')", "Jobs", id="tpudash.jobs"),
+        Binding("h", "show('history')", "History", id="tpudash.history"),
+        Binding("v", "show('run')", "Run", id="tpudash.run"),
+        Binding("m", "launch_job('matmul')", "Matmul", id="tpudash.matmul"),
+        Binding("r", "launch_job('replica-matmul')", "Replicas", id="tpudash.replica_matmul"),
+        Binding("g", "launch_job('gradient-descent')", "Grad.desc", id="tpudash.gradient_descent"),
+        Binding("t", "open_form('train')", "Train", id="tpudash.train"),
+        Binding("c", "cancel_job", "Cancel", id="tpudash.cancel"),
+        Binding("l", "show('log')", "Log", id="tpudash.log", show=False),
+        Binding("question_mark", "show('help')", "Help", id="tpudash.help", key_display="?"),
+        Binding("q", "quit", "Quit", id="tpudash.quit"),
+    ]
+
+    runtime_status: reactive[str] = reactive("connecting…")
+    """One line about the runtime for the session bar: "connecting…", then kind, strategy, replicas."""
+    lane_status: reactive[str] = reactive("idle")
+    """One line about the accelerator lane: the running job, its status and time, the queue."""
+    runtime: reactive[Any] = reactive(None, always_update=True)
+    """The detected ``tpudash.runtime.Runtime`` (None while connecting or after a failure)."""
+    runtime_error: reactive[str | None] = reactive(None)
+    """Why runtime detection failed, if it did."""
+    shown_run_id: reactive[str | None] = reactive(None)
+    """The session run the Run view draws."""
+    device_check: reactive[dict | None] = reactive(None, always_update=True)
+    """The last matmul check: run id, time and per-device results (passed, GFLOP/s)."""
+    lane_version: reactive[int] = reactive(0)
+    """Bumped whenever a session run is queued, starts or ends (lists of runs redraw)."""
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        runtime_provider: Callable[[], Any] | None = None,
+        *,
+        runner: Runner | None = None,
+        job_specs: Mapping[str, Any] | None = None,
+        redirect_stderr: bool = False,
+        handle_signals: bool = False,
+    ):
+        """``runtime_provider`` replaces ``get_runtime(settings)`` (tests pass the session runtime).
+
+        ``runner`` replaces the app's own Runner; ``job_specs`` the job registry.
+        ``redirect_stderr`` sends fd 2 to the session log while the app runs
+        (off by default so tests keep pytest's capture); ``handle_signals``
+        makes SIGTERM/SIGINT cancel the running job cleanly, then exit.
+        """
+        super().__init__()
+        self.settings = settings or Settings.load()
+        self._runtime_provider = runtime_provider
+        self._job_specs = dict(job_specs) if job_specs is not None else None
+        self.redirect_stderr = redirect_stderr
+        self.handle_signals = handle_signals
+        self.store = runner.store if runner is not None and runner.store is not None else RunStore(self.runs_dir)
+        self.runner = runner or Runner(self._runtime_for_lane, self.store, self.settings)
+        self.live_runs: dict[str, LiveRun] = {}
+        self.session_log = None
+        self.notices: list[tuple[float, str, str]] = []
+        """Every notification of this session: (time, severity, message)."""
+        self.first_frame_at: float | None = None
+        self.tensorflow_imported_at_first_frame: bool | None = None
+        self.quitting = False
+        self.exiting = False
+        self.quit_worker: Worker | None = None
+        """The worker that cancels every run and exits, once quit was confirmed."""
+        """True once exit() was called: timers stop drawing on closing widgets."""
+        self._runtime_ready = threading.Event()
+        self._runtime_value: Any = None
+        self._runtime_failure: BaseException | None = None
+        self._previous_mode = self.DEFAULT_MODE
+        self._signals_installed: list[int] = []
+        self.runtime_settled = asyncio.Event()
+        """Set when runtime detection has answered (runtime or error)."""
+        self._tick_event = asyncio.Event()
+        from tpudash.widgets import RedrawBudget
+
+        self.redraw_budget = RedrawBudget()
+
+    # -- properties -----------------------------------------------------------------
+    @property
+    def runs_dir(self) -> Path:
+        from tpudash.config import default_runs_dir
+
+        return Path(self.settings.runs_dir or default_runs_dir(os.environ))
+
+    @property
+    def job_specs(self) -> dict[str, Any]:
+        """Every job the app offers, by name (the registry unless injected)."""
+        if self._job_specs is None:
+            from jobs import registry
+
+            self._job_specs = dict(registry())
+        return self._job_specs
+
+    @property
+    def current_live_run(self) -> LiveRun | None:
+        current = self.runner.current
+        return self.live_runs.get(current.run_id) if current is not None else None
+
+    # -- lifecycle ------------------------------------------------------------------
+    def on_load(self) -> None:
+        # Before the driver exists, so Textual draws on a private copy of the
+        # terminal while fd 2 (TensorFlow's C++ logs, tqdm) goes to the log.
+        if self.redirect_stderr:
+            from tpudash.nativelog import NativeStderr, session_log_path
+
+            self.session_log = NativeStderr(session_log_path(self.runs_dir)).start()
+
+    def on_mount(self) -> None:
+        self.set_interval(TICK_SECONDS, self._tick, name="tpudash tick")
+        if self.handle_signals:
+            self._install_signal_handlers()
+        self.call_after_refresh(self._after_first_frame)
+
+    def _after_first_frame(self) -> None:
+        self.first_frame_at = time.time()
+        self.tensorflow_imported_at_first_frame = "tensorflow" in sys.modules
+        if os.environ.get(FIRST_FRAME_ENV):
+            self.exit(0)
+            return
+        self.detect_runtime()
+        self.load_last_device_check()
+
+    def on_unmount(self) -> None:
+        for signum in self._signals_installed:
+            try:
+                asyncio.get_running_loop().remove_signal_handler(signum)
+            except (RuntimeError, ValueError):
+                pass
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().run(*args, **kwargs)
+        finally:
+            self.release_session_log()
+
+    def exit(self, *args: Any, **kwargs: Any) -> None:
+        self.exiting = True
+        super().exit(*args, **kwargs)
+
+    def release_session_log(self) -> None:
+        """Point fd 2 (and sys.stderr) back where they were when the app started.
+
+        ``run()`` calls this once the app has stopped: the driver restores the
+        terminal through the private copy of fd 2 until the very end. A test
+        driving ``run_test()`` calls it after the app has stopped, likewise.
+        """
+        if self.session_log is not None:
+            self.session_log.stop()
+
+    def notify(self, message: str, *, title: str = "", severity: str = "information", **kwargs: Any) -> None:
+        self.notices.append((time.time(), severity, f"{title}: {message}" if title else message))
+        del self.notices[:-500]
+        super().notify(message, title=title, severity=severity, **kwargs)
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(signum, self._on_signal, signum)
+                self._signals_installed.append(signum)
+            except (RuntimeError, ValueError, NotImplementedError):
+                pass
+
+    def _on_signal(self, signum: int) -> None:
+        if self.quitting:
+            self.exit(130)
+            return
+        self.quit_worker = self.cancel_and_exit(130)
+
+    # -- the runtime ------------------------------------------------------------------
+    @work(thread=True, exit_on_error=False, group="runtime", exclusive=True,
+          description="Detect the accelerator, connect, and build the distribution strategy")
+    def detect_runtime(self, reinitialize: bool = False) -> Any:
+        try:
+            if self._runtime_provider is not None:
+                runtime = self._runtime_provider()
+            else:
+                from tpudash.runtime import get_runtime
+
+                runtime = get_runtime(self.settings, reinitialize=reinitialize)
+        except BaseException as error:
+            self._runtime_value, self._runtime_failure = None, error
+            raise
+        else:
+            self._runtime_value, self._runtime_failure = runtime, None
+            return runtime
+        finally:
+            self._runtime_ready.set()
+
+    def _runtime_for_lane(self) -> Any:
+        """The Runner's runtime provider: waits (on the job thread) for detection to finish."""
+        self._runtime_ready.wait()
+        if self._runtime_failure is not None:
+            raise RuntimeError(f"the runtime could not be set up: {self._runtime_failure}")
+        return self._runtime_value
+
+    def action_reinitialize_runtime(self) -> None:
+        if self.runner.busy:
+            self.notify("Cancel or finish the running job first.", title="Runtime in use", severity="warning")
+            return
+        self._runtime_ready.clear()
+        self.runtime_settled.clear()
+        self.runtime = None
+        self.runtime_error = None
+        self.runtime_status = "connecting…"
+        self.detect_runtime(reinitialize=True)
+
+    def _runtime_detected(self, runtime: Any) -> None:
+        self.runtime_settled.set()
+        description = runtime.description
+        simulated = " (simulated)" if getattr(description, "simulated", False) else ""
+        self.runtime_status = f"{description.kind} · {description.strategy} · {description.num_replicas} replicas{simulated}"
+        self.runtime_error = None
+        self.runtime = runtime
+
+    def _runtime_failed(self, error: BaseException | None) -> None:
+        self.runtime_settled.set()
+        message = f"{type(error).__name__}: {error}" if error is not None else "unknown error"
+        self.runtime_status = "runtime failed"
+        self.runtime_error = message
+        self.runtime = None
+        self.notify(message, title="Runtime detection failed", severity="error", timeout=15)
+
+    # -- workers --------------------------------------------------------------------
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        worker = event.worker
+        if worker.group == "runtime":
+            if event.state == WorkerState.SUCCESS:
+                self._runtime_detected(worker.result)
+            elif event.state == WorkerState.ERROR:
+                self._runtime_failed(worker.error)
+        elif worker.group == "jobs" and event.state in (WorkerState.SUCCESS, WorkerState.ERROR, WorkerState.CANCELLED):
+            live = next((item for item in self.live_runs.values() if item.worker is worker), None)
+            if live is not None:
+                self._run_ended(live, worker)
+        elif worker.group == "device-check" and event.state == WorkerState.SUCCESS and worker.result:
+            if self.device_check is None:
+                self.device_check = worker.result
+        elif event.state == WorkerState.ERROR and worker.group not in ("jobs", "runtime"):
+            self.notify(f"{type(worker.error).__name__}: {worker.error}", title=worker.description or worker.name,
+                        severity="error")
+
+    @work(thread=True, exit_on_error=False, group="jobs", description="Run a job on the accelerator lane")
+    def execute_run(self, queued: QueuedRun) -> QueuedRun:
+        return self.runner.execute(queued)
+
+    def on_run_events_pending(self, message: RunEventsPending) -> None:
+        live = self.live_runs.get(message.run_id)
+        if live is not None and live.drain():
+            self._lane_changed()
+
+    def _run_ended(self, live: LiveRun, worker: Worker) -> None:
+        live.drain()
+        model = live.model
+        if worker.state == WorkerState.ERROR or not model.finished_state:
+            # The runner turns every job outcome into RunFinished; getting here
+            # means the lane itself broke. Show it like a failed job.
+            error = worker.error
+            model.status = "cancelled" if live.queued.state == "cancelled" else "failed"
+            if error is not None and model.status == "failed":
+                model.error = f"{type(error).__name__}: {error}"
+                model.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            model.finished = model.finished or time.time()
+            model.version += 1
+        duration = _format_duration(model.elapsed())
+        if model.status == "done":
+            self.notify(f"{model.job} done in {duration}", title="Run finished")
+        elif model.status == "failed":
+            self.notify(model.error or "failed", title=f"{model.job} failed", severity="error", timeout=10)
+        elif model.status == "cancelled":
+            self.notify(f"{model.job} cancelled after {duration}", title="Run cancelled", severity="warning")
+        results = model.device_results()
+        if results:
+            self.device_check = {"run_id": model.run_id, "job": model.job, "finished": model.finished,
+                                 "status": model.status, "results": results}
+        live.settled.set()
+        self._lane_changed()
+
+    def _lane_changed(self) -> None:
+        waiting = self.runner.queued()
+        for live in self.live_runs.values():
+            live.queue_position = waiting.index(live.queued) + 1 if live.queued in waiting else 0
+        self.lane_version += 1
+        self._update_lane_status()
+        self._sync_active_screen(force=True)
+
+    # -- launching ------------------------------------------------------------------
+    def launch(self, spec: Any, params: dict, *, show: bool = True) -> LiveRun | None:
+        """Queue ``spec`` with validated ``params`` and run it in a thread worker."""
+        if self.quitting:
+            return None
+        if len(self.runner.queued()) >= MAX_WAITING_RUNS:
+            self.notify(f"{MAX_WAITING_RUNS} runs are already waiting; cancel one or wait.",
+                        title="Queue full", severity="warning")
+            return None
+        from screens.run import RunModel
+
+        model = RunModel(job=spec.name, params=params, status="queued")
+        live = LiveRun(self, model)
+        queued = self.runner.submit(spec, params, sinks=[live.sink])
+        live.attach(queued)
+        self.live_runs[queued.run_id] = live
+        self._forget_old_runs()
+        live.worker = self.execute_run(queued)
+        self.shown_run_id = queued.run_id
+        if self.runner.current is not None and self.runner.current is not queued:
+            self.notify(f"{spec.name} queued behind {self.runner.current.job}", title="Queued")
+        self._lane_changed()
+        if show:
+            self.call_later(self.action_show, "run")
+        return live
+
+    def launch_by_name(self, name: str, overrides: Mapping[str, Any] | None = None) -> LiveRun | None:
+        from jobs.base import ParamError
+
+        spec = self.job_specs.get(name)
+        if spec is None:
+            self.notify(f"job {name!r} is not installed; available: {', '.join(self.job_specs)}",
+                        title="Unknown job", severity="error")
+            return None
+        try:
+            params = spec.resolve(overrides or {})
+            if self.runtime is not None and spec.check_runtime is not None:
+                spec.check_runtime(params, self.runtime)
+        except ParamError as error:
+            self.notify(str(error), title=f"{name}: bad params", severity="error")
+            return None
+        return self.launch(spec, params)
+
+    def _forget_old_runs(self) -> None:
+        finished = [run_id for run_id, live in self.live_runs.items() if live.settled.is_set()]
+        for run_id in finished[: max(0, len(self.live_runs) - MAX_SESSION_RUNS)]:
+            del self.live_runs[run_id]
+
+    # -- actions --------------------------------------------------------------------
+    async def action_show(self, mode: str) -> None:
+        if mode not in MODE_SCREENS:
+            return
+        if self.current_mode != mode:
+            self._previous_mode = self.current_mode
+            await self.switch_mode(mode)
+
+    async def action_back(self) -> None:
+        await self.action_show(self._previous_mode if self._previous_mode != self.current_mode else "devices")
+
+    def action_launch_job(self, name: str) -> None:
+        self.launch_by_name(name)
+
+    async def action_open_form(self, name: str) -> None:
+        await self.action_show("jobs")
+        select_job = getattr(self.screen, "select_job", None)
+        if select_job is not None:
+            select_job(name)
+
+    def action_cancel_job(self) -> None:
+        run = self.runner.current
+        if run is None:
+            waiting = self.runner.queued()
+            if not waiting:
+                self.notify("No job is running.", severity="warning")
+                return
+            run = waiting[-1]
+        self.runner.cancel(run)
+        self.notify(f"Cancelling {run.job}…", title="Cancel")
+        self._lane_changed()
+
+    async def action_quit(self) -> None:
+        """Quit; while a job runs or waits, ask first (yes cancels, waits, records, exits)."""
+        if self.quitting:
+            return
+        if not self.runner.busy:
+            self.exit(0)
+            return
+        from screens.dialogs import ConfirmScreen
+
+        current = self.runner.current
+        what = f"{current.job} is running" if current is not None else "runs are waiting"
+        waiting = len(self.runner.queued())
+        question = f"{what}{f' and {waiting} more wait' if current is not None and waiting else ''}. " \
+                   "Quitting cancels it and records it as cancelled."
+        self.push_screen(ConfirmScreen(question, yes="Cancel and quit", no="Keep running"), self._quit_answered)
+
+    def _quit_answered(self, yes: bool | None) -> None:
+        if yes:
+            self.quit_worker = self.cancel_and_exit(0)
+
+    @work(exclusive=True, group="quit", exit_on_error=False, description="Cancel every run, wait until recorded, exit")
+    async def cancel_and_exit(self, return_code: int = 0) -> None:
+        self.quitting = True
+        self.runner.cancel_all()
+        self._lane_changed()
+        self.notify("Cancelling the running job, then quitting…", title="Quit")
+        workers = [live.worker for live in self.live_runs.values() if live.worker is not None and not live.worker.is_finished]
+        if workers:
+            await asyncio.gather(*(worker.wait() for worker in workers), return_exceptions=True)
+        for live in self.live_runs.values():
+            live.drain()
+        self.exit(return_code)
+
+    # -- the timer --------------------------------------------------------------------
+    def _tick(self) -> None:
+        for live in self.live_runs.values():
+            if live.drain():
+                self._lane_changed()
+        self._update_lane_status()
+        self._sync_active_screen()
+        ticked, self._tick_event = self._tick_event, asyncio.Event()
+        ticked.set()
+
+    async def next_tick(self) -> None:
+        """Wait until the UI's timer has drained events and redrawn once more (tests, benchmarks)."""
+        await self._tick_event.wait()
+
+    def _sync_active_screen(self, force: bool = False) -> None:
+        if self.exiting or not self.is_running:
+            return  # widgets are being closed (exit, or a test's shutdown); nothing to draw on
+        try:
+            screen = self.screen
+        except ScreenStackError:
+            return
+        tick = getattr(screen, "tick", None)
+        if tick is not None:
+            tick(force) if force else tick()
+
+    def _update_lane_status(self) -> None:
+        live = self.current_live_run
+        waiting = len(self.runner.queued())
+        if live is not None:
+            model = live.model
+            text = f"{model.job} ● {model.status} {_format_duration(model.elapsed())}"
+            if live.queued.cancel_event.is_set() and model.status == "running":
+                text = f"{model.job} ● cancelling {_format_duration(model.elapsed())}"
+        else:
+            last = next((item for item in reversed(self.live_runs.values()) if item.model.finished_state), None)
+            text = f"last: {last.model.job} {last.model.status} ({_format_duration(last.model.elapsed())})" if last else "idle"
+        if waiting:
+            text += f" · {waiting} queued"
+        self.lane_status = text
+
+    # -- the last device check ------------------------------------------------------------
+    @work(thread=True, exit_on_error=False, group="device-check", description="Find the last matmul check on disk")
+    def load_last_device_check(self) -> dict | None:
+        from screens.run import RunModel
+
+        for info in reversed(self.store.list_runs()):
+            if info.job != "matmul" or info.status not in ("done", "failed"):
+                continue
+            data = self.store.load(info.run_id)
+            model = RunModel.from_events(data.events, run_id=info.run_id, job=info.job)
+            results = model.device_results()
+            if results:
+                return {"run_id": info.run_id, "job": info.job, "finished": info.finished,
+                        "status": info.status, "results": results}
+        return None
+
+
+def _format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "0.0s"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, rest = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{rest:02d}" if hours else f"{minutes}:{rest:02d}"
+
+
+def _process_start_time() -> float | None:
+    """When this process started (unix time, 10 ms resolution), from /proc."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
+
+def run_app(settings: Settings, **options: Any) -> int:
+    """Build the app and run it in the terminal; returns the exit code."""
+    options.setdefault("redirect_stderr", os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal")
+    options.setdefault("handle_signals", True)
+    app = TpudashApp(settings, **options)
+    app.run()
+    if os.environ.get(FIRST_FRAME_ENV) and app.first_frame_at is not None:
+        started = _process_start_time()
+        since_start = f"{app.first_frame_at - started:.3f}" if started is not None else "unknown"
+        print(f"first_frame_unix={app.first_frame_at:.6f} since_process_start={since_start} "
+              f"tensorflow_imported={app.tensorflow_imported_at_first_frame}")
+    return app.return_code or 0

@@ -1,0 +1,594 @@
+"""Reusable dashboard widgets: bounded metric histories, plots, the session bar, the param form.
+
+Plots are textual-plotext widgets: each subclasses ``PlotextPlot``, draws with
+its own ``self.plt`` and has one ``replot()`` that turns the current data into
+a figure. Histories are bounded (``DecimatedSeries`` halves its resolution when
+full) and every plot draws at most about one point per column, so a redraw
+costs the same after a million points as after a thousand. Redraws share a
+``RedrawBudget``: plotext renders in pure Python, and a dashboard that steals a
+core from training would cost its user the very throughput they are watching.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.widgets import Button, Input, Label, Select, Static, Switch
+from textual_plotext import PlotextPlot
+
+from jobs.base import JobSpec, Param, ParamError
+
+DEFAULT_SERIES_CAPACITY = 2048
+SMOOTHING_WEIGHT = 0.6
+
+
+# -- bounded histories -------------------------------------------------------
+
+
+class DecimatedSeries:
+    """An (x, y) history of bounded size.
+
+    Every ``stride``-th point is kept; when ``capacity`` points are stored,
+    every other one is dropped and the stride doubles, so the kept points stay
+    evenly spread over the whole run and memory never grows past ``capacity``.
+    The latest point is always drawn, stored or not. Points whose y is NaN or
+    infinite are counted (``nonfinite``) but not stored: plots cannot draw them.
+    """
+
+    __slots__ = ("capacity", "_xs", "_ys", "_stride", "_seen", "last", "nonfinite")
+
+    def __init__(self, capacity: int = DEFAULT_SERIES_CAPACITY):
+        if capacity < 4 or capacity % 2:
+            raise ValueError("capacity must be an even number >= 4")
+        self.capacity = capacity
+        self._xs: list[float] = []
+        self._ys: list[float] = []
+        self._stride = 1
+        self._seen = 0
+        self.last: tuple[float, float] | None = None
+        self.nonfinite = 0
+
+    def append(self, x: float, y: float) -> None:
+        if not (isinstance(y, (int, float)) and math.isfinite(y)):
+            self.nonfinite += 1
+            return
+        self.last = (x, y)
+        if self._seen % self._stride == 0:
+            self._xs.append(x)
+            self._ys.append(y)
+            if len(self._xs) >= self.capacity:
+                del self._xs[1::2]
+                del self._ys[1::2]
+                self._stride *= 2
+        self._seen += 1
+
+    def extend(self, points: Iterable[tuple[float, float]]) -> None:
+        for x, y in points:
+            self.append(x, y)
+
+    @property
+    def seen(self) -> int:
+        """How many finite points were appended in total."""
+        return self._seen
+
+    @property
+    def stride(self) -> int:
+        return self._stride
+
+    def __len__(self) -> int:
+        return len(self._xs)
+
+    def points(self) -> tuple[list[float], list[float]]:
+        """The kept points plus the latest one, oldest first."""
+        xs, ys = list(self._xs), list(self._ys)
+        if self.last is not None and (not xs or xs[-1] != self.last[0] or ys[-1] != self.last[1]):
+            xs.append(self.last[0])
+            ys.append(self.last[1])
+        return xs, ys
+
+
+def decimate_min_max(xs: Sequence[float], ys: Sequence[float], buckets: int) -> tuple[list[float], list[float]]:
+    """At most ``2 * buckets`` points that keep every bucket's lowest and highest y.
+
+    Stride sampling would hide a loss spike between samples; min/max keeps it.
+    """
+    count = len(xs)
+    if buckets <= 0 or count <= 2 * buckets:
+        return list(xs), list(ys)
+    out_x: list[float] = []
+    out_y: list[float] = []
+    size = count / buckets
+    for bucket in range(buckets):
+        start = int(bucket * size)
+        end = max(start + 1, int((bucket + 1) * size))
+        segment = ys[start:end]
+        low = min(range(len(segment)), key=segment.__getitem__)
+        high = max(range(len(segment)), key=segment.__getitem__)
+        for index in sorted({low, high}):
+            out_x.append(xs[start + index])
+            out_y.append(segment[index])
+    if out_x[-1] != xs[-1]:
+        out_x.append(xs[-1])
+        out_y.append(ys[-1])
+    return out_x, out_y
+
+
+def decimate_stride(xs: Sequence[float], ys: Sequence[float], limit: int) -> tuple[list[float], list[float]]:
+    """At most about ``limit`` evenly spaced points, always ending on the last one."""
+    count = len(xs)
+    if limit <= 0 or count <= limit:
+        return list(xs), list(ys)
+    step = count / limit
+    indices = sorted({int(position * step) for position in range(limit)} | {count - 1})
+    return [xs[index] for index in indices], [ys[index] for index in indices]
+
+
+class Ema:
+    """TensorBoard-style debiased exponential moving average, for per-batch noise."""
+
+    __slots__ = ("weight", "_value", "_count")
+
+    def __init__(self, weight: float = SMOOTHING_WEIGHT):
+        self.weight = weight
+        self._value = 0.0
+        self._count = 0
+
+    def update(self, value: float) -> float:
+        if not math.isfinite(value):
+            return value
+        self._count += 1
+        self._value = self._value * self.weight + (1.0 - self.weight) * value
+        debias = 1.0 - self.weight ** self._count
+        return self._value / debias if debias > 0 else value
+
+
+class RedrawBudget:
+    """Keeps plot rendering under a fraction of one core.
+
+    ``record`` adds the cost of a render; ``ready`` says whether plots may be
+    redrawn now: not before ``min_interval`` since the last round (≤ 10 Hz) and
+    not before the time spent rendering has been paid back at ``fraction``.
+    A 20 ms render at the default 3 % waits about 0.7 s before the next one.
+    """
+
+    def __init__(self, fraction: float = 0.03, min_interval: float = 0.1, clock: Callable[[], float] = time.monotonic):
+        self.fraction = fraction
+        self.min_interval = min_interval
+        self._clock = clock
+        self._next_allowed = 0.0
+        self._last_round = -math.inf
+        self.rendered_seconds = 0.0
+        self.renders = 0
+
+    def ready(self) -> bool:
+        now = self._clock()
+        return now >= self._next_allowed and now - self._last_round >= self.min_interval
+
+    def start_round(self) -> None:
+        self._last_round = self._clock()
+
+    def record(self, seconds: float) -> None:
+        self.rendered_seconds += seconds
+        self.renders += 1
+        self._next_allowed = max(self._next_allowed, self._clock()) + seconds / self.fraction
+
+
+# -- the session bar ------------------------------------------------------------
+
+
+class SessionBar(Static):
+    """The one-line header on every screen: the runtime, then the accelerator lane.
+
+    Shows the app's ``runtime_status`` ("connecting…", then kind, strategy and
+    replicas) and ``lane_status`` (the running job, its status and elapsed time,
+    and how many runs wait).
+    """
+
+    DEFAULT_CSS = """
+    SessionBar {
+        dock: top;
+        height: 1;
+        width: 100%;
+        background: $panel;
+        color: $foreground;
+        padding: 0 1;
+    }
+    """
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "runtime_status", self._show, init=False)
+        self.watch(self.app, "lane_status", self._show, init=False)
+        self._show()
+
+    def _show(self, _value: object = None) -> None:
+        runtime = getattr(self.app, "runtime_status", "")
+        lane = getattr(self.app, "lane_status", "")
+        text = Text.assemble(("tpudash", "bold"), "  ", (runtime, "cyan" if "fail" not in runtime else "bold red"))
+        if lane:
+            text.append("  │  ")
+            text.append(lane, "bold yellow" if "running" in lane else "")
+        self.update(text)
+
+
+# -- plots ----------------------------------------------------------------------
+
+
+@dataclass
+class PlotLine:
+    """One labelled line (or scatter) of a plot, read from a bounded series."""
+
+    label: str
+    series: DecimatedSeries
+    color: str | None = None
+    scatter: bool = False
+
+
+class BudgetedPlot(PlotextPlot):
+    """A PlotextPlot that reports what each render costs and redraws on resize."""
+
+    DEFAULT_CSS = """
+    BudgetedPlot {
+        width: 1fr;
+        height: 1fr;
+        min-height: 8;
+    }
+    """
+
+    MIN_WIDTH = 16
+    MIN_HEIGHT = 5
+
+    def __init__(self, budget: RedrawBudget | None = None, *, name: str | None = None, id: str | None = None,
+                 classes: str | None = None):
+        super().__init__(name=name, id=id, classes=classes)
+        self.budget = budget
+        self.last_render_seconds = 0.0
+        self.points_drawn = 0
+        """How many points the last ``replot`` handed to plotext (all lines)."""
+        self._drawn_width = -1
+
+    def render(self):
+        if self.size.width < self.MIN_WIDTH or self.size.height < self.MIN_HEIGHT:
+            return ""
+        started = time.perf_counter()
+        if self.size.width != self._drawn_width:
+            # Decimation depends on the width, which may have changed since replot().
+            self._replot_at_width()
+        result = super().render()
+        self.last_render_seconds = time.perf_counter() - started
+        if self.budget is not None:
+            self.budget.record(self.last_render_seconds)
+        return result
+
+    def on_resize(self) -> None:
+        self.redraw()
+
+    @property
+    def columns(self) -> int:
+        """Points worth drawing across: about one per character column."""
+        return max(self.size.width - 10, 20)
+
+    def redraw(self) -> None:
+        """Replot the current data and schedule a repaint."""
+        self._replot_at_width()
+        self.refresh()
+
+    def _replot_at_width(self) -> None:
+        self._drawn_width = self.size.width
+        self.replot()
+
+    def replot(self) -> None:
+        """Clear ``self.plt`` and plot the current data, decimated to the current width."""
+        raise NotImplementedError
+
+
+class MetricPlot(BudgetedPlot):
+    """Lines of one metric against step: e.g. train per batch (smoothed), per epoch, val."""
+
+    def __init__(self, title: str, budget: RedrawBudget | None = None, *, xlabel: str = "step",
+                 log_y: bool = False, id: str | None = None, classes: str | None = None):
+        super().__init__(budget, id=id, classes=classes)
+        self.title = title
+        self.xlabel = xlabel
+        self.log_y = log_y
+        self.lines: list[PlotLine] = []
+
+    def set_lines(self, lines: Sequence[PlotLine]) -> None:
+        self.lines = list(lines)
+        self.redraw()
+
+    def replot(self) -> None:
+        plt = self.plt
+        plt.clear_data()
+        plt.title(self.title)
+        plt.xlabel(self.xlabel)
+        drawn = 0
+        all_positive = True
+        buckets = max(self.columns // 2, 10)
+        for line in self.lines:
+            xs, ys = line.series.points()
+            if not xs:
+                continue
+            all_positive = all_positive and min(ys) > 0
+            if line.scatter:
+                xs, ys = decimate_stride(xs, ys, self.columns)
+                plt.scatter(xs, ys, label=line.label, color=line.color, marker="dot")
+            else:
+                xs, ys = decimate_min_max(xs, ys, buckets)
+                plt.plot(xs, ys, label=line.label, color=line.color, marker="braille")
+            drawn += len(xs)
+        if self.log_y and drawn and all_positive:
+            plt.yscale("log")
+        else:
+            plt.yscale("linear")
+        if not drawn:
+            plt.title(f"{self.title} (waiting for data)")
+        self.points_drawn = drawn
+
+
+class PathPlot(BudgetedPlot):
+    """A 2-D path, such as gradient descent's (x0, x1) from start to minimum."""
+
+    def __init__(self, title: str, budget: RedrawBudget | None = None, *, xlabel: str = "x0", ylabel: str = "x1",
+                 id: str | None = None, classes: str | None = None):
+        super().__init__(budget, id=id, classes=classes)
+        self.title = title
+        self.xlabel = xlabel
+        self.ylabel = ylabel
+        self.path = DecimatedSeries()
+
+    def set_path(self, path: DecimatedSeries) -> None:
+        self.path = path
+        self.redraw()
+
+    def replot(self) -> None:
+        plt = self.plt
+        plt.clear_data()
+        plt.title(self.title)
+        plt.xlabel(self.xlabel)
+        plt.ylabel(self.ylabel)
+        xs, ys = decimate_stride(*self.path.points(), self.columns)
+        if xs:
+            plt.plot(xs, ys, marker="braille", label="path")
+            plt.scatter([xs[0]], [ys[0]], marker="o", label="start", color="green")
+            plt.scatter([xs[-1]], [ys[-1]], marker="x", label="end", color="red")
+        else:
+            plt.title(f"{self.title} (waiting for data)")
+        self.points_drawn = len(xs)
+
+
+class ReplicaBarPlot(BudgetedPlot):
+    """One bar per replica or device, such as matmul GFLOP/s per device."""
+
+    def __init__(self, budget: RedrawBudget | None = None, *, id: str | None = None, classes: str | None = None):
+        super().__init__(budget, id=id, classes=classes)
+        self.title = ""
+        self.labels: list[str] = []
+        self.values: list[float] = []
+
+    def set_values(self, title: str, labels: Sequence[str], values: Sequence[float]) -> None:
+        self.title = title
+        self.labels = [str(label) for label in labels]
+        self.values = [float(value) for value in values]
+        self.redraw()
+
+    def replot(self) -> None:
+        plt = self.plt
+        plt.clear_data()
+        if self.values:
+            plt.bar(self.labels, self.values, marker="hd")
+            plt.title(self.title)
+        else:
+            plt.title("per-replica values (waiting for data)")
+        self.points_drawn = len(self.values)
+
+
+# -- the param form ---------------------------------------------------------------
+
+
+def _param_widget(param: Param) -> Input | Select | Switch:
+    if param.kind == "bool":
+        return Switch(value=bool(param.default), classes="param-input")
+    if param.choices:
+        options = [(str(choice), choice) for choice in param.choices]
+        default = param.default if param.default in param.choices else param.choices[0]
+        return Select(options, value=default, allow_blank=False, classes="param-input")
+    # Plain text on purpose: a number-only Input would silently swallow a bad
+    # key, where the user should see what is wrong and what is allowed.
+    return Input(value=param.format(param.default), placeholder=param.allowed(), classes="param-input")
+
+
+class ParamField(Vertical):
+    """One param: its name and what it allows, the input, help text, and its error."""
+
+    DEFAULT_CSS = """
+    ParamField {
+        height: auto;
+        margin: 0 0 1 0;
+    }
+    ParamField .param-label { color: $text-primary; text-style: bold; }
+    ParamField .param-help { color: $text-muted; }
+    ParamField .param-error { color: $text-error; display: none; }
+    ParamField.-invalid .param-error { display: block; }
+    ParamField.-invalid .param-input { border: tall $error; }
+    ParamField Switch { width: auto; }
+    """
+
+    def __init__(self, param: Param):
+        super().__init__()
+        self.param = param
+        self.input = _param_widget(param)
+
+    def compose(self) -> ComposeResult:
+        yield Label(Text.assemble((self.param.name, "bold"), "  ", (f"({self.param.allowed()})", "dim")),
+                    classes="param-label")
+        yield self.input
+        if self.param.help:
+            yield Static(self.param.help, classes="param-help", markup=False)
+        yield Static("", classes="param-error", markup=False)
+
+    @property
+    def raw_value(self) -> Any:
+        """What the user entered: text for an Input, the choice or bool otherwise."""
+        return self.input.value
+
+    @property
+    def error(self) -> str | None:
+        return getattr(self, "_error", None)
+
+    def mark(self, message: str | None) -> None:
+        self._error = message
+        self.set_class(message is not None, "-invalid")
+        self.query_one(".param-error", Static).update(message or "")
+
+
+class ParamForm(VerticalScroll):
+    """A form generated from a job's Params; validates as the user types.
+
+    Each field is parsed with ``Param.parse``; when every field parses, the
+    whole set goes through ``spec.resolve`` (rules across fields) and, once
+    the runtime is known, ``spec.check_runtime``. ``params`` holds the typed
+    values when everything is valid, else None; ``errors`` maps field names
+    (or "" for the form as a whole) to their messages.
+    """
+
+    DEFAULT_CSS = """
+    ParamForm {
+        height: 1fr;
+        padding: 0 1;
+    }
+    ParamForm .form-title { text-style: bold; color: $text-accent; }
+    ParamForm .form-description { color: $text-muted; margin: 0 0 1 0; }
+    ParamForm .form-error { color: $text-error; display: none; margin: 0 0 1 0; }
+    ParamForm.-invalid .form-error { display: block; }
+    ParamForm .form-actions { height: auto; }
+    ParamForm .form-actions Button { margin: 0 1 0 0; }
+    """
+
+    class Validated(Message):
+        """The form was checked again; ``form.params`` is None while anything is invalid."""
+
+        def __init__(self, form: "ParamForm"):
+            super().__init__()
+            self.form = form
+
+        @property
+        def control(self) -> "ParamForm":
+            return self.form
+
+    class LaunchRequested(Message):
+        """The user asked to launch the job this form describes."""
+
+        def __init__(self, form: "ParamForm"):
+            super().__init__()
+            self.form = form
+
+        @property
+        def control(self) -> "ParamForm":
+            return self.form
+
+    def __init__(self, spec: JobSpec, runtime: Callable[[], Any] | None = None, *, id: str | None = None):
+        super().__init__(id=id)
+        self.spec = spec
+        self._runtime = runtime or (lambda: None)
+        self.fields = [ParamField(param) for param in spec.params]
+        self.params: dict | None = None
+        self.errors: dict[str, str] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text.assemble((self.spec.title, "bold"), "  ", (self.spec.name, "dim")), classes="form-title")
+        yield Static(self.spec.description, classes="form-description", markup=False)
+        yield from self.fields
+        yield Static("", classes="form-error", markup=False)
+        with Horizontal(classes="form-actions"):
+            yield Button("Launch (enter)", variant="primary", classes="launch")
+            yield Button("Defaults", classes="defaults")
+
+    def on_mount(self) -> None:
+        self.validate()
+
+    def field(self, name: str) -> ParamField:
+        for field in self.fields:
+            if field.param.name == name:
+                return field
+        raise KeyError(name)
+
+    def set_value(self, name: str, value: Any) -> None:
+        """Fill one field as if the user had typed or chosen ``value``."""
+        widget = self.field(name).input
+        if isinstance(widget, Input):
+            widget.value = value if isinstance(value, str) else self.field(name).param.format(value)
+        else:
+            widget.value = value
+        self.validate()
+
+    def reset(self) -> None:
+        for field in self.fields:
+            param = field.param
+            if isinstance(field.input, Input):
+                field.input.value = param.format(param.default)
+            else:
+                field.input.value = param.default
+        self.validate()
+
+    def validate(self) -> dict | None:
+        """Check every field and the whole; mark what is wrong; return the params or None."""
+        errors: dict[str, str] = {}
+        raw: dict[str, Any] = {}
+        for field in self.fields:
+            raw[field.param.name] = field.raw_value
+            try:
+                field.param.parse(field.raw_value)
+            except ParamError as error:
+                errors[field.param.name] = error.message
+        params = None
+        if not errors:
+            try:
+                params = self.spec.resolve(raw)
+                runtime = self._runtime()
+                if runtime is not None and self.spec.check_runtime is not None:
+                    self.spec.check_runtime(params, runtime)
+            except ParamError as error:
+                key = error.field if error.field in raw else ""
+                errors[key] = error.message if key else str(error)
+                params = None
+        for field in self.fields:
+            field.mark(errors.get(field.param.name))
+        form_error = errors.get("", "")
+        self.set_class(bool(form_error), "-invalid")
+        self.query_one(".form-error", Static).update(form_error)
+        self.params, self.errors = params, errors
+        self.post_message(self.Validated(self))
+        return params
+
+    def first_invalid(self) -> ParamField | None:
+        return next((field for field in self.fields if field.error), None)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.validate()
+
+    def on_select_changed(self, event: Select.Changed) -> None:
+        event.stop()
+        self.validate()
+
+    def on_switch_changed(self, event: Switch.Changed) -> None:
+        event.stop()
+        self.validate()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.post_message(self.LaunchRequested(self))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.has_class("defaults"):
+            self.reset()
+        else:
+            self.post_message(self.LaunchRequested(self))
