@@ -13,7 +13,8 @@ from screens.base import DashScreen
 
 SCREEN_KEYS = (
     ("Jobs", "↑/↓ pick a job · tab through the form · enter launch · escape back to the list"),
-    ("Run view", "[ / ] previous / next run of this session · c cancel · tabs: Plots, Replicas, Results, Log"),
+    ("Run view", "[ / ] previous / next run of this session · x cancel the run shown (queued or running) · "
+                 "c cancel the running job · tabs: Plots, Replicas, Results, Log"),
     ("History", "enter open · space mark · o overlay two marked runs' loss · e export CSV · f5 reload"),
 )
 
@@ -36,7 +37,7 @@ class HelpScreen(DashScreen):
                           show_header=False, box=None, padding=(0, 2))
         for binding in self.app.BINDINGS:
             key = binding.key_display or self.app.get_key_display(binding)
-            table.add_row(Text(key, style="bold cyan"), binding.description)
+            table.add_row(Text(key, style="bold cyan"), binding.tooltip or binding.description)
         table.add_row(Text("ctrl+p", style="bold cyan"), "command palette: every job, every screen, re-initialise the TPU")
         return table
 

@@ -126,7 +126,7 @@ class HistoryScreen(DashScreen):
             table.move_cursor(row=table.get_row_index(cursor_key))
         where = self.app.store.root
         self.query_one("#history-title", Static).update(Text.assemble(
-            (f"{len(self.runs)} runs", "bold"), f" in {where}   ",
+            (f"{len(self.runs)} run{'' if len(self.runs) == 1 else 's'}", "bold"), f" in {where}   ",
             ("enter open · space mark · o overlay two · e export CSV", "dim")))
 
     @property

@@ -28,6 +28,7 @@ from screens.base import DashScreen
 from tpudash.widgets import DecimatedSeries, Ema, MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
 
 MAX_LOG_LINES = 5000
+PROGRESS_INTERVAL_SECONDS = 0.5
 STATUS_STYLES = {
     "queued": ("◌", "dim"),
     "running": ("●", "bold yellow"),
@@ -46,7 +47,12 @@ def status_text(status: str) -> Text:
     return Text(f"{symbol} {status}", style=style)
 
 
-def format_seconds(seconds: float | None) -> str:
+def format_seconds(seconds: float | None, precise: bool = True) -> str:
+    """``1.7s`` (when ``precise``, under 10 s), ``00:07``, ``03:25``, ``1:02:03``.
+
+    A running clock is shown to the second: a text that changes ten times a
+    second would repaint the screen ten times a second.
+    """
     if seconds is None or not math.isfinite(seconds):
         return "--:--"
     seconds = max(0.0, seconds)
@@ -54,7 +60,7 @@ def format_seconds(seconds: float | None) -> str:
     hours, minutes = divmod(minutes, 60)
     if hours:
         return f"{hours}:{minutes:02d}:{rest:02d}"
-    return f"{minutes:02d}:{rest:02d}" if seconds >= 10 else f"{seconds:.1f}s"
+    return f"{seconds:.1f}s" if precise and seconds < 10 else f"{minutes:02d}:{rest:02d}"
 
 
 def format_value(value: Any, width: int = 60) -> str:
@@ -63,6 +69,8 @@ def format_value(value: Any, width: int = 60) -> str:
         text = f"{value:.6g}"
     elif isinstance(value, list):
         text = "[" + ", ".join(format_value(item, width) for item in value) + "]"
+    elif isinstance(value, dict):
+        text = "{" + ", ".join(f"{short_device(str(key))}: {format_value(item, width)}" for key, item in value.items()) + "}"
     else:
         text = str(value)
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -166,6 +174,7 @@ class RunModel:
         self.families: dict[str, list[MetricTrack]] = {}
         self.family_versions: dict[str, int] = {}
         self.final_metrics: dict[str, float] = {}
+        self._routes: dict[tuple, tuple[MetricTrack, str]] = {}
         self.path: DecimatedSeries | None = None
         self._path_pending: dict[int, dict[str, float]] = {}
         self.replicas: dict[str, ReplicaValues] = {}
@@ -236,9 +245,29 @@ class RunModel:
                 self.started = now
 
     def _metric(self, metric: Metric) -> None:
+        # Training emits thousands of metrics a second: route each (name, split,
+        # has-epoch) once, then only append.
+        route_key = (metric.name, metric.split, metric.epoch is None)
+        route = self._routes.get(route_key)
+        if route is None:
+            route = self._routes[route_key] = self._route(metric)
+        track, final_name = route
+        value = metric.value
+        if not (isinstance(value, (int, float)) and math.isfinite(value)) or isinstance(value, bool):
+            value = math.nan
+        if track.family in PATH_FAMILIES:
+            self._path_point(track.family, metric)
+        track.series.append(metric.step, value)
+        if track.ema is not None and value == value:
+            track.smoothed.append(metric.step, track.ema.update(value))
+        track.last, track.last_step = value, metric.step
+        track.count += 1
+        self.family_versions[track.family] += 1
+        self.plot_version += 1
+        self.final_metrics[final_name] = value
+
+    def _route(self, metric: Metric) -> tuple[MetricTrack, str]:
         family, split, granularity = classify_metric(metric)
-        if family in PATH_FAMILIES:
-            self._path_point(family, metric)
         key = (family, split, granularity)
         track = self.tracks.get(key)
         if track is None:
@@ -247,15 +276,8 @@ class RunModel:
                 track.smoothed, track.ema = DecimatedSeries(), Ema()
             self.tracks[key] = track
             self.families.setdefault(family, []).append(track)
-        value = float(metric.value) if is_finite_number(metric.value) else math.nan
-        track.series.append(metric.step, value)
-        if track.ema is not None and math.isfinite(value):
-            track.smoothed.append(metric.step, track.ema.update(value))
-        track.last, track.last_step = value, metric.step
-        track.count += 1
-        self.family_versions[family] = self.family_versions.get(family, 0) + 1
-        self.plot_version += 1
-        self.final_metrics[metric.name if metric.split == "train" else f"{metric.split}_{metric.name}"] = value
+            self.family_versions.setdefault(family, 0)
+        return track, metric.name if metric.split == "train" else f"{metric.split}_{metric.name}"
 
     def _path_point(self, family: str, metric: Metric) -> None:
         pending = self._path_pending.setdefault(metric.step, {})
@@ -328,6 +350,7 @@ class ProgressRow(Horizontal):
         self.unit = unit
         self.bar = ProgressBar(total=None, show_eta=False)
         self.counts = Label("", classes="progress-eta")
+        self._shown = ""
 
     def compose(self) -> ComposeResult:
         yield Label(self.unit, classes="progress-unit")
@@ -337,8 +360,23 @@ class ProgressRow(Horizontal):
     def show(self, state: ProgressState, finished: bool) -> None:
         self.bar.update(total=state.total, progress=state.done)
         counts = f"{state.done}/{state.total}" if state.total is not None else str(state.done)
-        eta = "" if finished or state.total is None else f"  ETA {format_seconds(state.eta())}"
-        self.counts.update(counts + eta)
+        eta = "" if finished or state.total is None else f"  ETA {format_seconds(state.eta(), precise=False)}"
+        if counts + eta != self._shown:
+            self._shown = counts + eta
+            self.counts.update(self._shown, layout=False)
+
+
+class RunTabs(TabbedContent):
+    """The run view's tabs; they follow the run's content until the user picks one."""
+
+    user_chose = False
+    """True once the user clicked or keyed to a tab: the view stops choosing for them."""
+
+    def _on_tabs_tab_activated(self, event) -> None:
+        # Programmatic changes never post Tabs.TabActivated; only the user's do.
+        if self._is_associated_tabs(event.tabs):
+            self.user_chose = True
+        super()._on_tabs_tab_activated(event)
 
 
 class RunView(Vertical):
@@ -359,6 +397,7 @@ class RunView(Vertical):
     RunView #replica-table { height: auto; max-height: 12; }
     RunView #results { height: 1fr; }
     RunView .result-title { margin: 1 0 0 0; }
+    RunView #summary-title { margin: 1 0 0 0; }
     RunView .result-table { height: auto; max-height: 24; }
     RunView #run-summary { height: auto; }
     RunView #run-log { height: 1fr; }
@@ -371,13 +410,14 @@ class RunView(Vertical):
         self._drawn: dict[str, int] = {}
         self._logs_written = 0
         self._tables_drawn: dict[str, int] = {}
+        self._result_tables: dict[str, DataTable] = {}
         self._progress_rows: dict[str, ProgressRow] = {}
         self._plots: dict[str, MetricPlot] = {}
         self._path_plot: PathPlot | None = None
         self._replica_drawn = -1
-        self._tab_chosen_by_user = False
-        self._tab_expected: str | None = None
         self._last_header = None
+        self._last_state = None
+        self._last_progress_sync = -math.inf
         self._ended_shown = False
         self._ready = False
 
@@ -387,7 +427,7 @@ class RunView(Vertical):
         yield Static("", id="run-error", markup=False)
         yield Static("", id="run-outcome", markup=False)
         yield Vertical(id="run-progress")
-        with TabbedContent(id="run-tabs"):
+        with RunTabs(id="run-tabs"):
             with TabPane("Plots", id="tab-plots"):
                 yield Static("No metrics yet.", id="plots-empty")
                 yield Grid(id="plots")
@@ -395,7 +435,9 @@ class RunView(Vertical):
                 yield ReplicaBarPlot(self.budget, id="replica-plot")
                 yield DataTable(id="replica-table", zebra_stripes=True, cursor_type="row")
             with TabPane("Results", id="tab-results"):
-                yield VerticalScroll(Static("", id="run-summary", markup=False), id="results")
+                with VerticalScroll(id="results"):
+                    yield Static("", id="summary-title")
+                    yield Static("", id="run-summary", markup=False)
             with TabPane("Log", id="tab-log"):
                 yield RichLog(id="run-log", max_lines=MAX_LOG_LINES, wrap=True, markup=False, highlight=False)
 
@@ -414,10 +456,10 @@ class RunView(Vertical):
         self._drawn.clear()
         self._logs_written = 0
         self._tables_drawn.clear()
+        self._result_tables.clear()
         self._replica_drawn = -1
-        self._tab_chosen_by_user = False
-        self._tab_expected = None
-        self._last_header = None
+        self.query_one("#run-tabs", RunTabs).user_chose = False
+        self._last_header = self._last_state = None
         self._ended_shown = False
         for row in self._progress_rows.values():
             row.remove()
@@ -429,21 +471,15 @@ class RunView(Vertical):
         self.query_one("#run-log", RichLog).clear()
         for table in self.query("#results .result-table, #results .result-title"):
             table.remove()
+        self.query_one("#run-summary", Static).update("")
+        self.query_one("#summary-title", Static).update("")
         self.query_one("#replica-table", DataTable).clear(columns=True)
         self.query_one("#replica-plot", ReplicaBarPlot).set_values("", [], [])
         self.sync(force=True)
 
-    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        # Tabs this view picked itself come back here too; any other is the user's.
-        if event.pane.id == self._tab_expected:
-            self._tab_expected = None
-        else:
-            self._tab_chosen_by_user = True
-
     def _choose_tab(self, pane_id: str) -> None:
-        tabs = self.query_one("#run-tabs", TabbedContent)
-        if tabs.active != pane_id:
-            self._tab_expected = pane_id
+        tabs = self.query_one("#run-tabs", RunTabs)
+        if tabs.active != pane_id and not tabs.user_chose:
             tabs.active = pane_id
 
     # -- drawing ----------------------------------------------------------------
@@ -452,10 +488,17 @@ class RunView(Vertical):
         if not self._ready:
             return
         model = self.model
-        self._sync_header(model)
+        now = time.monotonic()
+        # Every repaint costs the training thread the GIL for a while: the
+        # clock and the bars move at most twice a second.
+        state_changed = model is not None and self._last_state != (model.run_id, model.status, model.error)
+        if force or state_changed or now - self._last_progress_sync >= PROGRESS_INTERVAL_SECONDS:
+            self._last_progress_sync = now
+            self._sync_header(model)
+            if model is not None:
+                self._sync_progress(model)
         if model is None:
             return
-        self._sync_progress(model)
         self._sync_log(model)
         self._sync_tables(model)
         self._sync_replicas(model)
@@ -463,8 +506,7 @@ class RunView(Vertical):
         if plots_due and self._plots_stale(model):
             self.budget.start_round()
             self._sync_plots(model)
-        if not self._tab_chosen_by_user:
-            self._choose_tab(self._preferred_tab(model))
+        self._choose_tab(self._preferred_tab(model))
 
     def plots_stale(self) -> bool:
         return self.model is not None and self._plots_stale(self.model)
@@ -490,28 +532,34 @@ class RunView(Vertical):
                 title.update(Text("No run yet: press m, r or g, or launch a job from Jobs (j).", style="dim"))
                 self.query_one("#run-params", Static).update("")
                 self.query_one("#run-error", Static).display = False
-                self._last_header = "empty"
+                self.query_one("#run-outcome", Static).display = False
+                self._last_header = self._last_state = "empty"
             return
-        elapsed = format_seconds(model.elapsed())
-        header = (model.run_id, model.job, model.status, elapsed, model.error)
+        elapsed = format_seconds(model.elapsed(), precise=model.finished_state)
+        header = (model.run_id, model.job, model.status, elapsed)
         if header != self._last_header:
             text = Text.assemble((model.job or "?", "bold"), "  ")
             text.append_text(status_text(model.status))
             text.append(f"  {elapsed}", "bold")
             if model.run_id:
                 text.append(f"   {model.run_id}", "dim")
-            title.update(text)
-            self.query_one("#run-params", Static).update(format_params(model.params) or "(no params)")
+            title.update(text, layout=False)  # one fixed line: repaint it, no relayout
             self._last_header = header
-            error = self.query_one("#run-error", Static)
-            if model.error:
-                error.update(Text.assemble(("✗ ", "bold red"), (model.error, "red"), ("   (traceback in Log)", "dim")))
-            error.display = bool(model.error)
-            outcome = self.query_one("#run-outcome", Static)
-            last_line = model.outcome_line() if model.finished_state and not model.error else None
-            if last_line:
-                outcome.update(Text.assemble(("→ ", "bold"), (last_line, "bold")))
-            outcome.display = bool(last_line)
+        # The rest changes with the run's state only, not with its clock.
+        state = (model.run_id, model.status, model.error)
+        if state == self._last_state:
+            return
+        self._last_state = state
+        self.query_one("#run-params", Static).update(format_params(model.params) or "(no params)")
+        error = self.query_one("#run-error", Static)
+        if model.error:
+            error.update(Text.assemble(("✗ ", "bold red"), (model.error, "red"), ("   (traceback in Log)", "dim")))
+        error.display = bool(model.error)
+        outcome = self.query_one("#run-outcome", Static)
+        last_line = model.outcome_line() if model.finished_state and not model.error else None
+        if last_line:
+            outcome.update(Text.assemble(("→ ", "bold"), (last_line, "bold")))
+        outcome.display = bool(last_line)
 
     def _sync_progress(self, model: RunModel) -> None:
         container = self.query_one("#run-progress", Vertical)
@@ -541,10 +589,12 @@ class RunView(Vertical):
     def _sync_tables(self, model: RunModel) -> None:
         results = self.query_one("#results", VerticalScroll)
         summary = self.query_one("#run-summary", Static)
-        if model.summary or model.problems:
-            lines = [f"{key}: {format_value(value, 100)}" for key, value in model.summary.items()]
+        if (model.summary or model.problems) and self._drawn.get("summary") != model.version:
+            lines = [f"{key}: {format_value(value, 200)}" for key, value in model.summary.items()]
             lines += [f"problem: {problem}" for problem in model.problems]
             summary.update("\n".join(lines))
+            self.query_one("#summary-title", Static).update(Text("Summary", style="bold"))
+            self._drawn["summary"] = model.version
         for title, table_event in model.tables.items():
             version = model.table_versions.get(title, 0)
             if self._tables_drawn.get(title) == version:
@@ -559,13 +609,12 @@ class RunView(Vertical):
             self._tables_drawn[title] = version
 
     def _result_table(self, results: VerticalScroll, title: str) -> DataTable:
-        for table in results.query(".result-table"):
-            if getattr(table, "result_title", None) == title:
-                return table
-        label = Static(Text(title, style="bold"), classes="result-title")
-        table = DataTable(classes="result-table", zebra_stripes=True, cursor_type="row")
-        table.result_title = title
-        results.mount(label, table)
+        table = self._result_tables.get(title)
+        if table is None:
+            label = Static(Text(title, style="bold"), classes="result-title")
+            table = self._result_tables[title] = DataTable(classes="result-table", zebra_stripes=True,
+                                                           cursor_type="row")
+            results.mount(label, table, before=self.query_one("#summary-title", Static))
         return table
 
     def _sync_replicas(self, model: RunModel) -> None:
@@ -671,8 +720,9 @@ class RunScreen(DashScreen):
     CSS_PATH = "run.tcss"
 
     BINDINGS = [
-        Binding("left_square_bracket", "show_neighbour(-1)", "Prev run", id="run.previous", key_display="["),
-        Binding("right_square_bracket", "show_neighbour(1)", "Next run", id="run.next", key_display="]"),
+        Binding("left_square_bracket", "show_neighbour(-1)", "Prev run", id="run.previous", key_display="[", show=False),
+        Binding("right_square_bracket", "show_neighbour(1)", "Next run", id="run.next", key_display="]", show=False),
+        Binding("x", "cancel_shown", "Cancel this run", id="run.cancel_shown"),
     ]
 
     def compose_body(self) -> ComposeResult:
@@ -731,6 +781,16 @@ class RunScreen(DashScreen):
         event.stop()
         if event.option_id:
             self.app.shown_run_id = event.option_id
+
+    def action_cancel_shown(self) -> None:
+        """Cancel the run on screen: a queued one leaves the queue without running."""
+        live = self.app.live_runs.get(self.app.shown_run_id)
+        if live is None or live.queued.done_event.is_set():
+            self.app.notify("This run has already ended.", severity="warning")
+            return
+        self.app.runner.cancel(live.queued)
+        self.app.notify(f"Cancelling {live.model.job}…", title="Cancel")
+        self.app.refresh_lane()
 
     def action_show_neighbour(self, offset: int) -> None:
         run_ids = list(self.app.live_runs)

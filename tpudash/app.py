@@ -23,9 +23,9 @@ import time
 import traceback
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from textual import work
+from textual import events, work
 from textual.app import App, ScreenStackError
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
@@ -34,8 +34,10 @@ from textual.reactive import reactive
 from textual.worker import Worker, WorkerState
 
 from tpudash.config import Settings
-from tpudash.records import RunStore
-from tpudash.runner import QueuedRun, Runner
+
+if TYPE_CHECKING:  # the runner and records load after the first frame
+    from tpudash.records import RunStore
+    from tpudash.runner import QueuedRun, Runner
 
 # How many runs may wait for the lane; more would only pile up thread workers.
 MAX_WAITING_RUNS = 4
@@ -156,18 +158,25 @@ class TpudashApp(App[int]):
     COMMANDS = App.COMMANDS | {TpudashCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
     BINDINGS = [
-        Binding("d", "show('devices')", "Devices", id="tpudash.devices"),
-        Binding("j", "show('jobs')", "Jobs", id="tpudash.jobs"),
-        Binding("h", "show('history')", "History", id="tpudash.history"),
-        Binding("v", "show('run')", "Run", id="tpudash.run"),
-        Binding("m", "launch_job('matmul')", "Matmul", id="tpudash.matmul"),
-        Binding("r", "launch_job('replica-matmul')", "Replicas", id="tpudash.replica_matmul"),
-        Binding("g", "launch_job('gradient-descent')", "Grad.desc", id="tpudash.gradient_descent"),
-        Binding("t", "open_form('train')", "Train", id="tpudash.train"),
-        Binding("c", "cancel_job", "Cancel", id="tpudash.cancel"),
-        Binding("l", "show('log')", "Log", id="tpudash.log", show=False),
-        Binding("question_mark", "show('help')", "Help", id="tpudash.help", key_display="?"),
-        Binding("q", "quit", "Quit", id="tpudash.quit"),
+        Binding("d", "show('devices')", "Devices", id="tpudash.devices",
+                tooltip="the runtime, strategy, topology and logical devices"),
+        Binding("j", "show('jobs')", "Jobs", id="tpudash.jobs", tooltip="every job with a form of its params"),
+        Binding("h", "show('history')", "History", id="tpudash.history",
+                tooltip="past runs: open one, overlay two, export CSV"),
+        Binding("v", "show('run')", "Run", id="tpudash.run", tooltip="the live view of this session's runs"),
+        Binding("m", "launch_job('matmul')", "Matmul", id="tpudash.matmul",
+                tooltip="run the matmul check on every device (default params)"),
+        Binding("r", "launch_job('replica-matmul')", "Replicas", id="tpudash.replica_matmul",
+                tooltip="run strategy.run(matmul) on every replica (default params)"),
+        Binding("g", "launch_job('gradient-descent')", "Grad.desc", id="tpudash.gradient_descent",
+                tooltip="run seed 000's gradient descent (default params)"),
+        Binding("t", "open_form('train')", "Train", id="tpudash.train", tooltip="open the train form; enter launches"),
+        Binding("c", "cancel_job", "Cancel", id="tpudash.cancel", tooltip="cancel the running job"),
+        Binding("l", "show('log')", "Log", id="tpudash.log", show=False,
+                tooltip="the session log (TensorFlow's native output) and notifications"),
+        Binding("question_mark", "show('help')", "Help", id="tpudash.help", key_display="?",
+                tooltip="keys and what tpudash keeps"),
+        Binding("q", "quit", "Quit", id="tpudash.quit", tooltip="quit (asks first while a job runs)"),
     ]
 
     runtime_status: reactive[str] = reactive("connecting…")
@@ -208,19 +217,24 @@ class TpudashApp(App[int]):
         self._job_specs = dict(job_specs) if job_specs is not None else None
         self.redirect_stderr = redirect_stderr
         self.handle_signals = handle_signals
-        self.store = runner.store if runner is not None and runner.store is not None else RunStore(self.runs_dir)
-        self.runner = runner or Runner(self._runtime_for_lane, self.store, self.settings)
+        self._runner = runner
+        self._store = runner.store if runner is not None else None
         self.live_runs: dict[str, LiveRun] = {}
         self.session_log = None
+        """The ``NativeStderr`` holding fd 2 while the app runs (None when not redirected)."""
         self.notices: list[tuple[float, str, str]] = []
         """Every notification of this session: (time, severity, message)."""
         self.first_frame_at: float | None = None
+        """Unix time of the first frame (``TPUDASH_EXIT_AFTER_FIRST_FRAME`` prints it)."""
         self.tensorflow_imported_at_first_frame: bool | None = None
         self.quitting = False
+        """True once quit was confirmed: no new run starts."""
         self.exiting = False
+        """True once exit() was called: timers stop drawing on closing widgets."""
         self.quit_worker: Worker | None = None
         """The worker that cancels every run and exits, once quit was confirmed."""
-        """True once exit() was called: timers stop drawing on closing widgets."""
+        # Set by the detection worker itself (not the UI), so the lane never
+        # waits on a busy event loop.
         self._runtime_ready = threading.Event()
         self._runtime_value: Any = None
         self._runtime_failure: BaseException | None = None
@@ -229,9 +243,8 @@ class TpudashApp(App[int]):
         self.runtime_settled = asyncio.Event()
         """Set when runtime detection has answered (runtime or error)."""
         self._tick_event = asyncio.Event()
-        from tpudash.widgets import RedrawBudget
-
-        self.redraw_budget = RedrawBudget()
+        self._redraw_budget = None
+        self._force_exit_code: int | None = None
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -239,6 +252,33 @@ class TpudashApp(App[int]):
         from tpudash.config import default_runs_dir
 
         return Path(self.settings.runs_dir or default_runs_dir(os.environ))
+
+    @property
+    def store(self) -> "RunStore":
+        """The runs directory (created on first use, after the first frame)."""
+        if self._store is None:
+            from tpudash.records import RunStore
+
+            self._store = RunStore(self.runs_dir)
+        return self._store
+
+    @property
+    def runner(self) -> "Runner":
+        """The one accelerator lane: ``Runner(wait for the detected runtime, store, settings)``."""
+        if self._runner is None:
+            from tpudash.runner import Runner
+
+            self._runner = Runner(self._runtime_for_lane, self.store, self.settings)
+        return self._runner
+
+    @property
+    def redraw_budget(self) -> Any:
+        """The ``RedrawBudget`` every plot of this app shares."""
+        if self._redraw_budget is None:
+            from tpudash.widgets import RedrawBudget
+
+            self._redraw_budget = RedrawBudget()
+        return self._redraw_budget
 
     @property
     def job_specs(self) -> dict[str, Any]:
@@ -251,6 +291,8 @@ class TpudashApp(App[int]):
 
     @property
     def current_live_run(self) -> LiveRun | None:
+        if self._runner is None:
+            return None
         current = self.runner.current
         return self.live_runs.get(current.run_id) if current is not None else None
 
@@ -265,6 +307,10 @@ class TpudashApp(App[int]):
 
     def on_mount(self) -> None:
         self.set_interval(TICK_SECONDS, self._tick, name="tpudash tick")
+        if self.session_log is not None:
+            # Python-level prints and warnings (Keras, tfds) join the C++ logs
+            # in the session log instead of vanishing into Textual's capture.
+            self.begin_capture_print(self)
         if self.handle_signals:
             self._install_signal_handlers()
         self.call_after_refresh(self._after_first_frame)
@@ -278,12 +324,23 @@ class TpudashApp(App[int]):
         self.detect_runtime()
         self.load_last_device_check()
 
+    def on_print(self, event: events.Print) -> None:
+        try:
+            os.write(2, event.text.encode("utf-8", errors="replace"))
+        except OSError:
+            pass
+
     def on_unmount(self) -> None:
         for signum in self._signals_installed:
             try:
                 asyncio.get_running_loop().remove_signal_handler(signum)
             except (RuntimeError, ValueError):
                 pass
+        if self._force_exit_code is not None and not self.is_headless and self.runner.current is not None:
+            # The driver has restored the terminal by now (it stops before unmount).
+            self.release_session_log()
+            sys.stdout.flush()
+            os._exit(self._force_exit_code)
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -321,9 +378,19 @@ class TpudashApp(App[int]):
 
     def _on_signal(self, signum: int) -> None:
         if self.quitting:
-            self.exit(130)
+            self.force_exit(130)
             return
         self.quit_worker = self.cancel_and_exit(130)
+
+    def force_exit(self, return_code: int) -> None:
+        """Leave without waiting for a job that ignores cancel (second signal, or q while quitting).
+
+        The job's record stays "running" and later reads as interrupted, with
+        every event written so far. The process ends right after the terminal
+        is restored, because a stuck job thread would otherwise hold it open.
+        """
+        self._force_exit_code = return_code
+        self.exit(return_code)
 
     # -- the runtime ------------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="runtime", exclusive=True,
@@ -353,6 +420,9 @@ class TpudashApp(App[int]):
         return self._runtime_value
 
     def action_reinitialize_runtime(self) -> None:
+        if not self._runtime_ready.is_set():
+            self.notify("The runtime is still being detected.", title="Runtime", severity="warning")
+            return
         if self.runner.busy:
             self.notify("Cancel or finish the running job first.", title="Runtime in use", severity="warning")
             return
@@ -434,7 +504,40 @@ class TpudashApp(App[int]):
         live.settled.set()
         self._lane_changed()
 
+    def _start_next_run(self) -> None:
+        """Give the oldest waiting run a thread worker once the lane is free.
+
+        Workers share a small thread pool (cores + 4); a worker per queued run
+        blocking in ``runner.execute`` would starve History and the runtime of
+        threads, so a run gets its worker only when it can start.
+        """
+        if any(live.worker is not None and not live.worker.is_finished for live in self.live_runs.values()):
+            return
+        for live in self.live_runs.values():
+            if live.worker is None and not live.queued.done_event.is_set():
+                live.worker = self.execute_run(live.queued)
+                return
+
+    def _settle_cancelled_while_queued(self) -> None:
+        """Runs cancelled before their turn never get a worker; end them here."""
+        for live in self.live_runs.values():
+            if live.worker is None and live.queued.done_event.is_set() and not live.settled.is_set():
+                live.model.status = "cancelled"
+                live.model.finished = live.queued.finished or time.time()
+                live.model.version += 1
+                live.settled.set()
+                self.notify(f"{live.model.job} removed from the queue before it started", title="Run cancelled",
+                            severity="warning")
+
+    def refresh_lane(self) -> None:
+        """Something changed on the lane (a cancel, a launch): settle, start the next, redraw."""
+        self._lane_changed()
+
     def _lane_changed(self) -> None:
+        if self._runner is not None:
+            self._settle_cancelled_while_queued()
+            if not self.quitting:
+                self._start_next_run()
         waiting = self.runner.queued()
         for live in self.live_runs.values():
             live.queue_position = waiting.index(live.queued) + 1 if live.queued in waiting else 0
@@ -459,11 +562,11 @@ class TpudashApp(App[int]):
         live.attach(queued)
         self.live_runs[queued.run_id] = live
         self._forget_old_runs()
-        live.worker = self.execute_run(queued)
         self.shown_run_id = queued.run_id
-        if self.runner.current is not None and self.runner.current is not queued:
-            self.notify(f"{spec.name} queued behind {self.runner.current.job}", title="Queued")
+        busy = next((item for item in self.live_runs.values() if item.worker is not None and not item.worker.is_finished), None)
         self._lane_changed()
+        if busy is not None:
+            self.notify(f"{spec.name} queued behind {busy.model.job}", title="Queued")
         if show:
             self.call_later(self.action_show, "run")
         return live
@@ -494,6 +597,10 @@ class TpudashApp(App[int]):
     async def action_show(self, mode: str) -> None:
         if mode not in MODE_SCREENS:
             return
+        if self.screen.is_modal:
+            # A dialog or the palette is open in this mode; switching away would
+            # strand it there (and a second palette would clash with it).
+            return
         if self.current_mode != mode:
             self._previous_mode = self.current_mode
             await self.switch_mode(mode)
@@ -511,7 +618,10 @@ class TpudashApp(App[int]):
             select_job(name)
 
     def action_cancel_job(self) -> None:
-        run = self.runner.current
+        """Cancel the job on the lane (or about to start on it); else the last one queued."""
+        active = next((live for live in self.live_runs.values()
+                       if live.worker is not None and not live.worker.is_finished), None)
+        run = active.queued if active is not None else self.runner.current
         if run is None:
             waiting = self.runner.queued()
             if not waiting:
@@ -525,12 +635,15 @@ class TpudashApp(App[int]):
     async def action_quit(self) -> None:
         """Quit; while a job runs or waits, ask first (yes cancels, waits, records, exits)."""
         if self.quitting:
+            self.force_exit(130)
             return
         if not self.runner.busy:
             self.exit(0)
             return
         from screens.dialogs import ConfirmScreen
 
+        if isinstance(self.screen, ConfirmScreen):
+            return  # already asking (ctrl+q reaches here past the dialog)
         current = self.runner.current
         what = f"{current.job} is running" if current is not None else "runs are waiting"
         waiting = len(self.runner.queued())
@@ -547,7 +660,7 @@ class TpudashApp(App[int]):
         self.quitting = True
         self.runner.cancel_all()
         self._lane_changed()
-        self.notify("Cancelling the running job, then quitting…", title="Quit")
+        self.notify("Cancelling the running job, then quitting… (q again: quit without waiting)", title="Quit")
         workers = [live.worker for live in self.live_runs.values() if live.worker is not None and not live.worker.is_finished]
         if workers:
             await asyncio.gather(*(worker.wait() for worker in workers), return_exceptions=True)
@@ -581,13 +694,16 @@ class TpudashApp(App[int]):
             tick(force) if force else tick()
 
     def _update_lane_status(self) -> None:
+        if self._runner is None:
+            return  # nothing launched yet
         live = self.current_live_run
         waiting = len(self.runner.queued())
         if live is not None:
             model = live.model
-            text = f"{model.job} ● {model.status} {_format_duration(model.elapsed())}"
+            clock = _format_duration(model.elapsed(), precise=False)
+            text = f"{model.job} ● {model.status} {clock}"
             if live.queued.cancel_event.is_set() and model.status == "running":
-                text = f"{model.job} ● cancelling {_format_duration(model.elapsed())}"
+                text = f"{model.job} ● cancelling {clock}"
         else:
             last = next((item for item in reversed(self.live_runs.values()) if item.model.finished_state), None)
             text = f"last: {last.model.job} {last.model.status} ({_format_duration(last.model.elapsed())})" if last else "idle"
@@ -612,11 +728,12 @@ class TpudashApp(App[int]):
         return None
 
 
-def _format_duration(seconds: float | None) -> str:
+def _format_duration(seconds: float | None, precise: bool = True) -> str:
+    """``4.2s`` or ``4s`` (a running clock ticks by the second), ``3:05``, ``1:02:03``."""
     if seconds is None:
-        return "0.0s"
+        return "0s"
     if seconds < 60:
-        return f"{seconds:.1f}s"
+        return f"{seconds:.1f}s" if precise else f"{int(seconds)}s"
     minutes, rest = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{rest:02d}" if hours else f"{minutes}:{rest:02d}"

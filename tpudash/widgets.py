@@ -1,4 +1,4 @@
-"""Reusable dashboard widgets: bounded metric histories, plots, the session bar, the param form.
+"""Reusable dashboard widgets: bounded metric histories, plots, and the param form.
 
 Plots are textual-plotext widgets: each subclasses ``PlotextPlot``, draws with
 its own ``self.plt`` and has one ``replot()`` that turns the current data into
@@ -178,43 +178,6 @@ class RedrawBudget:
         self.rendered_seconds += seconds
         self.renders += 1
         self._next_allowed = max(self._next_allowed, self._clock()) + seconds / self.fraction
-
-
-# -- the session bar ------------------------------------------------------------
-
-
-class SessionBar(Static):
-    """The one-line header on every screen: the runtime, then the accelerator lane.
-
-    Shows the app's ``runtime_status`` ("connecting…", then kind, strategy and
-    replicas) and ``lane_status`` (the running job, its status and elapsed time,
-    and how many runs wait).
-    """
-
-    DEFAULT_CSS = """
-    SessionBar {
-        dock: top;
-        height: 1;
-        width: 100%;
-        background: $panel;
-        color: $foreground;
-        padding: 0 1;
-    }
-    """
-
-    def on_mount(self) -> None:
-        self.watch(self.app, "runtime_status", self._show, init=False)
-        self.watch(self.app, "lane_status", self._show, init=False)
-        self._show()
-
-    def _show(self, _value: object = None) -> None:
-        runtime = getattr(self.app, "runtime_status", "")
-        lane = getattr(self.app, "lane_status", "")
-        text = Text.assemble(("tpudash", "bold"), "  ", (runtime, "cyan" if "fail" not in runtime else "bold red"))
-        if lane:
-            text.append("  │  ")
-            text.append(lane, "bold yellow" if "running" in lane else "")
-        self.update(text)
 
 
 # -- plots ----------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widgets import DataTable
 
 from tests.functional.conftest import SIZE, runtime_ready
-from tpudash.widgets import SessionBar
+from screens.base import SessionBar
 
 
 async def test_devices_table_lists_the_eight_logical_cpu_devices(make_app, runtime):

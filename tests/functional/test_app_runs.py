@@ -72,3 +72,21 @@ async def test_a_job_that_raises_shows_its_error_and_the_app_keeps_working(make_
         await pilot.press("g")
         await run_settled(pilot, shown_live(app))
         assert shown_live(app).model.status == "done"
+
+
+async def test_x_on_a_queued_run_removes_it_without_running_it(make_app, job_gate, isolated_runs_dir):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        running = app.launch_by_name("test-steps", {"steps": "100"})
+        queued = app.launch_by_name("gradient-descent")
+        await until(pilot, lambda: job_gate.reached.is_set())
+        assert app.shown_run_id == queued.run_id and queued.model.status == "queued"
+        await pilot.press("x")
+        await run_settled(pilot, queued)
+        assert queued.model.status == "cancelled" and queued.worker is None
+        assert running.model.status == "running"
+        job_gate.release.set()
+        await run_settled(pilot, running)
+        assert running.model.status == "done"
+        assert sorted(path.name for path in isolated_runs_dir.iterdir() if not path.name.startswith(".")) == [running.run_id]

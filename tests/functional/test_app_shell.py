@@ -12,8 +12,10 @@ from textual.widgets import RichLog
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
 from screens.dialogs import ConfirmScreen
 from screens.history import RunDetailScreen
+from screens.jobs import JobsScreen
 from tpudash.records import RunStore
-from tpudash.widgets import BudgetedPlot, SessionBar
+from screens.base import SessionBar
+from tpudash.widgets import BudgetedPlot
 
 
 async def test_quit_during_a_run_asks_then_records_the_run_as_cancelled(make_app, job_gate, isolated_runs_dir):
@@ -55,6 +57,7 @@ async def test_native_writes_to_fd2_go_to_the_session_log_and_fd2_comes_back(mak
             log_path = app.session_log.log_path
             assert log_path.parent == isolated_runs_dir / ".logs"
             os.write(2, b"I0000 native chatter from the C++ runtime\n")
+            print("a Python warning printed by a library", file=sys.stderr)
             assert os.fstat(2).st_ino != before.st_ino
             await pilot.press("l")
             log = app.screen.query_one("#session-log", RichLog)
@@ -64,6 +67,7 @@ async def test_native_writes_to_fd2_go_to_the_session_log_and_fd2_comes_back(mak
     assert (os.fstat(2).st_ino, os.fstat(2).st_dev) == (before.st_ino, before.st_dev)
     assert sys.stderr is python_stderr
     assert "native chatter" in log_path.read_text()
+    assert "a Python warning printed by a library" in log_path.read_text()
 
 
 async def test_the_palette_offers_every_job_and_every_screen(make_app, test_specs):
@@ -80,9 +84,12 @@ async def test_the_palette_offers_every_job_and_every_screen(make_app, test_spec
         for screen_name in ("Devices", "Jobs", "Run view", "History", "Help", "Session log"):
             assert f"Show {screen_name}" in prompts
         assert any(prompt.startswith("Re-initialise the TPU") for prompt in prompts)
-        await pilot.press(*"gradient-descent")
-        await until(pilot, lambda: commands.option_count > 0 and "gradient" in str(commands.get_option_at_index(0).prompt))
-        await pilot.press("escape")
+        await pilot.press(*"form gradient-descent")
+        await until(pilot, lambda: commands.option_count > 0
+                    and str(commands.get_option_at_index(0).prompt).startswith("Form: gradient-descent"))
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, JobsScreen))
+        assert app.screen.current_form.spec.name == "gradient-descent"
 
 
 @pytest.mark.parametrize("size", [(80, 24), (200, 60)])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from jobs.events import Metric
+from jobs.events import Progress
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
 from screens.jobs import JobsScreen
 from tests.functional.test_app_jobs import type_into
@@ -16,21 +16,19 @@ async def test_t_opens_the_train_form_and_a_short_synthetic_run_plots_live_then_
     first_batch = threading.Event()
     release = threading.Event()
 
-    def hold_at_first_batch(run, event):
+    def hold_after_first_batch(run, event):
         # A runner sink runs on the job thread: holding it here pauses training
-        # so the test can look at the live view mid-run.
-        if isinstance(event, Metric) and event.name == "batch_loss" and not first_batch.is_set():
+        # so the test can look at the live view mid-run. The step's Progress
+        # comes after its metrics, which have reached the app by then.
+        if isinstance(event, Progress) and event.unit == "step" and event.done >= 1 and not first_batch.is_set():
             first_batch.set()
             release.wait(timeout=120)
 
-    import time
-    T=time.time()
-    def mark(x): open('/tmp/phase.txt','a').write(f'{time.time()-T:.1f} {x}\n')
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         try:
             await runtime_ready(pilot)
-            app.runner.add_sink(hold_at_first_batch)
+            app.runner.add_sink(hold_after_first_batch)
             await pilot.press("t")
             assert isinstance(app.screen, JobsScreen)
             form = app.screen.current_form
@@ -39,18 +37,18 @@ async def test_t_opens_the_train_form_and_a_short_synthetic_run_plots_live_then_
             for name, value in SHORT_SYNTHETIC_TRAIN.items():
                 await type_into(pilot, form.field(name).input, value)
             app.screen.query_one("#job-list").focus()
-            mark('typed'); await pilot.press("enter")
+            await pilot.press("enter")
             live = shown_live(app)
             assert live is not None and live.model.job == "train"
 
             view = app.screen.view
             await until(pilot, lambda: first_batch.is_set() and view.plot_for("loss") is not None
                         and view.plot_for("loss").points_drawn > 0, timeout=180)
-            mark('observed'); assert live.model.status == "running"
+            assert live.model.status == "running"
             drawn_mid_run = view.plot_for("loss").points_drawn
         finally:
             release.set()
-        mark('released'); await run_settled(pilot, live, timeout=240); mark('settled')
+        await run_settled(pilot, live, timeout=240)
         model = live.model
         assert model.status == "done", model.error
         assert {"val_loss", "val_accuracy", "test_accuracy"} <= set(model.last_metrics())
