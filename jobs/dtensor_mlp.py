@@ -135,11 +135,13 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
         return tf.reshape(tf.cast(images, tf.float32) / 255.0, [-1, input_size]), labels
 
     # Full batches only: every shard of the batch axis must be the same size.
-    train_data = (splits.train.cache().shuffle(data.SHUFFLE_BUFFER, seed=params["seed"])
-                  .batch(batch_size, drop_remainder=True).map(flatten, num_parallel_calls=tf.data.AUTOTUNE)
-                  .prefetch(data.PREFETCH_BATCHES))
-    test_data = (splits.test.cache().batch(batch_size, drop_remainder=True)
-                 .map(flatten, num_parallel_calls=tf.data.AUTOTUNE).prefetch(data.PREFETCH_BATCHES))
+    train_data = data.without_tuning_thread(
+        splits.train.cache().shuffle(data.SHUFFLE_BUFFER, seed=params["seed"])
+        .batch(batch_size, drop_remainder=True).map(flatten, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE))
+    test_data = data.without_tuning_thread(
+        splits.test.cache().batch(batch_size, drop_remainder=True)
+        .map(flatten, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
 
     model = build_mlp(runtime, dtensor, mesh, sizes, params["seed"])
     layers = model.layers

@@ -705,7 +705,7 @@ def plot_lines(tracks: list[MetricTrack]) -> list[PlotLine]:
             if track.smoothed is not None:
                 lines.append(PlotLine(f"{track.split} (smoothed)", track.smoothed, color=color))
         elif track.granularity == "epoch":
-            lines.append(PlotLine(f"{track.split} (epoch)", track.series, color=color or "red"))
+            lines.append(PlotLine(f"{track.split} (epoch)", track.series, color=color or "red", markers=True))
         else:
             lines.append(PlotLine(track.split, track.series, color=color))
     return lines

@@ -191,6 +191,8 @@ class PlotLine:
     series: DecimatedSeries
     color: str | None = None
     scatter: bool = False
+    markers: bool = False
+    """Also mark each point (per-epoch values: few, and each one matters)."""
 
 
 class BudgetedPlot(PlotextPlot):
@@ -285,6 +287,8 @@ class MetricPlot(BudgetedPlot):
             else:
                 xs, ys = decimate_min_max(xs, ys, buckets)
                 plt.plot(xs, ys, label=line.label, color=line.color, marker="braille")
+                if line.markers:
+                    plt.scatter(xs, ys, color=line.color, marker="●")
             drawn += len(xs)
         if self.log_y and drawn and all_positive:
             plt.yscale("log")

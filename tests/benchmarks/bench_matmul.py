@@ -50,7 +50,7 @@ def run(quick: bool) -> list[Result]:
     value, baseline = statistics.median(ours), statistics.median(numpy_side)
     ratio = value / baseline
     return [Result(
-        benchmark="matmul vs NumPy",
+        benchmark="matmul",
         figure=f"matmul job GFLOP/s, {size}³ float32, /device:CPU:0",
         value=value,
         unit="GFLOP/s",

@@ -67,6 +67,48 @@ class Stopwatch:
         self.seconds = time.perf_counter() - self._start
 
 
+class LoadMonitor:
+    """``with LoadMonitor() as load: …`` then ``load.external_cores``: CPU other processes used meanwhile.
+
+    From /proc/stat (every process's busy time) minus this process's own
+    time and its waited-for children's (os.times), over the wall time: the
+    average number of cores something else kept busy. On a shared
+    two-core machine that is what makes two runs of the same thing differ.
+    """
+
+    def __enter__(self):
+        self._start = (time.perf_counter(), _busy_cpu_seconds(), _own_cpu_seconds())
+        return self
+
+    def __exit__(self, *exc):
+        wall = time.perf_counter() - self._start[0]
+        busy = _busy_cpu_seconds() - self._start[1]
+        own = _own_cpu_seconds() - self._start[2]
+        self.wall_seconds = wall
+        self.own_cores = own / wall if wall > 0 else 0.0
+        self.external_cores = max(0.0, busy - own) / wall if wall > 0 else 0.0
+
+
+def _busy_cpu_seconds() -> float:
+    import os
+
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    # user nice system idle iowait irq softirq steal [guest guest_nice: already in user]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    import os
+
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def machine() -> dict:
     import os
 

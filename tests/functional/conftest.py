@@ -124,6 +124,13 @@ async def until(pilot, predicate, timeout: float = UNTIL_TIMEOUT) -> None:
     await pilot.pause()
 
 
+async def type_into(pilot, widget, text: str) -> None:
+    """Focus an Input, clear it, and type ``text`` key by key as a user would."""
+    widget.focus()
+    widget.value = ""
+    await pilot.press(*text)
+
+
 def shown_live(app):
     """The session run the Run view shows."""
     return app.live_runs.get(app.shown_run_id)

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from textual.widgets import Input, OptionList, Select
+from textual.widgets import OptionList, Select
 
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into
 from screens.jobs import JobsScreen
 from tpudash.widgets import ParamForm
-
-
-async def type_into(pilot, widget: Input, text: str) -> None:
-    widget.focus()
-    widget.value = ""
-    await pilot.press(*text)
 
 
 async def test_jobs_screen_lists_every_job_with_a_form_of_its_params(make_app, test_specs):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import threading
 
 from jobs.events import Progress
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into, until
 from screens.jobs import JobsScreen
-from tests.functional.test_app_jobs import type_into
 
 SHORT_SYNTHETIC_TRAIN = {"epochs": "2", "batch_per_replica": "8", "limit_train": "512", "limit_test": "128"}
 

@@ -154,14 +154,23 @@ def test_training_pipeline_shuffles_every_pass():
     assert not np.array_equal(passes[0], passes[1])  # …in a new order
 
 
-def test_one_evaluation_pass_covers_every_test_example_once():
+def test_per_replica_evaluation_pipelines_together_cover_every_test_example_once():
+    import tensorflow as tf
+
     splits = load_splits("mnist", "synthetic", limit_train=10, limit_test=70, seed=0)
     _, expected = as_arrays(splits.test)
-    steps = datasets.evaluation_steps(70, 32)
-    iterator = iter(datasets.evaluation_pipeline(splits.test, 32, repeat=True))
-    for _ in range(2):  # one iterator: the second pass starts afresh, in order
-        seen = np.concatenate([next(iterator)[1].numpy() for _ in range(steps)])
-        assert np.array_equal(seen, expected)
+    seen = []
+    for pipeline_id in range(3):
+        context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=pipeline_id,
+                                             num_replicas_in_sync=3)
+        batches = list(datasets.evaluation_pipeline(splits.test, 8, input_context=context))
+        assert all(images.shape[0] <= 8 for images, _ in batches)
+        seen.extend(label for _, labels in batches for label in labels.numpy())
+    assert sorted(seen) == sorted(expected) and len(seen) == 70
+
+
+def test_evaluation_steps_count_partial_batches_unless_dropped():
+    assert datasets.evaluation_steps(70, 32) == 3
     assert datasets.evaluation_steps(70, 32, drop_remainder=True) == 2
 
 
