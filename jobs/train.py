@@ -241,14 +241,15 @@ class ProfileWindow:
             f"(tensorboard --logdir {self.logdir}, Profile tab)"
         )
 
-    def finish(self, total_steps: int) -> None:
+    def finish(self, last_step: int) -> None:
         """Stop a trace cut short by the end of the run; say when the range was never reached."""
         if self.state == "tracing":
             self.stop()
         elif self.state == "waiting":
             self.state = "done"
             self.ctx.log(
-                f"profile_steps {self.first}-{self.last} starts after the run's last step {total_steps}: no trace",
+                f"profile_steps {self.first}-{self.last} was never reached (the run ended at step {last_step}): "
+                f"no trace",
                 "warning",
             )
 
@@ -575,6 +576,44 @@ def distribute(tf, strategy, runtime_kind: str, make, global_batch: int):
         return make(input_context.get_per_replica_batch_size(global_batch), input_context)
 
     return strategy.distribute_datasets_from_function(dataset_fn, options=input_options(tf, runtime_kind))
+
+
+def _train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits, reporter) -> bool:
+    """Keras ``model.fit`` on the distributed training set; validation by the shared Evaluator."""
+    with strategy.scope():
+        model.compile(
+            optimizer=make_optimizer(params["optimizer"], params["learning_rate"], params["precision"]),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=recipe.from_logits),
+            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+            steps_per_execution=plan.steps_per_execution,
+        )
+    if plan.steps_per_execution > 1 and ctx.runtime.kind != "TPU":
+        model.train_function = _multi_step_train_function(tf, model, strategy, plan.steps_per_execution)
+    if ctx.runtime.kind == "CPU":
+        train = distribute(tf, strategy, ctx.runtime.kind, lambda batch_size, input_context: data.training_pipeline(
+            splits.train, batch_size, params["seed"], input_context=input_context), plan.global_batch)
+    else:
+        # Keras distributes the global batches itself, as on any TPU or GPU.
+        train = data.training_pipeline(splits.train, plan.global_batch, params["seed"])
+    evaluate = _evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits)
+    callbacks = [_reporting_callback(keras, ctx, reporter, evaluate)]
+    early_stopping = None
+    if params["early_stopping_patience"]:
+        early_stopping = keras.callbacks.EarlyStopping(
+            monitor="val_loss", patience=params["early_stopping_patience"], mode="min", restore_best_weights=True,
+        )
+        callbacks.append(early_stopping)
+    model.fit(train, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch, callbacks=callbacks, verbose=0,
+              shuffle=False)
+    stopped_early = bool(early_stopping is not None and early_stopping.stopped_epoch > 0 and not ctx.cancelled())
+    if stopped_early:
+        ctx.log(early_stopping_text(early_stopping.stopped_epoch + 1, params["early_stopping_patience"],
+                                    early_stopping.best, early_stopping.best_weights is not None))
+    if not ctx.cancelled():
+        results = evaluate()
+        if results is not None:
+            reporter.report_test(results)
+    return stopped_early
 
 
 def input_options(tf, runtime_kind: str):

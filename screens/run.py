@@ -701,7 +701,7 @@ def plot_lines(tracks: list[MetricTrack]) -> list[PlotLine]:
     for track in tracks:
         color = colors.get(track.split)
         if track.granularity == "batch":
-            lines.append(PlotLine(f"{track.split} (batch)", track.series, color="gray"))
+            lines.append(PlotLine(f"{track.split} (batch)", track.series, color="gray", scatter=True))
             if track.smoothed is not None:
                 lines.append(PlotLine(f"{track.split} (smoothed)", track.smoothed, color=color))
         elif track.granularity == "epoch":

@@ -39,12 +39,12 @@ if TYPE_CHECKING:  # the runner and records load after the first frame
     from tpudash.records import RunStore
     from tpudash.runner import QueuedRun, Runner
 
-# How many runs may wait for the lane; more would only pile up thread workers.
+# How many runs may wait for the lane: a longer queue is more likely a key
+# held down than a plan, and each waiting run is one more to cancel on quit.
 MAX_WAITING_RUNS = 4
 # Runs of this session kept in memory for the run view (their models are bounded).
 MAX_SESSION_RUNS = 50
 TICK_SECONDS = 0.1
-QUICK_JOBS = {"m": "matmul", "r": "replica-matmul", "g": "gradient-descent"}
 FIRST_FRAME_ENV = "TPUDASH_EXIT_AFTER_FIRST_FRAME"
 
 MODE_SCREENS = {
@@ -110,12 +110,12 @@ class LiveRun:
     def drain(self) -> bool:
         """Apply buffered events to the model; True if a status-changing event was among them."""
         with self._lock:
-            events, self._pending = self._pending, []
+            batch, self._pending = self._pending, []
             self._message_posted = False
-        if not events:
+        if not batch:
             return False
-        self.model.apply_all(events)
-        return any(event.type in ("run_started", "run_finished") for _, event in events)
+        self.model.apply_all(batch)
+        return any(event.type in ("run_started", "run_finished") for _, event in batch)
 
 
 class TpudashCommands(Provider):
@@ -288,6 +288,12 @@ class TpudashApp(App[int]):
 
             self._job_specs = dict(registry())
         return self._job_specs
+
+    @property
+    def active_live_run(self) -> LiveRun | None:
+        """The session run that holds the lane's worker (started, not yet finished)."""
+        return next((live for live in self.live_runs.values()
+                     if live.worker is not None and not live.worker.is_finished), None)
 
     @property
     def current_live_run(self) -> LiveRun | None:
@@ -511,7 +517,7 @@ class TpudashApp(App[int]):
         blocking in ``runner.execute`` would starve History and the runtime of
         threads, so a run gets its worker only when it can start.
         """
-        if any(live.worker is not None and not live.worker.is_finished for live in self.live_runs.values()):
+        if self.active_live_run is not None:
             return
         for live in self.live_runs.values():
             if live.worker is None and not live.queued.done_event.is_set():
@@ -563,7 +569,7 @@ class TpudashApp(App[int]):
         self.live_runs[queued.run_id] = live
         self._forget_old_runs()
         self.shown_run_id = queued.run_id
-        busy = next((item for item in self.live_runs.values() if item.worker is not None and not item.worker.is_finished), None)
+        busy = self.active_live_run
         self._lane_changed()
         if busy is not None:
             self.notify(f"{spec.name} queued behind {busy.model.job}", title="Queued")
@@ -619,8 +625,7 @@ class TpudashApp(App[int]):
 
     def action_cancel_job(self) -> None:
         """Cancel the job on the lane (or about to start on it); else the last one queued."""
-        active = next((live for live in self.live_runs.values()
-                       if live.worker is not None and not live.worker.is_finished), None)
+        active = self.active_live_run
         run = active.queued if active is not None else self.runner.current
         if run is None:
             waiting = self.runner.queued()

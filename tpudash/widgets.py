@@ -3,8 +3,8 @@
 Plots are textual-plotext widgets: each subclasses ``PlotextPlot``, draws with
 its own ``self.plt`` and has one ``replot()`` that turns the current data into
 a figure. Histories are bounded (``DecimatedSeries`` halves its resolution when
-full) and every plot draws at most about one point per column, so a redraw
-costs the same after a million points as after a thousand. Redraws share a
+full) and a plot's lines share a budget of about two points per column, so a
+redraw costs the same after a million points as after a thousand. Redraws share a
 ``RedrawBudget``: plotext renders in pure Python, and a dashboard that steals a
 core from training would cost its user the very throughput they are watching.
 """
@@ -26,6 +26,8 @@ from textual_plotext import PlotextPlot
 from jobs.base import JobSpec, Param, ParamError
 
 DEFAULT_SERIES_CAPACITY = 2048
+# Points all lines of a plot draw together, per character column.
+POINT_BUDGET_PER_COLUMN = 2.0
 SMOOTHING_WEIGHT = 0.6
 
 
@@ -154,13 +156,16 @@ class RedrawBudget:
 
     ``record`` adds the cost of a render; ``ready`` says whether plots may be
     redrawn now: not before ``min_interval`` since the last round (≤ 10 Hz) and
-    not before the time spent rendering has been paid back at ``fraction``.
-    A 20 ms render at the default 3 % waits about 0.7 s before the next one.
+    not before the time spent rendering has been paid back at ``fraction``,
+    but never more than ``max_interval`` later. A 20 ms render at the default
+    3 % waits about 0.7 s before the next one.
     """
 
-    def __init__(self, fraction: float = 0.03, min_interval: float = 0.1, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, fraction: float = 0.03, min_interval: float = 0.1, max_interval: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.fraction = fraction
         self.min_interval = min_interval
+        self.max_interval = max_interval
         self._clock = clock
         self._next_allowed = 0.0
         self._last_round = -math.inf
@@ -177,7 +182,9 @@ class RedrawBudget:
     def record(self, seconds: float) -> None:
         self.rendered_seconds += seconds
         self.renders += 1
-        self._next_allowed = max(self._next_allowed, self._clock()) + seconds / self.fraction
+        now = self._clock()
+        # On a starved machine renders get slow; plots still move every max_interval.
+        self._next_allowed = min(max(self._next_allowed, now) + seconds / self.fraction, now + self.max_interval)
 
 
 # -- plots ----------------------------------------------------------------------
@@ -191,6 +198,7 @@ class PlotLine:
     series: DecimatedSeries
     color: str | None = None
     scatter: bool = False
+    """Dots instead of a line: for noisy raw values (cheap to draw, spikes still show)."""
     markers: bool = False
     """Also mark each point (per-epoch values: few, and each one matters)."""
 
@@ -263,6 +271,8 @@ class MetricPlot(BudgetedPlot):
         self.xlabel = xlabel
         self.log_y = log_y
         self.lines: list[PlotLine] = []
+        self.drawn_series: dict[str, tuple[list[float], list[float]]] = {}
+        """What the last replot handed to plotext, per line label (decimated)."""
 
     def set_lines(self, lines: Sequence[PlotLine]) -> None:
         self.lines = list(lines)
@@ -275,20 +285,26 @@ class MetricPlot(BudgetedPlot):
         plt.xlabel(self.xlabel)
         drawn = 0
         all_positive = True
-        buckets = max(self.columns // 2, 10)
-        for line in self.lines:
-            xs, ys = line.series.points()
-            if not xs:
-                continue
+        self.drawn_series = {}
+        plotted = [(line, *line.series.points()) for line in self.lines]
+        plotted = [(line, xs, ys) for line, xs, ys in plotted if xs]
+        allotments = share_points(self.point_budget, [len(xs) for _, xs, _ in plotted])
+        for (line, xs, ys), allotment in zip(plotted, allotments):
             all_positive = all_positive and min(ys) > 0
             if line.scatter:
-                xs, ys = decimate_stride(xs, ys, self.columns)
-                plt.scatter(xs, ys, label=line.label, color=line.color, marker="dot")
+                # Dots, not a line: a line through noisy min/max points zigzags
+                # the full height at every step, and plotext draws every pixel
+                # of every segment (a hundred milliseconds for one noisy line).
+                xs, ys = decimate_min_max(xs, ys, max(allotment // 2, 1))
+                plt.scatter(xs, ys, label=line.label, color=line.color, marker="braille")
             else:
-                xs, ys = decimate_min_max(xs, ys, buckets)
+                # Lines carry smoothed or per-epoch values: evenly spaced points
+                # follow them; min/max pairs would only add zigzags.
+                xs, ys = decimate_stride(xs, ys, allotment)
                 plt.plot(xs, ys, label=line.label, color=line.color, marker="braille")
-                if line.markers:
+                if line.markers and len(xs) <= self.columns // 4:
                     plt.scatter(xs, ys, color=line.color, marker="●")
+            self.drawn_series[line.label] = (xs, ys)
             drawn += len(xs)
         if self.log_y and drawn and all_positive:
             plt.yscale("log")
@@ -297,6 +313,22 @@ class MetricPlot(BudgetedPlot):
         if not drawn:
             plt.title(f"{self.title} (waiting for data)")
         self.points_drawn = drawn
+
+    @property
+    def point_budget(self) -> int:
+        """Points all lines may draw together: plotext's cost grows with them, not with history."""
+        return int(POINT_BUDGET_PER_COLUMN * self.columns)
+
+
+def share_points(budget: int, lengths: Sequence[int]) -> list[int]:
+    """Split ``budget`` points among lines: short lines get all theirs, long ones share the rest."""
+    allotments = [0] * len(lengths)
+    remaining, left = budget, len(lengths)
+    for index in sorted(range(len(lengths)), key=lengths.__getitem__):
+        allotments[index] = min(lengths[index], max(remaining // left, 2))
+        remaining -= allotments[index]
+        left -= 1
+    return allotments
 
 
 class PathPlot(BudgetedPlot):

@@ -21,7 +21,7 @@ async def test_t_opens_the_train_form_and_a_short_synthetic_run_plots_live_then_
         # comes after its metrics, which have reached the app by then.
         if isinstance(event, Progress) and event.unit == "step" and event.done >= 1 and not first_batch.is_set():
             first_batch.set()
-            release.wait(timeout=120)
+            release.wait(timeout=600)
 
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:

@@ -17,6 +17,14 @@ from jobs import datasets
 from jobs.datasets import DATASETS, DatasetUnavailable, load_splits, network_reachable
 
 
+@pytest.fixture(autouse=True)
+def shared_runtime(runtime):
+    """TensorFlow's devices are configured once per process: set up the shared
+    8-device runtime before these tests touch TensorFlow, or every later test
+    in the session would see one device."""
+    return runtime
+
+
 def as_arrays(dataset):
     images, labels = zip(*((image.numpy(), label.numpy()) for image, label in dataset))
     return np.stack(images), np.array(labels)

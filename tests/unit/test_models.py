@@ -7,6 +7,14 @@ import pytest
 from jobs.models import MODEL_NAMES, MODELS, build_model, parameter_count, summary_table
 
 
+@pytest.fixture(autouse=True)
+def shared_runtime(runtime):
+    """TensorFlow's devices are configured once per process: set up the shared
+    8-device runtime before these tests touch TensorFlow, or every later test
+    in the session would see one device."""
+    return runtime
+
+
 @pytest.fixture
 def float32_policy():
     import keras
