@@ -58,10 +58,12 @@ class FrameClock:
         """Seconds from the key entering the app's queue to the new screen's first frame."""
         from textual import events
 
+        key_event = events.Key(key, key)
+        key_event.set_sender(self.app)  # as pilot.press does
         self.awaited = SCREEN_FOR_KEY[key]
         self.drawn.clear()
         started = time.perf_counter()
-        self.app._driver.send_message(events.Key(key, key))
+        self.app._driver.send_message(key_event)
         await asyncio.wait_for(self.drawn.wait(), TIMEOUT)
         return self.drawn_at - started
 
