@@ -7,7 +7,10 @@ MirroredStrategy, the embedded default of tpudash.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +27,32 @@ from tpudash.records import RunStore
 from tpudash.runner import QueuedRun, Runner
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# A test that hangs (a job thread nobody released, a worker waiting forever)
+# must not eat CI's whole time limit: after this long, print every thread's
+# stack and end the session with an error.
+TEST_HANG_LIMIT_S = float(os.environ.get("TPUDASH_TEST_HANG_LIMIT", "600"))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    def give_up() -> None:
+        # Stop pytest's capture first (as pdb does), or the stacks would go
+        # into a capture file nobody reads.
+        capture = item.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.suspend_global_capture(in_=True)
+        print(f"\n{item.nodeid} ran for over {TEST_HANG_LIMIT_S:.0f} s; every thread's stack:", file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        os._exit(3)
+
+    watchdog = threading.Timer(TEST_HANG_LIMIT_S, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
 
 
 @pytest.fixture(autouse=True)

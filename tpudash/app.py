@@ -337,6 +337,11 @@ class TpudashApp(App[int]):
             pass
 
     def on_unmount(self) -> None:
+        # However the app ends (quit, a crash, a test's shutdown), no job may
+        # keep running unseen: cancel them, so their threads end and their
+        # records say cancelled.
+        if self._runner is not None:
+            self._runner.cancel_all()
         for signum in self._signals_installed:
             try:
                 asyncio.get_running_loop().remove_signal_handler(signum)

@@ -33,8 +33,10 @@ class JobGate:
 
     def wait(self, ctx) -> None:
         self.reached.set()
-        while not self.release.wait(0.05):
-            if ctx.cancelled():
+        # Bounded, so a test that fails before releasing never leaves the job
+        # (and pytest's exit) waiting for ever.
+        for _ in range(int(RUN_TIMEOUT / 0.05)):
+            if self.release.wait(0.05) or ctx.cancelled():
                 return
 
 
