@@ -239,6 +239,8 @@ class TpudashApp(App[int]):
         self._runtime_value: Any = None
         self._runtime_failure: BaseException | None = None
         self._previous_mode = self.DEFAULT_MODE
+        self._visited_modes = {self.DEFAULT_MODE}
+        self._instant_switch = False
         self._signals_installed: list[int] = []
         self.runtime_settled = asyncio.Event()
         """Set when runtime detection has answered (runtime or error)."""
@@ -614,7 +616,21 @@ class TpudashApp(App[int]):
             return
         if self.current_mode != mode:
             self._previous_mode = self.current_mode
-            await self.switch_mode(mode)
+            self._instant_switch = mode in self._visited_modes
+            try:
+                await self.switch_mode(mode)
+            finally:
+                self._instant_switch = False
+            self._visited_modes.add(mode)
+
+    def delay_update(self, delay: float = 0.05) -> None:
+        # Textual holds every frame for 50 ms after a mode switch, to hide a
+        # screen that is still composing. A screen shown before is already
+        # composed and kept, so it can be drawn at the next frame: that
+        # 50 ms was most of a key's latency.
+        if self._instant_switch:
+            return
+        super().delay_update(delay)
 
     async def action_back(self) -> None:
         await self.action_show(self._previous_mode if self._previous_mode != self.current_mode else "devices")

@@ -14,7 +14,7 @@ from screens.dialogs import ConfirmScreen
 from screens.history import RunDetailScreen
 from screens.jobs import JobsScreen
 from tpudash.records import RunStore
-from screens.base import SessionBar
+from screens.base import KeyBar, SessionBar
 from tpudash.widgets import BudgetedPlot
 
 
@@ -139,3 +139,32 @@ async def test_resizing_during_a_run_keeps_the_plots(make_app, job_gate):
         job_gate.release.set()
         await run_settled(pilot, live)
         assert live.model.status == "done"
+
+
+async def test_the_keys_line_shows_each_screens_keys_and_a_click_presses_one(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        keys_line = app.screen.query_one(KeyBar)
+        devices_line = str(keys_line.render())
+        assert "d Devices" in devices_line and "t Train" in devices_line and "q Quit" in devices_line
+        assert "Mark" not in devices_line
+        await pilot.press("h")
+        history_line = str(app.screen.query_one(KeyBar).render())
+        assert "space Mark" in history_line and "e Export CSV" in history_line
+        # A click on " j Jobs " presses j.
+        start = history_line.index(" j Jobs")
+        await pilot.click(KeyBar, offset=(start + 2, 0))
+        await until(pilot, lambda: app.current_mode == "jobs")
+        assert "⏎ Launch" in str(app.screen.query_one(KeyBar).render())
+
+
+async def test_the_palette_key_stays_at_the_right_edge_on_a_narrow_terminal(make_app):
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await runtime_ready(pilot)
+        line = str(app.screen.query_one(KeyBar).render())
+        assert len(line) == 80 and line.rstrip().endswith("^p palette")
+        assert line.startswith(" d Devices")
+        await pilot.click(KeyBar, offset=(78, 0))
+        await until(pilot, lambda: isinstance(app.screen, CommandPalette))
