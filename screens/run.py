@@ -25,10 +25,10 @@ from textual.widgets.option_list import Option
 
 from jobs.events import Artifact, Event, Log, Metric, Progress, ReplicaValues, RunFinished, RunStarted, Table, is_finite_number
 from screens.base import DashScreen
+from tpudash.app import display_beat
 from tpudash.widgets import DecimatedSeries, Ema, MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
 
 MAX_LOG_LINES = 5000
-PROGRESS_INTERVAL_SECONDS = 0.5
 STATUS_STYLES = {
     "queued": ("◌", "dim"),
     "running": ("●", "bold yellow"),
@@ -417,7 +417,7 @@ class RunView(Vertical):
         self._replica_drawn = -1
         self._last_header = None
         self._last_state = None
-        self._last_progress_sync = -math.inf
+        self._beat = 0
         self._ended_shown = False
         self._ready = False
 
@@ -488,12 +488,12 @@ class RunView(Vertical):
         if not self._ready:
             return
         model = self.model
-        now = time.monotonic()
-        # Every repaint costs the training thread the GIL for a while: the
-        # clock and the bars move at most twice a second.
+        # Every repaint costs the training thread CPU: the clock, the bars and
+        # the plots move together, on the app's display beat (twice a second).
         state_changed = model is not None and self._last_state != (model.run_id, model.status, model.error)
-        if force or state_changed or now - self._last_progress_sync >= PROGRESS_INTERVAL_SECONDS:
-            self._last_progress_sync = now
+        beat = display_beat()
+        on_beat, self._beat = beat != self._beat, beat
+        if force or state_changed or on_beat:
             self._sync_header(model)
             if model is not None:
                 self._sync_progress(model)
@@ -502,7 +502,7 @@ class RunView(Vertical):
         self._sync_log(model)
         self._sync_tables(model)
         self._sync_replicas(model)
-        plots_due = force or self.budget.ready()
+        plots_due = force or (on_beat and self.budget.ready())
         if plots_due and self._plots_stale(model):
             self.budget.start_round()
             self._sync_plots(model)

@@ -45,6 +45,11 @@ MAX_WAITING_RUNS = 4
 # Runs of this session kept in memory for the run view (their models are bounded).
 MAX_SESSION_RUNS = 50
 TICK_SECONDS = 0.1
+# What changes with time alone (clocks, progress bars, live plots) is redrawn
+# when the clock enters a new half second, so all of it lands in one frame
+# instead of each change costing its own: during training every frame is CPU
+# the training step could have had.
+DISPLAY_BEAT_SECONDS = 0.5
 FIRST_FRAME_ENV = "TPUDASH_EXIT_AFTER_FIRST_FRAME"
 
 MODE_SCREENS = {
@@ -179,19 +184,21 @@ class TpudashApp(App[int]):
         Binding("q", "quit", "Quit", id="tpudash.quit", tooltip="quit (asks first while a job runs)"),
     ]
 
-    runtime_status: reactive[str] = reactive("connecting…")
+    # None of these is drawn by the app itself (widgets watch them), so none
+    # repaints: a repaint of the app is a repaint of the whole screen.
+    runtime_status: reactive[str] = reactive("connecting…", repaint=False)
     """One line about the runtime for the session bar: "connecting…", then kind, strategy, replicas."""
-    lane_status: reactive[str] = reactive("idle")
+    lane_status: reactive[str] = reactive("idle", repaint=False)
     """One line about the accelerator lane: the running job, its status and time, the queue."""
-    runtime: reactive[Any] = reactive(None, always_update=True)
+    runtime: reactive[Any] = reactive(None, always_update=True, repaint=False)
     """The detected ``tpudash.runtime.Runtime`` (None while connecting or after a failure)."""
-    runtime_error: reactive[str | None] = reactive(None)
+    runtime_error: reactive[str | None] = reactive(None, repaint=False)
     """Why runtime detection failed, if it did."""
-    shown_run_id: reactive[str | None] = reactive(None)
+    shown_run_id: reactive[str | None] = reactive(None, repaint=False)
     """The session run the Run view draws."""
-    device_check: reactive[dict | None] = reactive(None, always_update=True)
+    device_check: reactive[dict | None] = reactive(None, always_update=True, repaint=False)
     """The last matmul check: run id, time and per-device results (passed, GFLOP/s)."""
-    lane_version: reactive[int] = reactive(0)
+    lane_version: reactive[int] = reactive(0, repaint=False)
     """Bumped whenever a session run is queued, starts or ends (lists of runs redraw)."""
 
     def __init__(
@@ -247,6 +254,7 @@ class TpudashApp(App[int]):
         self._tick_event = asyncio.Event()
         self._redraw_budget = None
         self._force_exit_code: int | None = None
+        self._beat = 0
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -699,7 +707,10 @@ class TpudashApp(App[int]):
         for live in self.live_runs.values():
             if live.drain():
                 self._lane_changed()
-        self._update_lane_status()
+        beat = display_beat()
+        if beat != self._beat:
+            self._beat = beat
+            self._update_lane_status()
         self._sync_active_screen()
         ticked, self._tick_event = self._tick_event, asyncio.Event()
         ticked.set()
@@ -752,6 +763,11 @@ class TpudashApp(App[int]):
                 return {"run_id": info.run_id, "job": info.job, "finished": info.finished,
                         "status": info.status, "results": results}
         return None
+
+
+def display_beat() -> int:
+    """Which half second of the monotonic clock it is (see ``DISPLAY_BEAT_SECONDS``)."""
+    return int(time.monotonic() / DISPLAY_BEAT_SECONDS)
 
 
 def _format_duration(seconds: float | None, precise: bool = True) -> str:

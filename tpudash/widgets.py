@@ -161,7 +161,7 @@ class RedrawBudget:
     3 % waits about 0.7 s before the next one.
     """
 
-    def __init__(self, fraction: float = 0.03, min_interval: float = 0.1, max_interval: float = 5.0,
+    def __init__(self, fraction: float = 0.015, min_interval: float = 0.1, max_interval: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
         self.fraction = fraction
         self.min_interval = min_interval
