@@ -26,6 +26,7 @@ from typing import Any
 from jobs import datasets as data
 from jobs.base import JobSpec, Param, ParamError
 from jobs.events import Metric, Progress, Table
+from jobs.matmul import available_host_bytes, format_gib
 
 PARAMS = (
     Param("dataset", "str", "mnist", "images to classify (flattened into the input layer)", choices=data.DATASET_NAMES),
@@ -49,7 +50,39 @@ class DTensorUnavailable(RuntimeError):
     """DTensor cannot build a mesh on this runtime; the message says why."""
 
 
+# Weights, their gradients and Adam's two moments, float32.
+BYTES_PER_PARAMETER = 4 * 4
+
+
+def parameter_count(input_size: int, hidden: tuple, classes: int) -> int:
+    sizes = [input_size, *hidden, classes]
+    return sum(fan_in * fan_out + fan_out for fan_in, fan_out in zip(sizes, sizes[1:]))
+
+
+def check_memory(params: dict, runtime: Any, available_host: int | None = None) -> None:
+    """ParamError on ``hidden`` when the replicated weights cannot fit in host memory.
+
+    The mesh shards the batch and replicates the layers: on logical CPU
+    devices every device's copy lives in the host's memory.
+    """
+    if getattr(runtime, "kind", "CPU") != "CPU":
+        return
+    shape = data.DATASETS[params["dataset"]]
+    count = parameter_count(math.prod(shape.image_shape), tuple(params["hidden"]), shape.num_classes)
+    devices = len(runtime.logical_devices) or int(runtime.num_replicas)
+    needed = count * BYTES_PER_PARAMETER * devices
+    available = available_host_bytes() if available_host is None else available_host
+    if available is not None and needed > available:
+        raise ParamError(
+            "hidden",
+            f"{','.join(map(str, params['hidden']))} makes {count:,} parameters; replicated on {devices} devices "
+            f"with gradients and Adam state that needs {format_gib(needed)} of host memory, "
+            f"{format_gib(available)} available; use smaller layers",
+        )
+
+
 def check_runtime(params: dict, runtime: Any) -> None:
+    check_memory(params, runtime)
     devices = len(runtime.logical_devices) or int(runtime.num_replicas)
     if params["batch_size"] % devices:
         raise ParamError(

@@ -22,7 +22,7 @@ from typing import Any
 
 from jobs.base import JobSpec, Param, ParamError
 from jobs.events import ReplicaValues, Table
-from jobs.matmul import PRINTED_SHAPE_LIMIT, CheckFailed, format_matrix, relative_tolerance
+from jobs.matmul import PRINTED_SHAPE_LIMIT, CheckFailed, available_host_bytes, format_gib, format_matrix, relative_tolerance
 
 # Seed 004's inputs ("Use TPUs" guide): the product is [[22, 28], [49, 64]].
 SEED_A = ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
@@ -334,6 +334,31 @@ def run_all_reduce(ctx, params: dict) -> dict:
     return summary
 
 
+# Each replica holds its input, its reduced copy and the collective's buffer.
+ALL_REDUCE_COPIES = 3
+
+
+def check_all_reduce_memory(params: dict, runtime: Any, available_host: int | None = None) -> None:
+    """ParamError on ``size_mb`` when the timed all-reduce cannot fit in host memory.
+
+    Logical CPU devices share the host's memory, so every replica's copies
+    count against it; on a TPU or GPU each device holds its own and the
+    allocator's error is caught like matmul's.
+    """
+    if getattr(runtime, "kind", "CPU") != "CPU":
+        return
+    replicas = int(runtime.num_replicas)
+    needed = params["size_mb"] * MEGABYTE * replicas * ALL_REDUCE_COPIES
+    available = available_host_bytes() if available_host is None else available_host
+    if available is not None and needed > available:
+        most = available / (MEGABYTE * replicas * ALL_REDUCE_COPIES)
+        raise ParamError(
+            "size_mb",
+            f"{params['size_mb']:g} MiB on each of {replicas} replicas needs {format_gib(needed)} of host memory, "
+            f"{format_gib(available)} available; allowed here: at most {most:.0f}",
+        )
+
+
 SPECS = (
     JobSpec(
         name="replica-matmul",
@@ -381,5 +406,6 @@ SPECS = (
             Param("warmup", "int", 2, "untimed all-reduces first", minimum=0, maximum=100),
         ),
         run=run_all_reduce,
+        check_runtime=check_all_reduce_memory,
     ),
 )

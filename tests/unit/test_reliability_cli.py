@@ -77,6 +77,7 @@ BAD_INPUTS = [
     pytest.param(["run", "gradient-descent", "--set", "steps=99999999999999999999"], {}, ["steps: 99999999999999999999 is out of range; allowed: an integer >= 1 and <= 100000"], id="huge-int"),
     pytest.param(["run", "gradient-descent", "--set", "learning_rate=1e300"], {}, ["learning_rate: 1e+300 is out of range; allowed: a number > 0 and <= 100"], id="huge-float"),
     pytest.param(["run", "matmul", "--set", "n=100000"], {}, ["n: 100000 is out of range; allowed: an integer >= 1 and <= 65536"], id="huge-dimension"),
+    pytest.param(["run", "dtensor-mlp", "--set", "hidden=65536,65536"], {}, ["hidden: 65536,65536 makes 4,347,133,962 parameters", "GiB of host memory", "use smaller layers"], id="huge-layers"),
     pytest.param(["run", "gradient-descent", "--set", "momentum=1"], {}, ["momentum: 1 is out of range; allowed: a number >= 0 and <= 0.999"], id="momentum-one"),
     pytest.param(["run", "replica-dataset", "--set", "n=10001"], {}, ["n: 10001 is out of range; allowed: an integer >= 1 and <= 10000"], id="dataset-too-long"),
     # empty values
@@ -292,6 +293,36 @@ def test_the_memory_check_counts_the_dtype_and_names_the_largest_dimension(runti
         check_memory(wide, runtime, available_host=GIB // 4)
     assert raised.value.field == "n"
     assert raised.value.message.endswith("GiB of host memory, 0.2 GiB available; lower m, k or n")
+
+
+def test_the_all_reduce_counts_every_replicas_copies_against_host_memory(runtime):
+    from jobs.base import ParamError
+    from jobs.matmul import GIB
+    from jobs.replicas import check_all_reduce_memory
+
+    spec = get_job("all-reduce")
+    spec.check_runtime(spec.resolve({}), runtime)  # the default fits anywhere
+    with pytest.raises(ParamError) as raised:
+        check_all_reduce_memory(spec.resolve({"size_mb": "512"}), runtime, available_host=GIB)
+    assert raised.value.field == "size_mb"
+    # 512 MiB × 8 replicas × (input, result, buffer) = 12 GiB.
+    assert raised.value.message == ("512 MiB on each of 8 replicas needs 12.0 GiB of host memory, "
+                                    "1.0 GiB available; allowed here: at most 43")
+
+
+def test_the_dtensor_mlp_counts_the_replicated_weights_and_adam_state(runtime):
+    from jobs.base import ParamError
+    from jobs.dtensor_mlp import check_memory, parameter_count
+    from jobs.matmul import GIB
+
+    spec = get_job("dtensor-mlp")
+    assert parameter_count(784, (700, 500), 10) == 784 * 700 + 700 + 700 * 500 + 500 + 500 * 10 + 10
+    spec.check_runtime(spec.resolve({}), runtime)  # seed 002's 784→700→500→10
+    with pytest.raises(ParamError) as raised:
+        check_memory(spec.resolve({"hidden": "4096,4096"}), runtime, available_host=GIB)
+    assert raised.value.field == "hidden"
+    assert "makes 20,037,642 parameters; replicated on 8 devices" in raised.value.message
+    assert raised.value.message.endswith("1.0 GiB available; use smaller layers")
 
 
 def _overcommit_refuses(size: int) -> bool:
