@@ -158,7 +158,7 @@ class RedrawBudget:
     redrawn now: not before ``min_interval`` since the last round (≤ 10 Hz) and
     not before the time spent rendering has been paid back at ``fraction``,
     but never more than ``max_interval`` later. A 20 ms render at the default
-    3 % waits about 0.7 s before the next one.
+    1.5 % waits about 1.3 s before the next one.
     """
 
     def __init__(self, fraction: float = 0.015, min_interval: float = 0.1, max_interval: float = 5.0,
