@@ -84,7 +84,7 @@ class HistoryScreen(DashScreen):
         self.action_reload()
 
     def _lane_changed(self, _version: int) -> None:
-        if self.app.screen is self:
+        if self.is_current:  # (False while the app closes: no screen stack to ask)
             self.action_reload()
 
     # -- listing --------------------------------------------------------------------

@@ -47,7 +47,7 @@ class SessionLogScreen(DashScreen):
     def tail(self) -> None:
         self._show_notices()
         session_log = self.app.session_log
-        if session_log is None or self.app.screen is not self:
+        if session_log is None or not self.is_current:
             return
         try:
             with open(session_log.log_path, "rb") as handle:
