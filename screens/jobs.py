@@ -14,6 +14,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.widget import AwaitMount
 from textual.widgets import Button, ContentSwitcher, OptionList, Static
 from textual.widgets._select import SelectOverlay
 from textual.widgets.option_list import Option
@@ -37,6 +38,11 @@ class JobsScreen(DashScreen):
         Binding("enter", "launch", "Launch", id="jobs.launch", priority=True),
         Binding("escape", "focus_list", "Job list", id="jobs.list", show=False),
     ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._forms_being_built: dict[str, AwaitMount] = {}
+        """Forms mounted but maybe not built yet, by id: enter waits for its form."""
 
     def compose_body(self) -> ComposeResult:
         specs = self.app.job_specs
@@ -65,7 +71,7 @@ class JobsScreen(DashScreen):
         if existing:
             return existing.first(ParamForm)
         form = ParamForm(self.app.job_specs[name], runtime=lambda: self.app.runtime, id=form_id(name))
-        switcher.mount(form)
+        self._forms_being_built[form.id] = switcher.mount(form)
         return form
 
     @property
@@ -103,7 +109,8 @@ class JobsScreen(DashScreen):
 
     def _runtime_changed(self, runtime) -> None:
         for form in self.query(ParamForm):
-            form.validate()
+            if form.is_mounted:  # a form still being built validates itself on mount
+                form.validate()
 
     # -- launching ----------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
@@ -115,10 +122,15 @@ class JobsScreen(DashScreen):
                 return False
         return True
 
-    def action_launch(self) -> None:
+    async def action_launch(self) -> None:
         form = self.current_form
         if form is None:
             return
+        building = self._forms_being_built.pop(form.id, None)
+        if building is not None:
+            # Enter typed ahead of a form still being built (down, enter):
+            # launch that form once its fields exist.
+            await building
         self._launch(form)
 
     def on_param_form_launch_requested(self, event: ParamForm.LaunchRequested) -> None:

@@ -412,7 +412,7 @@ class TpudashApp(App[int]):
         is restored, because a stuck job thread would otherwise hold it open.
         """
         self._force_exit_code = return_code
-        self.exit(return_code)
+        self.exit(return_code, return_code=return_code)
 
     # -- the runtime ------------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="runtime", exclusive=True,
@@ -707,7 +707,7 @@ class TpudashApp(App[int]):
             await asyncio.gather(*(worker.wait() for worker in workers), return_exceptions=True)
         for live in self.live_runs.values():
             live.drain()
-        self.exit(return_code)
+        self.exit(return_code, return_code=return_code)
 
     # -- the timer --------------------------------------------------------------------
     def _tick(self) -> None:
