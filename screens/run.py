@@ -488,17 +488,18 @@ class RunView(Vertical):
         if not self._ready:
             return
         model = self.model
-        # Every repaint costs the training thread CPU: the clock, the bars and
-        # the plots move together, on the app's display beat (twice a second).
+        # Every repaint costs the training thread CPU: the clock, the bars,
+        # the log, the tables and the plots move together, on the app's
+        # display beat; only a change of status shows at once.
         state_changed = model is not None and self._last_state != (model.run_id, model.status, model.error)
         beat = display_beat()
         on_beat, self._beat = beat != self._beat, beat
-        if force or state_changed or on_beat:
-            self._sync_header(model)
-            if model is not None:
-                self._sync_progress(model)
+        if not (force or state_changed or on_beat):
+            return
+        self._sync_header(model)
         if model is None:
             return
+        self._sync_progress(model)
         self._sync_log(model)
         self._sync_tables(model)
         self._sync_replicas(model)

@@ -46,12 +46,13 @@ MAX_WAITING_RUNS = 4
 # Runs of this session kept in memory for the run view (their models are bounded).
 MAX_SESSION_RUNS = 50
 TICK_SECONDS = 0.1
-# What changes with time alone (clocks, progress bars, live plots) is redrawn
-# when the clock enters a new half second, so all of it lands in one frame
+# What a running job changes (clocks, progress bars, log, live plots) is
+# redrawn when the clock enters a new second, so all of it lands in one frame
 # instead of each change costing its own: during training every frame is CPU
-# the training step could have had.
-DISPLAY_BEAT_SECONDS = 0.5
+# the training step could have had. (nvitop refreshes every 2 s.)
+DISPLAY_BEAT_SECONDS = 1.0
 FIRST_FRAME_ENV = "TPUDASH_EXIT_AFTER_FIRST_FRAME"
+STATUS_EVENTS = ("run_started", "run_finished")
 
 MODE_SCREENS = {
     "devices": ("screens.devices", "DevicesScreen", "Devices", "the runtime, strategy and logical devices"),
@@ -84,9 +85,10 @@ class RunEventsPending(Message):
 class LiveRun:
     """A run launched in this session: its queue entry, its model, and its pending events.
 
-    ``sink`` runs in the job thread: it appends to a locked buffer and posts
-    one message per batch (later events wait for the drain), so a job emitting
-    thousands of metrics a second costs the UI one drain per frame at most.
+    ``sink`` runs in the job thread: it appends to a locked buffer, which the
+    UI drains on its tick, so a job emitting thousands of metrics a second
+    costs the UI one drain per tick; only a run starting or ending posts a
+    message, to be shown at once.
     """
 
     def __init__(self, app: "TpudashApp", model: Any):
@@ -108,8 +110,11 @@ class LiveRun:
     def sink(self, run: QueuedRun, event: Any) -> None:
         with self._lock:
             self._pending.append((time.time(), event))
-            post = not self._message_posted
-            self._message_posted = True
+            # Metrics, logs and progress wait for the UI's next tick (≤ 0.1 s):
+            # waking the event loop for each would cost training CPU. A run
+            # starting or ending is shown at once.
+            post = event.type in STATUS_EVENTS and not self._message_posted
+            self._message_posted = self._message_posted or post
         if post:
             self.app.post_message(RunEventsPending(self.run_id))
 
@@ -121,7 +126,7 @@ class LiveRun:
         if not batch:
             return False
         self.model.apply_all(batch)
-        return any(event.type in ("run_started", "run_finished") for _, event in batch)
+        return any(event.type in STATUS_EVENTS for _, event in batch)
 
 
 class TpudashCommands(Provider):
@@ -773,7 +778,7 @@ class TpudashApp(App[int]):
 
 
 def display_beat() -> int:
-    """Which half second of the monotonic clock it is (see ``DISPLAY_BEAT_SECONDS``)."""
+    """Which second of the monotonic clock it is (see ``DISPLAY_BEAT_SECONDS``)."""
     return int(time.monotonic() / DISPLAY_BEAT_SECONDS)
 
 
