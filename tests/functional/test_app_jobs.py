@@ -91,3 +91,51 @@ def test_a_page_key_reaching_a_list_not_laid_out_yet_does_nothing_instead_of_cra
     options._move_page(1)
     options._move_page(-1)
     assert options.highlighted == highlighted
+
+
+def _single_set_cases():
+    """The CLI's bad ``--set NAME=VALUE`` inputs for one param: (id, job, name, value, field marked, messages)."""
+    from jobs import registry
+    from tests.unit.test_reliability_cli import BAD_INPUTS
+
+    specs = registry()
+    cases = []
+    for case in BAD_INPUTS:
+        argv, _environment, fragments = case.values
+        if len(argv) != 4 or argv[0] != "run" or argv[2] != "--set" or "=" not in argv[3] or argv[1] not in specs:
+            continue
+        job, (name, value) = argv[1], argv[3].split("=", 1)
+        if value.strip() and any(param.name == name for param in specs[job].params):
+            # The CLI says "field: message" (the field may be another one, for
+            # a rule across fields); that field shows the message.
+            marked = fragments[0].split(": ", 1)[0]
+            cases.append((case.id, job, name, value, marked, [fragment.split(": ", 1)[-1] for fragment in fragments]))
+    return cases
+
+
+async def test_every_bad_value_the_cli_refuses_is_marked_in_the_form_and_launches_nothing(make_app, isolated_runs_dir):
+    from textual.widgets import Input
+
+    app = make_app()
+    typed = []
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("j")
+        for case_id, job, name, value, marked, fragments in _single_set_cases():
+            app.screen.select_job(job)
+            await pilot.pause()
+            form: ParamForm = app.screen.current_form
+            form.reset()
+            field = form.field(name)
+            if not isinstance(field.input, Input):
+                continue  # a choice or a switch: the form cannot hold a bad value
+            await type_into(pilot, field.input, value)
+            marked_field = form.field(marked)
+            assert marked_field.has_class("-invalid"), case_id
+            for fragment in fragments:
+                assert fragment in (marked_field.error or ""), (case_id, marked_field.error)
+            await pilot.press("enter")
+            assert not app.live_runs, case_id
+            typed.append(case_id)
+        assert not isolated_runs_dir.exists() or not any(isolated_runs_dir.iterdir())
+    assert len(typed) >= 30, typed
