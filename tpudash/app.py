@@ -464,7 +464,9 @@ class TpudashApp(App[int]):
         # TensorFlow and Keras leave hundreds of thousands of long-lived
         # objects behind; every full collection walked them all (~230 ms
         # measured during training, a frozen UI each time). Frozen, they are
-        # skipped: a full collection then takes ~40 ms.
+        # skipped: a full collection then takes ~40 ms. (Unfrozen first, so a
+        # re-initialisation lets the previous runtime's objects be freed.)
+        gc.unfreeze()
         gc.collect()
         gc.freeze()
         self.runtime_settled.set()
