@@ -17,6 +17,13 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Never let a test reach for the network or a developer's real run history.
 os.environ.setdefault("TFDS_DISABLE_GCS", "1")
+# Test machines have no TPU chip: under the TPU build, a test that imports
+# TensorFlow before tpudash does must not start libtpu (minutes of metadata
+# server retries). Subprocesses that play a user get a clean environment
+# (tests/unit/test_cli.py's run_cli).
+from tpudash.runtime import keep_libtpu_unloaded  # noqa: E402 - after the variables above
+
+keep_libtpu_unloaded(os.environ)
 
 import pytest
 

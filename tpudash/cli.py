@@ -45,8 +45,9 @@ def _global_flags() -> argparse.ArgumentParser:
     # `tpudash run … --cpu-devices 4` mean the same.
     flags = argparse.ArgumentParser(add_help=False)
     group = flags.add_argument_group("session (also from TPUDASH_* variables)")
-    group.add_argument("--tpu", default=argparse.SUPPRESS, metavar="NAME|grpc://HOST:PORT|local",
-                       help="connect to this TPU; failure is an error, never a fallback [TPUDASH_TPU]")
+    group.add_argument("--tpu", default=argparse.SUPPRESS, metavar="NAME|grpc://HOST:PORT|local|none",
+                       help="connect to this TPU; failure is an error, never a fallback; "
+                            "none: leave the TPU alone, run on the CPU default [TPUDASH_TPU]")
     group.add_argument("--cpu-devices", default=argparse.SUPPRESS, metavar="N",
                        help="logical CPU devices when no accelerator is found (default 8) [TPUDASH_CPU_DEVICES]")
     group.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
@@ -113,6 +114,9 @@ def readable_runs_dir(settings) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``argv`` None: the real command line (this process may then start over on the CPU default)."""
+    global _restartable
+    _restartable = argv is None
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings(args)
@@ -137,20 +141,43 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 _native_stderr = None
+_restartable = False
 
 
 def _runtime(settings):
     """Detect the runtime with TensorFlow's native chatter sent to the session log."""
     global _native_stderr
     from tpudash.nativelog import NativeStderr, session_log_path
-    from tpudash.runtime import RuntimeSetupError, get_runtime
+    from tpudash.runtime import RuntimeSetupError, TpuFallback, get_runtime
 
     if _native_stderr is None and os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal" and _stderr_is_fd2():
         _native_stderr = NativeStderr(session_log_path(settings.runs_dir)).start()
     try:
         return get_runtime(settings)
+    except TpuFallback as fallback:
+        _start_over_on_cpu(fallback.reason)
+        raise BadInput(f"{fallback.reason}; run again with --tpu none for the CPU default") from None
     except RuntimeSetupError as error:
         raise BadInput(str(error)) from None
+
+
+def _start_over_on_cpu(reason: str) -> None:
+    """Replace this process with the same command on the CPU default.
+
+    The failed TPU attempt has started TensorFlow (and may still be stuck in
+    libtpu), so this process can no longer split the CPU; nothing has run yet,
+    so starting over loses nothing. Only for the real command line.
+    """
+    from tpudash.runtime import FALLBACK_REASON_VARIABLE, NO_TPU
+
+    if not _restartable:
+        return
+    print(f"tpudash: {reason}; starting over on the CPU default (--tpu none)", file=sys.stderr)
+    _release_native_stderr()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    environment = dict(os.environ, TPUDASH_TPU=NO_TPU, **{FALLBACK_REASON_VARIABLE: reason})
+    os.execve(sys.executable, [sys.executable, "-m", "tpudash", *sys.argv[1:]], environment)
 
 
 def _stderr_is_fd2() -> bool:
@@ -176,14 +203,30 @@ def command_tui(settings) -> int:
 
 
 def command_devices(args, settings) -> int:
-    from tpudash.console import render_devices
+    from tpudash.console import render_devices, render_host
 
-    runtime = _runtime(settings)
+    try:
+        runtime = _runtime(settings)
+    except BadInput as error:
+        # What the host scan found is worth showing even when TensorFlow
+        # cannot start: it is where the fix comes from.
+        _print_host(args.json, render_host, str(error))
+        raise
     if args.json:
         print(json.dumps(runtime.description.to_dict(), indent=2))
     else:
         render_devices(runtime.description)
     return EXIT_DONE
+
+
+def _print_host(as_json: bool, render_host, error: str) -> None:
+    from tpudash.hostcheck import inspect
+
+    host = inspect().to_dict()
+    if as_json:
+        print(json.dumps({"error": error, "host_check": host}, indent=2))
+    else:
+        render_host(host)
 
 
 def command_jobs(args, settings) -> int:

@@ -32,11 +32,13 @@ class Settings:
 
     tpu: None for automatic detection, else a TPU name, grpc://host:port or
         'local'; an explicit value that fails is an error, never a fallback.
+        'none' leaves the TPU alone (libtpu is not even loaded).
     cpu_devices: logical devices the CPU is split into when no accelerator is found.
     data_dir: tensorflow-datasets data directory (None: tfds's default).
     runs_dir: where every run is kept.
-    tpu_timeout: seconds to wait for a TPU to connect and initialize (an
-        unreachable gRPC address otherwise hangs for good).
+    tpu_timeout: seconds TensorFlow may take to start on a TPU, connect and
+        initialize it (an unreachable gRPC address or libtpu's discovery
+        otherwise hangs for minutes or for good).
     """
 
     tpu: str | None = None
@@ -97,7 +99,7 @@ def _convert(name: str, raw: object, source: str) -> object:
     if name == "tpu":
         text = str(raw).strip()
         if not text:
-            raise SettingsError(f"{source}: is empty; allowed: a TPU name, grpc://host:port or 'local'")
+            raise SettingsError(f"{source}: is empty; allowed: a TPU name, grpc://host:port, 'local' or 'none'")
         return text
     path = Path(str(raw)).expanduser()
     if name == "data_dir" and path.exists() and not (path.is_dir() and os.access(path, os.R_OK | os.X_OK)):

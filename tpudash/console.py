@@ -239,8 +239,19 @@ def summary_table(summary: dict) -> RichTable:
     return table
 
 
+def render_host(host_check: dict, console: Console | None = None) -> None:
+    from tpudash.hostcheck import host_lines
+
+    console = console or Console()
+    for label, text, style in host_lines(host_check):
+        console.print(f"[dim]{label}:[/] ", end="")
+        console.print(text, style=style or None, markup=False, highlight=False)
+
+
 def render_devices(description, console: Console | None = None) -> None:
     console = console or Console()
+    if description.host_check:
+        render_host(description.host_check, console)
     simulated = " (simulated replicas)" if description.simulated else ""
     console.print(f"[bold]{description.kind}[/] · {description.strategy} · "
                   f"{description.num_replicas} replicas in sync{simulated}")

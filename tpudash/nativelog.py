@@ -29,6 +29,22 @@ def session_log_path(runs_dir: Path | None) -> Path:
     return Path(os.devnull)
 
 
+_active: "NativeStderr | None" = None
+
+
+def active_position() -> int:
+    """How much the session log holds now (0 when fd 2 is not redirected)."""
+    try:
+        return _active.log_path.stat().st_size if _active is not None else 0
+    except OSError:
+        return 0
+
+
+def active_tail(lines: int = 20, since: int = 0) -> list[str]:
+    """The last lines written to the session log after offset ``since``, while fd 2 points at it."""
+    return _active.tail(lines, since) if _active is not None else []
+
+
 class NativeStderr:
     """Context manager: fd 2 → ``log_path``; Python's stderr → the real terminal."""
 
@@ -54,11 +70,16 @@ class NativeStderr:
         self._saved_streams = (sys.stderr, sys.__stderr__)
         sys.stderr = terminal
         sys.__stderr__ = terminal
+        global _active
+        _active = self
         return self
 
     def stop(self) -> None:
+        global _active
         if self._saved_fd is None:
             return
+        if _active is self:
+            _active = None
         terminal = sys.stderr
         try:
             terminal.flush()
@@ -79,10 +100,12 @@ class NativeStderr:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def tail(self, lines: int = 20) -> list[str]:
-        """The last lines TensorFlow wrote, for an error report."""
+    def tail(self, lines: int = 20, since: int = 0) -> list[str]:
+        """The last lines TensorFlow wrote (after byte offset ``since``), for an error report."""
         try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
+            with open(self.log_path, "rb") as log:
+                log.seek(since)
+                text = log.read().decode("utf-8", errors="replace")
         except OSError:
             return []
         return text.splitlines()[-lines:]

@@ -2,37 +2,77 @@
 
 Detection order (design.md), each step's reason recorded for the Devices screen:
 
+0. Before TensorFlow is imported, ``tpudash.hostcheck`` scans the chips, the
+   installed builds and the TPU's holder; what it finds can rule the TPU out
+   (or refuse to import a TensorFlow that would abort).
 1. ``--tpu NAME|grpc://host:port|local``: TPUClusterResolver, connect,
    initialize, TPUStrategy. A failure is an error, never a silent fallback.
-2. Automatic: COLAB_TPU_ADDR or TPU_NAME set, or TPU VM device files present.
+   ``--tpu none`` leaves the TPU alone.
+2. Automatic: COLAB_TPU_ADDR or TPU_NAME set, or TPU chips on the PCI bus. A
+   failure here falls back to the CPU default, in a fresh process
+   (``TpuFallback``): the failed attempt has already started TensorFlow.
 3. GPUs visible: MirroredStrategy.
 4. CPU: split into ``cpu_devices`` logical devices (default 8, like a v2-8 or
    v3-8 board) mirrored by a MirroredStrategy, labelled as simulated replicas.
 
-Logical devices can be configured once per process, so the runtime is made
-once and cached; tests share one 8-device configuration.
+When no local chip is to be used, libtpu is kept from loading at all. Every
+TensorFlow start-up step is bounded by the TPU timeout. Logical devices can be
+configured once per process, so the runtime is made once and cached; tests
+share one 8-device configuration.
 """
 
 from __future__ import annotations
 
-import glob
+import importlib
 import os
+import re
 import socket
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, MutableMapping
+
+from tpudash import hostcheck, nativelog
+from tpudash.hostcheck import Chips, HostCheck
 
 # TensorFlow reads this when it is first imported; tpudash imports TF only
 # through this module (or after it), so the C++ INFO chatter stays off.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-TPU_DEVICE_GLOBS = ("/dev/accel[0-9]*", "/dev/vfio/[0-9]*")
 DEFAULT_TPU_TIMEOUT_SECONDS = 60.0
+# A cold import of TensorFlow takes 3-30 s on a loaded machine; only libtpu's
+# start-up hangs for minutes. The TPU timeout can raise this floor, not lower it.
+TENSORFLOW_IMPORT_FLOOR_SECONDS = 60.0
+NO_TPU = "none"
+# Set for a process that starts again on the CPU default after an automatic
+# TPU attempt failed: the reason the first process found, for the Devices screen.
+FALLBACK_REASON_VARIABLE = "TPUDASH_TPU_FALLBACK_REASON"
 
 
 class RuntimeSetupError(RuntimeError):
     """The requested accelerator could not be set up; the message says why."""
+
+
+class StartupTimeout(RuntimeSetupError):
+    """TensorFlow or the TPU did not answer in time (a thread may still be stuck in it)."""
+
+
+class TensorFlowMissing(RuntimeSetupError):
+    """No TensorFlow is installed; the message carries the install line for this host."""
+
+
+class TpuFallback(RuntimeSetupError):
+    """An automatic TPU attempt failed after TensorFlow started.
+
+    This process can no longer split the CPU into logical devices (TensorFlow's
+    runtime is up, a stuck TPU call may still hold it), so the CPU default has
+    to start in a fresh process with ``--tpu none``; ``reason`` says why.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass
@@ -65,6 +105,8 @@ class RuntimeDescription:
     init_seconds: float = 0.0
     reasons: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    host_check: dict | None = None
+    """What the host scan found before TensorFlow was imported (chips, builds, diagnoses)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -122,26 +164,68 @@ def parse_device_name(name: str) -> dict:
     return parts
 
 
-def tpu_request(tpu_flag: str | None, environ: Mapping[str, str], device_files: list[str]) -> tuple[str | None, bool, str]:
+def tpu_request(tpu_flag: str | None, environ: Mapping[str, str], chips: Chips) -> tuple[str | None, bool, str]:
     """Which TPU to try: (resolver argument, explicit?, reason text).
 
-    Returns (None, False, reason) when there is no sign of a TPU. The resolver
-    argument '' means "TPUClusterResolver()" (it reads TPU_NAME itself).
+    Returns (None, explicit, reason) when no TPU is to be tried: no sign of
+    one, ``--tpu none``, or ``local`` on a host whose chip scan finds no chip
+    (libtpu would spend minutes asking a cloud metadata server for nothing).
+    The resolver argument '' means "TPUClusterResolver()" (it reads TPU_NAME).
     """
+    if tpu_flag and tpu_flag.lower() == NO_TPU:
+        return None, True, environ.get(FALLBACK_REASON_VARIABLE) or "--tpu none given: the TPU is left alone"
+    no_local_chip = not chips.count and chips.scan_error is None
     if tpu_flag:
+        if tpu_flag == "local" and no_local_chip:
+            return None, True, f"--tpu local given, but the chip scan finds no TPU chip on this host ({chips.describe()})"
         return tpu_flag, True, f"--tpu {tpu_flag} given"
     if environ.get("COLAB_TPU_ADDR"):
         return "grpc://" + environ["COLAB_TPU_ADDR"], False, f"COLAB_TPU_ADDR={environ['COLAB_TPU_ADDR']}"
     if environ.get("TPU_NAME"):
+        if environ["TPU_NAME"] == "local" and no_local_chip:
+            return None, False, "TPU_NAME=local, but the chip scan finds no TPU chip on this host"
         return "", False, f"TPU_NAME={environ['TPU_NAME']}"
-    if device_files:
-        return "local", False, f"TPU VM device files present ({', '.join(device_files[:2])})"
-    return None, False, "no --tpu flag, no COLAB_TPU_ADDR or TPU_NAME, no TPU device files (/dev/accel*, /dev/vfio)"
+    if chips.count:
+        return "local", False, f"the chip scan finds {chips.describe()}"
+    why_not = chips.scan_error or "no TPU chip on the PCI bus"
+    return None, False, f"no --tpu flag, no COLAB_TPU_ADDR or TPU_NAME, and {why_not}"
 
 
-def _call_with_timeout(function: Callable[[], Any], seconds: float, what: str) -> Any:
-    """Run a possibly hanging TF call (connect to an unreachable gRPC address)."""
+def keep_libtpu_unloaded(environ: MutableMapping[str, str]) -> None:
+    """Stop the TPU build of TensorFlow from loading libtpu in this process.
+
+    libtpu would take the host's one TPU lock (from a notebook that holds it),
+    abort the process when it does not match tensorflow-tpu, or, off Google
+    Cloud, ask the metadata server 30 times per variable. A value the user set
+    is kept.
+    """
+    environ.setdefault("TPU_LOAD_LIBRARY", "0")
+    environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+
+
+# Words of TensorFlow's and libtpu's log lines that say what a TPU start-up is
+# waiting on; the rest (CUDA probing, CPU features) is noise at that moment.
+GLOG_PREFIX = re.compile(r"^(?:\d{4}-\d\d-\d\d [\d:.]+: |[IWEF]\d{4} [\d:.]+ +\d+ )[IWEF]?\s*[\w/.-]+:\d+\] ")
+WAITING_WORDS = ("tpu", "metadata", "grpc", "worker", "retry", "waiting", "tries")
+
+
+def waited_for(log_lines: list[str]) -> str:
+    """The last thing the native log said about the TPU start-up, for a timeout message."""
+    for line in reversed(log_lines):
+        # glog's prefix ("2026-11-23 10:48:20.498432: I tensorflow/…/file.cc:121] ") says nothing to a user.
+        text = GLOG_PREFIX.sub("", line.strip())
+        if text and not text.startswith(("===", "learning/", "external/")) and any(
+                word in text.lower() for word in WAITING_WORDS):
+            return text[:300]
+    return ""
+
+
+def _call_with_timeout(function: Callable[[], Any], seconds: float | None, what: str) -> Any:
+    """Run a possibly hanging TF call (connect to an unreachable gRPC address); None: no limit."""
+    if seconds is None:
+        return function()
     box: dict[str, Any] = {}
+    log_start = nativelog.active_position()
 
     def target():
         try:
@@ -153,13 +237,28 @@ def _call_with_timeout(function: Callable[[], Any], seconds: float, what: str) -
     thread.start()
     thread.join(seconds)
     if thread.is_alive():
-        raise RuntimeSetupError(f"{what} did not answer within {seconds:g} s")
+        last = waited_for(nativelog.active_tail(since=log_start))
+        raise StartupTimeout(f"{what} did not answer within {seconds:g} s"
+                             + (f"; TensorFlow's last words: {last}" if last else "")
+                             + " (raise TPUDASH_TPU_TIMEOUT to wait longer)")
     if "error" in box:
         raise box["error"]
     return box.get("value")
 
 
-def _connect_tpu(tf: Any, tpu_argument: str, timeout: float) -> tuple[Any, Any, Any]:
+def import_tensorflow(timeout: float) -> Any:
+    """``import tensorflow``, bounded: libtpu's start-up can block for minutes."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    try:
+        return _call_with_timeout(lambda: importlib.import_module("tensorflow"), timeout, "importing TensorFlow")
+    except RuntimeSetupError:
+        raise
+    except Exception as error:  # noqa: BLE001 - a broken install is reported, not raised raw
+        raise RuntimeSetupError(f"importing TensorFlow failed: {type(error).__name__}: {error}") from error
+
+
+def _connect_tpu(tf: Any, tpu_argument: str, timeout: float | None) -> tuple[Any, Any, Any]:
     """Resolver → connect → initialize → TPUStrategy, each failure explained."""
     try:
         if tpu_argument == "":
@@ -218,8 +317,8 @@ def _split_cpu(tf: Any, count: int) -> list[str]:
         existing = len(tf.config.list_logical_devices("CPU"))
         if existing != count:
             notes.append(
-                f"logical devices were already configured in this process ({existing} CPU devices); "
-                f"--cpu-devices {count} applies from the next start"
+                f"TensorFlow's runtime had already started in this process, so the CPU could not be split: "
+                f"{existing} logical CPU device(s), not {count}; a new tpudash process gets {count}"
             )
     return notes
 
@@ -238,19 +337,59 @@ def detect(
     tpu: str | None = None,
     cpu_devices: int = 8,
     environ: Mapping[str, str] | None = None,
-    device_files: list[str] | None = None,
+    host: HostCheck | None = None,
     tpu_timeout: float = DEFAULT_TPU_TIMEOUT_SECONDS,
     tf: Any = None,
 ) -> Runtime:
-    """Run the detection order and return the runtime; RuntimeSetupError on an explicit failure."""
+    """Run the detection order and return the runtime.
+
+    Raises RuntimeSetupError when an explicit TPU fails or TensorFlow cannot
+    start, TensorFlowMissing without TensorFlow, and TpuFallback when an
+    automatic TPU attempt failed and the CPU default needs a fresh process.
+    ``host`` and ``tf`` replace the host scan and the tensorflow module in tests.
+    """
     started = time.perf_counter()
     environ = os.environ if environ is None else environ
-    if device_files is None:
-        device_files = sorted(path for pattern in TPU_DEVICE_GLOBS for path in glob.glob(pattern))
-    if tf is None:
-        import tensorflow as tf  # noqa: PLW0621 - the real module unless a test passes a fake
+    host = hostcheck.inspect() if host is None else host
     reasons: dict[str, str] = {}
-    tpu_argument, explicit, why = tpu_request(tpu, environ, device_files)
+    notes: list[str] = []
+    tpu_argument, explicit, why = tpu_request(tpu, environ, host.chips)
+    if tpu_argument is not None and host.blocking(tpu=True):
+        blocker = host.blocking(tpu=True)[0].message
+        if explicit:
+            raise RuntimeSetupError(f"{why}, but {blocker}; --tpu none runs jobs on the CPU default")
+        reasons["TPU"] = f"{why}, but {blocker}"
+        tpu_argument = None
+    elif tpu_argument is None:
+        if explicit and (tpu or "").lower() != NO_TPU:
+            raise RuntimeSetupError(f"{why}; --tpu none runs jobs on the CPU default")
+        reasons["TPU"] = why
+
+    if tf is None:
+        if not host.tensorflow_found:
+            raise TensorFlowMissing(host.blocking(tensorflow=True)[0].message)
+        fatal = host.blocking(tensorflow=True)
+        if fatal:
+            raise RuntimeSetupError(fatal[0].message)
+        if tpu_argument is not None and host.chips.count and "tensorflow" not in sys.modules:
+            # libtpu loads with TensorFlow here and can hang the import with
+            # the GIL held: try it in a child first (tpudash.tpuprobe).
+            from tpudash.tpuprobe import probe_tpu
+
+            probe = probe_tpu(tpu_argument, tpu_timeout)
+            if not probe.ok:
+                if explicit:
+                    raise RuntimeSetupError(f"{why}, but {probe.error}; --tpu none runs jobs on the CPU default")
+                reasons["TPU"] = f"{why}, but {probe.error}"
+                tpu_argument = None
+        if tpu_argument is None or not host.chips.count:
+            keep_libtpu_unloaded(os.environ)
+        try:
+            tf = import_tensorflow(max(tpu_timeout, TENSORFLOW_IMPORT_FLOOR_SECONDS))
+        except StartupTimeout as error:
+            if tpu_argument is None or explicit:
+                raise
+            raise TpuFallback(f"{why}, but {error}") from error
 
     if tpu_argument is not None:
         try:
@@ -258,31 +397,28 @@ def detect(
         except RuntimeSetupError as error:
             if explicit:
                 raise
-            reasons["TPU"] = f"{why}, but {error}"
-        else:
-            logical = tf.config.list_logical_devices("TPU")
-            return _runtime(tf, "TPU", strategy, logical, started, reasons, topology=_topology_dict(topology),
-                            tpu_address=resolver.master() or tpu_argument, resolver=resolver,
-                            notes=[f"TPU found: {why}"])
-    else:
-        reasons["TPU"] = why
+            raise TpuFallback(f"{why}, but {error}") from error
+        logical = tf.config.list_logical_devices("TPU")
+        return _runtime(tf, "TPU", strategy, logical, started, reasons, topology=_topology_dict(topology),
+                        tpu_address=resolver.master() or tpu_argument, resolver=resolver,
+                        notes=[f"TPU found: {why}", *notes], host=host)
 
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         strategy = tf.distribute.MirroredStrategy()
         logical = tf.config.list_logical_devices("GPU")
-        return _runtime(tf, "GPU", strategy, logical, started, reasons)
+        return _runtime(tf, "GPU", strategy, logical, started, reasons, notes=notes, host=host)
     reasons["GPU"] = "TensorFlow sees no GPU (tf.config.list_physical_devices('GPU') is empty)"
 
-    notes = _split_cpu(tf, cpu_devices)
+    notes.extend(_split_cpu(tf, cpu_devices))
     logical = tf.config.list_logical_devices("CPU")
     strategy = tf.distribute.MirroredStrategy(devices=[device.name for device in logical])
     notes.append(f"no accelerator: the CPU is split into {len(logical)} logical devices that stand in for TPU cores")
-    return _runtime(tf, "CPU", strategy, logical, started, reasons, simulated=True, notes=notes)
+    return _runtime(tf, "CPU", strategy, logical, started, reasons, simulated=True, notes=notes, host=host)
 
 
 def _runtime(tf, kind, strategy, logical, started, reasons, topology=None, tpu_address=None,
-             resolver=None, simulated=False, notes=None) -> Runtime:
+             resolver=None, simulated=False, notes=None, host: HostCheck | None = None) -> Runtime:
     devices = []
     for position, device in enumerate(logical):
         parts = parse_device_name(device.name)
@@ -312,6 +448,7 @@ def _runtime(tf, kind, strategy, logical, started, reasons, topology=None, tpu_a
         init_seconds=round(time.perf_counter() - started, 3),
         reasons=reasons,
         notes=list(notes or []),
+        host_check=host.to_dict() if host is not None else None,
     )
     return Runtime(strategy=strategy, description=description, logical_devices=sorted(logical, key=lambda d: parse_device_name(d.name).get("index") or 0), resolver=resolver)
 

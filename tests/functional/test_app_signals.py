@@ -31,6 +31,7 @@ import pytest
 
 from jobs import get_job
 from tests.conftest import REPO_ROOT
+from tests.unit.test_cli import USER_UNSET
 from tpudash.records import RunStore, read_events
 
 TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
@@ -113,7 +114,7 @@ class TerminalSession:
         fcntl.ioctl(self.terminal, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
         self.attributes_before = termios.tcgetattr(self.terminal)
         environment = {key: value for key, value in os.environ.items()
-                       if key not in ("TPU_NAME", "COLAB_TPU_ADDR", "TPUDASH_NATIVE_STDERR")}
+                       if key not in (*USER_UNSET, "TPUDASH_NATIVE_STDERR")}
         environment.update(TERM="xterm-256color", COLUMNS=str(COLUMNS), LINES=str(ROWS),
                            TPUDASH_RUNS_DIR=str(runs_dir))
         self.output = bytearray()

@@ -13,9 +13,14 @@ from tests.conftest import REPO_ROOT
 from tpudash import cli
 
 
+# What a user's shell on this machine would not have: TPU settings, and the
+# libtpu variables the test process sets for itself (tests/conftest.py).
+USER_UNSET = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_LOAD_LIBRARY", "TPU_SKIP_MDS_QUERY")
+
+
 def run_cli(*argv: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """The real console entry point in a fresh process, as a user runs it."""
-    environment = {key: value for key, value in os.environ.items() if key not in ("TPU_NAME", "COLAB_TPU_ADDR")}
+    environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
     environment.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "tpudash", *argv],

@@ -22,6 +22,7 @@ from jobs import get_job, registry
 from jobs.base import JobSpec, Param
 from jobs.events import Metric
 from tests.conftest import REPO_ROOT
+from tests.unit.test_cli import USER_UNSET
 from tpudash import cli
 from tpudash.records import RunStore
 
@@ -124,7 +125,7 @@ BAD_INPUTS = [
     pytest.param(["--cpu-devices", "100000", "devices"], {}, ["--cpu-devices: 100000 is out of range; allowed: 1 to 256"], id="cpu-devices-absurd"),
     pytest.param(["--cpu-devices", "eight", "run", "matmul"], {}, ["--cpu-devices: 'eight' is not an integer; allowed: 1 to 256"], id="cpu-devices-word"),
     pytest.param(["run", "matmul"], {"TPUDASH_CPU_DEVICES": "0"}, ["TPUDASH_CPU_DEVICES: 0 is out of range; allowed: 1 to 256"], id="cpu-devices-variable"),
-    pytest.param(["--tpu", " ", "devices"], {}, ["--tpu: is empty; allowed: a TPU name, grpc://host:port or 'local'"], id="tpu-empty"),
+    pytest.param(["--tpu", " ", "devices"], {}, ["--tpu: is empty; allowed: a TPU name, grpc://host:port, 'local' or 'none'"], id="tpu-empty"),
     pytest.param(["--data-dir", "{file}", "run", "gradient-descent"], {}, ["--data-dir: {file} is not a readable directory"], id="data-dir-is-a-file"),
     pytest.param(["--data-dir", "{locked}", "run", "gradient-descent"], {}, ["--data-dir: {locked} is not a readable directory"], id="data-dir-unreadable",
                  marks=pytest.mark.skipif(IS_ROOT, reason="root reads every directory")),
@@ -202,7 +203,7 @@ def test_the_console_script_shows_the_user_the_same_message_and_exit_code(argv, 
     monkeypatch.setenv("COLUMNS", "80")
     code, _, in_process_err, _ = main_in_process(argv, monkeypatch, capsys)
 
-    environment = {key: value for key, value in os.environ.items() if key not in ("TPU_NAME", "COLAB_TPU_ADDR")}
+    environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
     result = subprocess.run([str(TPUDASH_SCRIPT), *argv], capture_output=True, text=True, cwd=REPO_ROOT,
                             env=environment, timeout=120)
 

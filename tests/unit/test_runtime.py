@@ -13,7 +13,20 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpudash.runtime import RuntimeSetupError, detect, parse_device_name, tpu_request
+from tpudash.hostcheck import Chips, HostCheck, diagnose
+from tpudash.runtime import RuntimeSetupError, TpuFallback, detect, parse_device_name, tpu_request
+
+V4_CHIPS = Chips(chip_type="TPU v4 chip", count=4, hbm_gib_per_chip=32, cores_per_chip=1)
+
+
+def host(chips: Chips = Chips(), **distributions: str) -> HostCheck:
+    """A host scan result: these chips, these distributions (default: the CPU build), real diagnoses."""
+    installed = {name.replace("_", "-"): version for name, version in (distributions or {"tensorflow": "2.21.0"}).items()}
+    return HostCheck(chips=chips, distributions=installed, tensorflow_found=True,
+                     diagnoses=diagnose(chips, installed, []))
+
+
+TPU_BUILD_HOST = host(V4_CHIPS, tensorflow_tpu="2.20.0", libtpu="0.0.17")
 
 LogicalDevice = namedtuple("LogicalDevice", "name device_type")
 
@@ -99,7 +112,7 @@ class FakeTensorFlow:
 
 def test_explicit_tpu_connects_initializes_and_describes_the_topology():
     tf = FakeTensorFlow()
-    runtime = detect(tpu="grpc://10.0.0.2:8470", environ={}, device_files=[], tf=tf)
+    runtime = detect(tpu="grpc://10.0.0.2:8470", environ={}, host=host(), tf=tf)
     assert [call[0] for call in tf.calls] == ["resolver", "connect", "initialize"]
     description = runtime.description
     assert (description.kind, description.strategy, description.num_replicas) == ("TPU", "TPUStrategy", 8)
@@ -114,13 +127,13 @@ def test_explicit_tpu_connects_initializes_and_describes_the_topology():
 def test_explicit_tpu_that_fails_is_an_error_with_the_resolvers_message_not_a_fallback():
     tf = FakeTensorFlow(resolver_error=ValueError("Could not find TPU my-tpu in zone us-central1-b"))
     with pytest.raises(RuntimeSetupError, match="Could not find TPU my-tpu in zone us-central1-b"):
-        detect(tpu="my-tpu", environ={}, device_files=[], tf=tf)
+        detect(tpu="my-tpu", environ={}, host=host(), tf=tf)
 
 
 def test_explicit_tpu_whose_initialization_fails_names_the_tpu():
     tf = FakeTensorFlow(initialize_error=RuntimeError("TPUs not found in the cluster\nmore detail"))
     with pytest.raises(RuntimeSetupError, match=r"initializing TPU 'local' failed: RuntimeError: TPUs not found in the cluster$"):
-        detect(tpu="local", environ={}, device_files=[], tf=tf)
+        detect(tpu="local", environ={}, host=TPU_BUILD_HOST, tf=tf)
     assert ("connect", "local") not in tf.calls  # a TPU VM is initialized without a remote connect
 
 
@@ -128,39 +141,49 @@ def test_a_tpu_that_never_answers_times_out():
     tf = FakeTensorFlow(hang=True)
     try:
         with pytest.raises(RuntimeSetupError, match="did not answer within 1 s"):
-            detect(tpu="grpc://10.0.0.9:8470", environ={}, device_files=[], tf=tf, tpu_timeout=1)
+            detect(tpu="grpc://10.0.0.9:8470", environ={}, host=host(), tf=tf, tpu_timeout=1)
     finally:
         tf.release()
 
 
-def test_automatic_tpu_that_fails_falls_through_to_cpu_with_the_reason_recorded():
+def test_automatic_tpu_that_fails_asks_for_the_cpu_default_in_a_fresh_process_with_the_reason():
     tf = FakeTensorFlow(initialize_error=RuntimeError("TPUs not found"))
-    runtime = detect(environ={"COLAB_TPU_ADDR": "10.1.2.3:8470"}, device_files=[], tf=tf, cpu_devices=4)
-    assert runtime.description.kind == "CPU"
-    assert "COLAB_TPU_ADDR=10.1.2.3:8470, but initializing TPU" in runtime.description.reasons["TPU"]
+    with pytest.raises(TpuFallback) as failure:
+        detect(environ={"COLAB_TPU_ADDR": "10.1.2.3:8470"}, host=host(), tf=tf, cpu_devices=4)
+    assert failure.value.reason.startswith("COLAB_TPU_ADDR=10.1.2.3:8470, but initializing TPU")
     assert ("resolver", "grpc://10.1.2.3:8470") in tf.calls
+    # The fresh process gets the CPU default and says why not TPU.
+    runtime = detect(tpu="none", environ={"TPUDASH_TPU_FALLBACK_REASON": failure.value.reason}, host=host(),
+                     tf=FakeTensorFlow(), cpu_devices=4)
+    assert (runtime.description.kind, runtime.description.num_replicas) == ("CPU", 4)
+    assert runtime.description.reasons["TPU"] == failure.value.reason
 
 
 def test_gpus_come_before_the_cpu_split():
-    runtime = detect(environ={}, device_files=[], tf=FakeTensorFlow(gpus=2))
+    runtime = detect(environ={}, host=host(), tf=FakeTensorFlow(gpus=2))
     assert (runtime.description.kind, runtime.description.strategy) == ("GPU", "MirroredStrategy")
     assert runtime.description.reasons["TPU"].startswith("no --tpu flag")
 
 
 @pytest.mark.parametrize(
-    ("flag", "environ", "files", "expected"),
+    ("flag", "environ", "chips", "expected", "reason"),
     [
-        ("local", {"TPU_NAME": "x"}, [], ("local", True)),
-        (None, {"COLAB_TPU_ADDR": "10.0.0.1:8470"}, [], ("grpc://10.0.0.1:8470", False)),
-        (None, {"TPU_NAME": "my-tpu"}, [], ("", False)),
-        (None, {}, ["/dev/accel0"], ("local", False)),
-        (None, {}, [], (None, False)),
+        ("local", {"TPU_NAME": "x"}, V4_CHIPS, ("local", True), "--tpu local given"),
+        ("local", {}, Chips(), (None, True), "--tpu local given, but the chip scan finds no TPU chip"),
+        ("none", {"TPU_NAME": "x"}, V4_CHIPS, (None, True), "--tpu none given"),
+        ("grpc://10.0.0.1:8470", {}, Chips(), ("grpc://10.0.0.1:8470", True), "--tpu grpc://10.0.0.1:8470 given"),
+        (None, {"COLAB_TPU_ADDR": "10.0.0.1:8470"}, Chips(), ("grpc://10.0.0.1:8470", False), "COLAB_TPU_ADDR="),
+        (None, {"TPU_NAME": "my-tpu"}, Chips(), ("", False), "TPU_NAME=my-tpu"),
+        (None, {"TPU_NAME": "local"}, Chips(), (None, False), "TPU_NAME=local, but the chip scan finds no TPU chip"),
+        (None, {}, V4_CHIPS, ("local", False), "the chip scan finds 4 × TPU v4 chip, 32 GiB HBM each"),
+        (None, {}, Chips(), (None, False), "no TPU chip on the PCI bus"),
+        (None, {}, Chips(scan_error="tpu-info is not importable"), (None, False), "tpu-info is not importable"),
     ],
 )
-def test_which_tpu_to_try(flag, environ, files, expected):
-    argument, explicit, reason = tpu_request(flag, environ, files)
+def test_which_tpu_to_try(flag, environ, chips, expected, reason):
+    argument, explicit, why = tpu_request(flag, environ, chips)
     assert (argument, explicit) == expected
-    assert reason
+    assert reason in why
 
 
 def test_device_names_are_parsed_into_job_replica_task_and_index():
@@ -177,3 +200,93 @@ def test_the_cpu_default_is_eight_simulated_replicas(runtime):
     assert [device.name for device in description.devices] == [f"/device:CPU:{i}" for i in range(8)]
     assert set(description.reasons) == {"TPU", "GPU"}
     assert runtime.strategy.num_replicas_in_sync == 8
+
+
+def test_explicit_local_tpu_on_a_host_without_chips_is_refused_before_libtpu_is_asked():
+    tf = FakeTensorFlow()
+    with pytest.raises(RuntimeSetupError, match=r"--tpu local given, but the chip scan finds no TPU chip .*--tpu none"):
+        detect(tpu="local", environ={}, host=host(), tf=tf)
+    assert tf.calls == []
+
+
+def test_the_cpu_build_on_a_tpu_host_is_never_tried_on_the_tpu_and_says_how_to_fix_it():
+    tpu_host_with_cpu_build = host(V4_CHIPS, tensorflow="2.21.0")
+    tf = FakeTensorFlow()
+    runtime = detect(environ={}, host=tpu_host_with_cpu_build, tf=tf, cpu_devices=4)
+    assert tf.calls == []  # no resolver: the CPU build would fail with "No OpKernel … ConfigureDistributedTPU"
+    assert runtime.description.kind == "CPU"
+    reason = runtime.description.reasons["TPU"]
+    assert reason.startswith("the chip scan finds 4 × TPU v4 chip")
+    assert reason.endswith('pip uninstall -y tensorflow && pip install "tensorflow-tpu==2.20.0" "libtpu==0.0.17"')
+    assert runtime.description.host_check["diagnoses"][0]["code"] == "cpu-build-on-tpu-host"
+    with pytest.raises(RuntimeSetupError, match=r"--tpu local given, but this host has 4 TPU v4 chips but the CPU build"):
+        detect(tpu="local", environ={}, host=tpu_host_with_cpu_build, tf=FakeTensorFlow())
+
+
+def test_a_tpu_held_by_another_process_leaves_jobs_on_the_cpu_default():
+    from tpudash.hostcheck import TpuHolder
+
+    holder = TpuHolder(4242, "python3 notebook_kernel.py", ("/dev/accel0",))
+    installed = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17"}
+    held = HostCheck(chips=V4_CHIPS, distributions=installed, holders=[holder], tensorflow_found=True,
+                     diagnoses=diagnose(V4_CHIPS, installed, [holder]))
+    tf = FakeTensorFlow()
+    runtime = detect(environ={}, host=held, tf=tf, cpu_devices=4)
+    assert tf.calls == [] and runtime.description.kind == "CPU"
+    assert "held by pid 4242 (python3 notebook_kernel.py)" in runtime.description.reasons["TPU"]
+    with pytest.raises(RuntimeSetupError, match="held by pid 4242"):
+        detect(tpu="local", environ={}, host=held, tf=FakeTensorFlow())
+
+
+def test_a_libtpu_mismatch_on_a_tpu_host_refuses_before_tensorflow_is_imported(monkeypatch):
+    import tpudash.runtime as runtime_module
+
+    def must_not_import(timeout):
+        raise AssertionError("TensorFlow would abort this process")
+
+    monkeypatch.setattr(runtime_module, "import_tensorflow", must_not_import)
+    mismatched = host(V4_CHIPS, tensorflow_tpu="2.20.0", libtpu="0.0.52")
+    with pytest.raises(RuntimeSetupError, match=r"but libtpu 0.0.52 is installed .*pip install \"libtpu==0.0.17\"$"):
+        detect(environ={}, host=mismatched)
+
+
+def test_without_tensorflow_detection_stops_with_the_install_line():
+    from tpudash.runtime import TensorFlowMissing
+
+    no_tensorflow = HostCheck(chips=Chips(), distributions={}, tensorflow_found=False,
+                              diagnoses=diagnose(Chips(), {}, [], tensorflow_found=False))
+    with pytest.raises(TensorFlowMissing, match=r'pip install "tensorflow>=2.20,<2.22"$'):
+        detect(environ={}, host=no_tensorflow)
+
+
+def test_a_tensorflow_start_up_that_hangs_is_bounded_and_says_what_it_waited_for(tmp_path, monkeypatch):
+    import tpudash.runtime as runtime_module
+    from tpudash import nativelog
+    from tpudash.runtime import StartupTimeout
+
+    log = tmp_path / "session.log"
+    log.write_text("E0000 cuda_platform.cc:52] failed call to cuInit: written before the import began\n")
+    monkeypatch.setattr(nativelog, "_active", nativelog.NativeStderr(log))
+    stuck = threading.Event()
+
+    def libtpu_asking_the_metadata_server(name):
+        with open(log, "a") as native_log:
+            native_log.write(
+                "I0000 tpu_api_dlsym_initializer.cc:121] Libtpu path is: .../libtpu.so\n"
+                "E0000 cuda_platform.cc:52] failed call to cuInit: UNKNOWN ERROR (303)\n"
+                "Failed to get TPU metadata (tpu-env) from instance metadata for variable CHIPS_PER_HOST_BOUNDS: "
+                "INTERNAL: Failed to fetch URL after 30 tries\n"
+                "=== Source Location Trace: ===\nlearning/45eac/tfrc/runtime/gcp_metadata_utils.cc:93\n")
+        stuck.wait(30)
+
+    monkeypatch.delitem(__import__("sys").modules, "tensorflow")
+    monkeypatch.setattr(runtime_module.importlib, "import_module", libtpu_asking_the_metadata_server)
+    try:
+        with pytest.raises(StartupTimeout) as timeout:
+            runtime_module.import_tensorflow(1)
+    finally:
+        stuck.set()
+    assert str(timeout.value) == (
+        "importing TensorFlow did not answer within 1 s; TensorFlow's last words: Failed to get TPU metadata "
+        "(tpu-env) from instance metadata for variable CHIPS_PER_HOST_BOUNDS: INTERNAL: Failed to fetch URL after "
+        "30 tries (raise TPUDASH_TPU_TIMEOUT to wait longer)")

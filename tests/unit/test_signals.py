@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.unit.test_cli import USER_UNSET
 from tpudash.records import RunStore
 
 TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
@@ -31,7 +32,7 @@ class HeadlessRun:
     """``tpudash run … --json`` in a child process, read one event at a time."""
 
     def __init__(self, argv: list[str], runs_dir: Path):
-        environment = {key: value for key, value in os.environ.items() if key not in ("TPU_NAME", "COLAB_TPU_ADDR")}
+        environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
         environment["TPUDASH_RUNS_DIR"] = str(runs_dir)
         self.process = subprocess.Popen(
             [str(TPUDASH_SCRIPT), *argv],
