@@ -20,8 +20,8 @@ class SessionBar(Static):
     """The one-line header on every screen: the runtime, then the accelerator lane.
 
     Shows the app's ``runtime_status`` ("connecting…", then kind, strategy and
-    replicas) and ``lane_status`` (the running job, its status and elapsed time,
-    and how many runs wait).
+    replicas, or "no TensorFlow") and ``lane_status`` (the running job, its
+    status and elapsed time, and how many runs wait).
     """
 
     DEFAULT_CSS = """
@@ -43,7 +43,8 @@ class SessionBar(Static):
     def _show(self, _value: object = None) -> None:
         runtime = getattr(self.app, "runtime_status", "")
         lane = getattr(self.app, "lane_status", "")
-        text = Text.assemble(("tpudash", "bold"), "  ", (runtime, "cyan" if "fail" not in runtime else "bold red"))
+        style = "bold red" if "fail" in runtime else "bold yellow" if runtime.startswith("no TensorFlow") else "cyan"
+        text = Text.assemble(("tpudash", "bold"), "  ", (runtime, style))
         if lane:
             text.append("  │  ")
             text.append(lane, "bold yellow" if "running" in lane else "")

@@ -1,9 +1,14 @@
-"""The Devices screen: what the session sees — runtime, strategy, topology, logical devices.
+"""The Devices screen: what the session sees — host, runtime, strategy, topology, logical devices.
 
-Shows "connecting…" until the runtime worker answers, then the kind, strategy,
-replicas in sync, TPU topology, versions, time to initialize, why every other
-kind was not used, and a table of logical devices with the last matmul
-check's verdict and speed per device when there is one.
+First the host block: what the host scan found before TensorFlow was
+imported (chip type, count and HBM per chip, the TensorFlow build installed,
+any process holding the TPU, and each problem with its fix), shown as soon
+as the scan answers, in a few milliseconds. Below it "connecting…" until the
+runtime worker answers, then the kind, strategy, replicas in sync, TPU
+topology, versions, time to initialize, why every other kind was not used,
+and a table of logical devices with the last matmul check's verdict and
+speed per device when there is one. Without TensorFlow, the install line
+takes the runtime's place.
 """
 
 from __future__ import annotations
@@ -35,6 +40,41 @@ def format_memory(memory: dict | None) -> str:
         return "n/a"
     current, peak = memory.get("current"), memory.get("peak")
     return f"{format_bytes(current)} (peak {format_bytes(peak)})" if peak is not None else format_bytes(current)
+
+
+def describe_host(host_check: dict, leave_out: str | None = None) -> Text:
+    """The host scan's lines (``tpudash.hostcheck.host_lines``, as the CLI prints them), labelled like the runtime's.
+
+    ``leave_out``: a message shown elsewhere on the screen (the no-TensorFlow
+    diagnosis is the reason detection gave up), so it is not shown twice.
+    """
+    # Here, not at the top: this screen is imported before the first frame.
+    from tpudash.hostcheck import host_lines
+
+    text = Text()
+    for label, value, style in host_lines(host_check):
+        if value == leave_out:
+            continue
+        text.append(f"{label:>16}  ", "bold")
+        text.append(f"{value}\n", style)
+    return text
+
+
+def describe_missing_tensorflow(message: str) -> Text:
+    """What the Devices screen says instead of the runtime when no TensorFlow is installed.
+
+    The message ends with its fix (``…: pip install …``), which gets a line
+    of its own: it is the one thing to copy from this screen.
+    """
+    reason, separator, command = message.rpartition(": pip ")
+    text = Text.assemble(("no TensorFlow: jobs cannot run until it is installed\n", "bold yellow"))
+    if separator:
+        text.append(f"{reason}:\n")
+        text.append(f"    pip {command}\n", "bold cyan")
+    else:
+        text.append(f"{message}\n", "bold")
+    text.append("then re-initialise from the command palette (ctrl+p), or start tpudash again", "dim")
+    return text
 
 
 def describe_runtime(description) -> Text:
@@ -74,6 +114,7 @@ class DevicesScreen(DashScreen):
 
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(id="devices-body"):
+            yield Static("", id="host-summary")
             yield Static(Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"),
                          id="runtime-summary")
             yield LoadingIndicator(id="runtime-loading")
@@ -84,13 +125,30 @@ class DevicesScreen(DashScreen):
         table = self.query_one("#device-table", DataTable)
         for column in DEVICE_COLUMNS:
             table.add_column(column, key=column)
+        self.watch(self.app, "host_check", self._show_host)
         self.watch(self.app, "runtime", self._show_runtime)
         self.watch(self.app, "runtime_error", self._show_error)
         self.watch(self.app, "device_check", self._show_device_check, init=False)
 
+    def _show_host(self, _value: object = None) -> None:
+        """One host block: the runtime's own scan once it exists (fresher after a re-init), else the app's."""
+        runtime = self.app.runtime
+        host_check = getattr(runtime.description, "host_check", None) if runtime is not None else None
+        host_check = host_check or self.app.host_check
+        block = self.query_one("#host-summary", Static)
+        block.display = host_check is not None
+        if host_check is not None:
+            block.update(describe_host(host_check, leave_out=self.app.tensorflow_missing))
+
     def _show_error(self, error: str | None) -> None:
         if error:
             self.query_one("#runtime-loading").display = False
+            missing = self.app.tensorflow_missing
+            if missing:
+                self.query_one("#runtime-summary", Static).update(describe_missing_tensorflow(missing))
+                self._show_host()
+                self._show_device_check(None)
+                return
             self.query_one("#runtime-summary", Static).update(
                 Text.assemble(("runtime failed\n", "bold red"), (error, "red"),
                               ("\nfix the cause, then re-initialise from the command palette (ctrl+p)", "dim")))
@@ -100,6 +158,7 @@ class DevicesScreen(DashScreen):
         summary = self.query_one("#runtime-summary", Static)
         table = self.query_one("#device-table", DataTable)
         table.clear()
+        self._show_host()
         if runtime is None:
             if not self.app.runtime_error:
                 loading.display = True
@@ -120,6 +179,9 @@ class DevicesScreen(DashScreen):
     def _show_device_check(self, check: dict | None) -> None:
         title = self.query_one("#device-check-title", Static)
         table = self.query_one("#device-table", DataTable)
+        if self.app.tensorflow_missing and self.app.runtime is None:
+            title.update(Text("Logical devices — none: TensorFlow lists them, and it is not installed", style="dim"))
+            return
         if not check or self.app.runtime is None:
             title.update(Text("Logical devices — press m to run the matmul check on every device", style="bold"))
             return

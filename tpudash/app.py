@@ -3,7 +3,11 @@
 The first frame must appear before TensorFlow has finished importing, so this
 module imports neither tensorflow nor any screen at import time: screens are
 imported when their mode is first shown, and the runtime is detected in a
-thread worker started after the first frame. Jobs run in thread workers
+thread worker started after the first frame, next to a host check (chips,
+installed TensorFlow build, the TPU's holder; no TensorFlow import) that the
+Devices screen shows long before TensorFlow answers. Without TensorFlow the
+app stays usable (Devices, Jobs, History, help) and refuses launches with the
+install line. Jobs run in thread workers
 through the Runner (one accelerator lane, FIFO queue). Workers never touch
 widgets: a per-run sink buffers events and posts one ``RunEventsPending``
 message per batch; the UI drains the buffer into the run's model and redraws
@@ -14,6 +18,7 @@ tqdm bars) goes to the session log, which the Log screen shows.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import importlib
 import os
@@ -36,7 +41,8 @@ from textual.worker import Worker, WorkerState
 
 from tpudash.config import Settings
 
-if TYPE_CHECKING:  # the runner and records load after the first frame
+if TYPE_CHECKING:  # the runner, records and host check load after the first frame
+    from tpudash.hostcheck import HostCheck
     from tpudash.records import RunStore
     from tpudash.runner import QueuedRun, Runner
 
@@ -200,6 +206,10 @@ class TpudashApp(App[int]):
     """The detected ``tpudash.runtime.Runtime`` (None while connecting or after a failure)."""
     runtime_error: reactive[str | None] = reactive(None, repaint=False)
     """Why runtime detection failed, if it did."""
+    tensorflow_missing: reactive[str | None] = reactive(None, repaint=False)
+    """Set when detection found no TensorFlow installed: why, ending with the install line for this host."""
+    host_check: reactive[dict | None] = reactive(None, always_update=True, repaint=False)
+    """What the host scan found before TensorFlow (``HostCheck.to_dict()``: chips, builds, holders, diagnoses)."""
     shown_run_id: reactive[str | None] = reactive(None, repaint=False)
     """The session run the Run view draws."""
     device_check: reactive[dict | None] = reactive(None, always_update=True, repaint=False)
@@ -212,12 +222,15 @@ class TpudashApp(App[int]):
         settings: Settings | None = None,
         runtime_provider: Callable[[], Any] | None = None,
         *,
+        host_check_provider: Callable[[], HostCheck] | None = None,
         runner: Runner | None = None,
         job_specs: Mapping[str, Any] | None = None,
         redirect_stderr: bool = False,
         handle_signals: bool = False,
     ):
         """``runtime_provider`` replaces ``get_runtime(settings)`` (tests pass the session runtime).
+
+        ``host_check_provider`` replaces ``tpudash.hostcheck.inspect`` (tests pass a TPU host).
 
         ``runner`` replaces the app's own Runner; ``job_specs`` the job registry.
         ``redirect_stderr`` sends fd 2 to the session log while the app runs
@@ -227,6 +240,7 @@ class TpudashApp(App[int]):
         super().__init__()
         self.settings = settings or Settings.load()
         self._runtime_provider = runtime_provider
+        self._host_check_provider = host_check_provider
         self._job_specs = dict(job_specs) if job_specs is not None else None
         self.redirect_stderr = redirect_stderr
         self.handle_signals = handle_signals
@@ -343,6 +357,7 @@ class TpudashApp(App[int]):
         if os.environ.get(FIRST_FRAME_ENV):
             self.exit(0)
             return
+        self.check_host()
         self.detect_runtime()
         self.load_last_device_check()
 
@@ -419,7 +434,16 @@ class TpudashApp(App[int]):
         self._force_exit_code = return_code
         self.exit(return_code, return_code=return_code)
 
-    # -- the runtime ------------------------------------------------------------------
+    # -- the host and the runtime -------------------------------------------------------
+    @work(thread=True, exit_on_error=False, group="host-check",
+          description="Scan the host: TPU chips, the TensorFlow build installed, the TPU's holder")
+    def check_host(self) -> dict:
+        if self._host_check_provider is not None:
+            return self._host_check_provider().to_dict()
+        from tpudash.hostcheck import inspect
+
+        return inspect().to_dict()
+
     @work(thread=True, exit_on_error=False, group="runtime", exclusive=True,
           description="Detect the accelerator, connect, and build the distribution strategy")
     def detect_runtime(self, reinitialize: bool = False) -> Any:
@@ -427,9 +451,7 @@ class TpudashApp(App[int]):
             if self._runtime_provider is not None:
                 runtime = self._runtime_provider()
             else:
-                from tpudash.runtime import get_runtime
-
-                runtime = get_runtime(self.settings, reinitialize=reinitialize)
+                runtime = self._get_runtime(reinitialize)
         except BaseException as error:
             self._runtime_value, self._runtime_failure = None, error
             raise
@@ -438,6 +460,24 @@ class TpudashApp(App[int]):
             return runtime
         finally:
             self._runtime_ready.set()
+
+    def _get_runtime(self, reinitialize: bool) -> Any:
+        """``get_runtime(settings)``; after a failed automatic TPU attempt, the CPU default.
+
+        The CLI starts a fresh process for the CPU default (TensorFlow is up,
+        so this one can no longer split the CPU). A dashboard cannot start
+        over under the user's feet, so until an engine process owns
+        TensorFlow it takes the CPU default here, with the TPU left alone and
+        the failure as the reason the Devices screen gives for "why not TPU".
+        """
+        from tpudash import runtime as runtime_module
+
+        try:
+            return runtime_module.get_runtime(self.settings, reinitialize=reinitialize)
+        except runtime_module.TpuFallback as fallback:
+            os.environ[runtime_module.FALLBACK_REASON_VARIABLE] = fallback.reason
+            without_tpu = dataclasses.replace(self.settings, tpu=runtime_module.NO_TPU)
+            return runtime_module.get_runtime(without_tpu, reinitialize=True)
 
     def _runtime_for_lane(self) -> Any:
         """The Runner's runtime provider: waits (on the job thread) for detection to finish."""
@@ -454,9 +494,12 @@ class TpudashApp(App[int]):
             self.notify("Cancel or finish the running job first.", title="Runtime in use", severity="warning")
             return
         self._runtime_ready.clear()
+        self._runtime_value, self._runtime_failure = None, None
         self.runtime_settled.clear()
-        self.runtime = None
+        # Errors first: screens redraw on ``runtime`` and show "connecting…" only without one.
         self.runtime_error = None
+        self.tensorflow_missing = None
+        self.runtime = None
         self.runtime_status = "connecting…"
         self.detect_runtime(reinitialize=True)
 
@@ -474,15 +517,34 @@ class TpudashApp(App[int]):
         simulated = " (simulated)" if getattr(description, "simulated", False) else ""
         self.runtime_status = f"{description.kind} · {description.strategy} · {description.num_replicas} replicas{simulated}"
         self.runtime_error = None
+        self.tensorflow_missing = None
         self.runtime = runtime
 
     def _runtime_failed(self, error: BaseException | None) -> None:
         self.runtime_settled.set()
+        missing = self._missing_tensorflow(error)
+        if missing is not None:
+            # Not a failure of the dashboard: everything but launching works.
+            self.runtime_status = "no TensorFlow"
+            self.tensorflow_missing = missing
+            self.runtime_error = missing
+            self.runtime = None
+            self.notify(missing, title="No TensorFlow: jobs cannot run", severity="warning", timeout=15)
+            return
         message = f"{type(error).__name__}: {error}" if error is not None else "unknown error"
         self.runtime_status = "runtime failed"
         self.runtime_error = message
         self.runtime = None
         self.notify(message, title="Runtime detection failed", severity="error", timeout=15)
+
+    @staticmethod
+    def _missing_tensorflow(error: BaseException | None) -> str | None:
+        """The message of a ``TensorFlowMissing`` (it ends with the install line), else None."""
+        if error is None:
+            return None
+        from tpudash.runtime import TensorFlowMissing
+
+        return str(error) if isinstance(error, TensorFlowMissing) else None
 
     # -- workers --------------------------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
@@ -496,6 +558,8 @@ class TpudashApp(App[int]):
             live = next((item for item in self.live_runs.values() if item.worker is worker), None)
             if live is not None:
                 self._run_ended(live, worker)
+        elif worker.group == "host-check" and event.state == WorkerState.SUCCESS:
+            self.host_check = worker.result
         elif worker.group == "device-check" and event.state == WorkerState.SUCCESS and worker.result:
             if self.device_check is None:
                 self.device_check = worker.result
@@ -584,6 +648,14 @@ class TpudashApp(App[int]):
     def launch(self, spec: Any, params: dict, *, show: bool = True) -> LiveRun | None:
         """Queue ``spec`` with validated ``params`` and run it in a thread worker."""
         if self.quitting:
+            return None
+        # Read from the detection worker's own record, not the reactive: it is
+        # set before the UI hears of the failure, so a key pressed in between
+        # is refused too. Refused here, nothing reaches the runner, so no run
+        # directory or failed record is made for a job that could never start.
+        missing = self._missing_tensorflow(self._runtime_failure)
+        if missing is not None:
+            self.notify(missing, title=f"{spec.name} not launched: no TensorFlow", severity="error", timeout=15)
             return None
         if len(self.runner.queued()) >= MAX_WAITING_RUNS:
             self.notify(f"{MAX_WAITING_RUNS} runs are already waiting; cancel one or wait.",
