@@ -25,15 +25,15 @@ from tests.benchmarks.harness import Result, alternate
 FIRST_FRAME = re.compile(rb"first_frame_unix=([0-9.]+)")
 
 
-def first_frame_seconds() -> float:
-    """Spawn ``tpudash`` on a pty (120×40) and return seconds to its first frame."""
+def first_frame_seconds(python: str = sys.executable, runs_dir: str | None = None, cwd: str | None = None) -> float:
+    """Spawn ``python -m tpudash`` on a pty (120×40) and return seconds to its first frame."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     environment = dict(os.environ, TPUDASH_EXIT_AFTER_FIRST_FRAME="1", TERM="xterm-256color",
-                       TPUDASH_RUNS_DIR=tempfile.mkdtemp(prefix="tpudash-bench-"))
+                       TPUDASH_RUNS_DIR=runs_dir or tempfile.mkdtemp(prefix="tpudash-bench-"))
     started = time.time()
-    process = subprocess.Popen([sys.executable, "-m", "tpudash"], stdin=slave, stdout=slave, stderr=slave,
-                               env=environment, close_fds=True)
+    process = subprocess.Popen([python, "-m", "tpudash"], stdin=slave, stdout=slave, stderr=slave,
+                               env=environment, close_fds=True, cwd=cwd)
     os.close(slave)
     output = b""
     while True:
@@ -53,9 +53,15 @@ def first_frame_seconds() -> float:
 
 
 def import_tensorflow_seconds() -> float:
+    """A bare ``import tensorflow``, as tpudash itself imports it on this host (libtpu kept unloaded without a chip)."""
+    from tpudash.hostcheck import scan_chips
+    from tpudash.runtime import keep_libtpu_unloaded
+
+    environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if not scan_chips().count:
+        keep_libtpu_unloaded(environment)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True, capture_output=True,
-                   env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    subprocess.run([sys.executable, "-c", "import tensorflow"], check=True, capture_output=True, env=environment)
     return time.perf_counter() - started
 
 

@@ -113,10 +113,14 @@ def machine() -> dict:
     import os
 
     info = {"python": platform.python_version(), "cores": os.cpu_count(), "platform": platform.platform()}
+    from tpudash.hostcheck import installed_distributions
+
+    # The TensorFlow build (tensorflow or tensorflow-tpu) and its libtpu, if any.
+    info["tensorflow"] = ", ".join(f"{name} {version}" for name, version in installed_distributions().items())
     try:
         from importlib.metadata import version
 
-        for package in ("tensorflow", "keras", "textual", "textual-plotext", "plotext"):
+        for package in ("keras", "textual", "textual-plotext", "plotext"):
             info[package] = version(package)
     except Exception:  # noqa: BLE001 - informative only
         pass

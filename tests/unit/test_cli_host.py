@@ -100,13 +100,6 @@ def test_an_automatic_tpu_that_never_answers_falls_back_to_eight_cpu_devices_in_
     assert not any("logical devices were already configured" in note for note in description["notes"])
 
 
-def test_tpu_none_leaves_the_tpu_alone_and_runs_on_the_cpu_default():
-    result = run_cli("devices", "--json", "--tpu", "none", env={"TPU_NAME": "my-tpu"})
-    assert result.returncode == 0, result.stderr
-    description = json.loads(result.stdout)
-    assert description["kind"] == "CPU" and description["reasons"]["TPU"] == "--tpu none given: the TPU is left alone"
-
-
 def test_run_with_a_bad_setup_starts_nothing(tmp_path, isolated_runs_dir):
     env = fake_host(tmp_path / "host", chips=("V4", 4), distributions={"tensorflow-tpu": "2.20.0", "libtpu": "0.0.52"})
     result = run_cli("run", "gradient-descent", env=env)

@@ -1,0 +1,79 @@
+"""The TPU build of TensorFlow (tensorflow-tpu with its libtpu) on a host without a chip.
+
+Run by CI in the ``[tpu]`` environment (``pytest tests/unit tests/tpubuild``),
+not in the default run: these need the real TPU wheels (they skip, saying so,
+without them). Chips are faked only
+at tpu-info's scan (a sitecustomize); TensorFlow and libtpu are real, so the
+failures here are the ones a user would meet.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.unit.test_cli import USER_UNSET, run_cli
+from tests.unit.test_cli_host import fake_host
+from tpudash import hostcheck
+
+pytestmark = pytest.mark.skipif(
+    hostcheck.installed_distributions().get("tensorflow-tpu") is None,
+    reason="needs the TPU build: pip install '.[tpu,test]'")
+
+
+def test_a_host_without_chips_gets_the_cpu_default_and_never_starts_libtpu():
+    # With libtpu started, even a chipless host shows a TPU_SYSTEM device
+    # (and libtpu takes the host's TPU lock); tpudash keeps it from starting.
+    script = "\n".join([
+        "from tpudash.config import Settings",
+        "from tpudash.runtime import get_runtime",
+        "runtime = get_runtime(Settings())",
+        "import tensorflow as tf  # imported by get_runtime already, after it set libtpu's variables",
+        "print(runtime.kind, runtime.num_replicas, sorted({d.device_type for d in tf.config.list_logical_devices()}))",
+    ])
+    user_environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env=user_environment)
+    assert result.stdout.split() == ["CPU", "8", "['CPU']"], result.stderr[-2000:]
+
+    devices = run_cli("devices", "--json", timeout=300)
+    assert devices.returncode == 0, devices.stderr
+    description = json.loads(devices.stdout)
+    assert description["host_check"]["tensorflow_build"].startswith("tensorflow-tpu 2.20.0")
+    assert description["host_check"]["distributions"]["libtpu"] == "0.0.17"
+    assert description["host_check"]["diagnoses"] == []
+    assert description["reasons"]["TPU"].endswith("no TPU chip on the PCI bus")
+
+
+def test_chips_that_libtpu_cannot_start_leave_jobs_on_eight_cpu_devices(tmp_path):
+    env = {**fake_host(tmp_path / "host", chips=("V4", 4)), "TPUDASH_TPU_TIMEOUT": "15"}
+    devices = run_cli("devices", "--json", env=env, timeout=300)
+    assert devices.returncode == 0, devices.stderr
+    description = json.loads(devices.stdout)
+    assert (description["kind"], description["num_replicas"]) == ("CPU", 8)
+    reason = description["reasons"]["TPU"]
+    assert reason.startswith("the chip scan finds 4 × TPU v4 chip, 32 GiB HBM each")
+    assert "but TensorFlow's TPU start-up did not finish within 15 s" in reason or "initializing TPU 'local' failed" in reason
+
+    run = run_cli("run", "gradient-descent", env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "0.0022596875205636024 @ [0.01152921 0.04611686]" in run.stdout
+
+
+def test_an_explicit_local_tpu_that_cannot_start_is_an_error_within_the_timeout(tmp_path):
+    env = {**fake_host(tmp_path / "host", chips=("V4", 4)), "TPUDASH_TPU_TIMEOUT": "10"}
+    result = run_cli("devices", "--tpu", "local", env=env, timeout=300)
+    assert result.returncode == 2
+    assert "--tpu local given, but" in result.stderr and "--tpu none runs jobs on the CPU default" in result.stderr
+
+
+def test_tpu_name_local_on_a_host_without_chips_does_not_ask_libtpu():
+    devices = run_cli("devices", "--json", env={"TPU_NAME": "local"}, timeout=300)
+    assert devices.returncode == 0, devices.stderr
+    description = json.loads(devices.stdout)
+    assert description["kind"] == "CPU"
+    assert description["reasons"]["TPU"] == "TPU_NAME=local, but the chip scan finds no TPU chip on this host"
