@@ -279,6 +279,8 @@ def _connect_tpu(tf: Any, tpu_argument: str, timeout: float | None) -> tuple[Any
         raise
     except Exception as error:  # noqa: BLE001
         message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        # TensorFlow appends the op's whole attribute list; the op's name says enough.
+        message = re.sub(r" with these attrs: \[.*$", "", message)
         raise RuntimeSetupError(f"initializing TPU {tpu_argument!r} failed: {type(error).__name__}: {message}") from error
     if not tf.config.list_logical_devices("TPU"):
         raise RuntimeSetupError(f"TPU {tpu_argument!r} initialized but shows no TPU devices")

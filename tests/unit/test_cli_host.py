@@ -123,6 +123,7 @@ def test_an_explicit_tpu_that_cannot_start_is_tried_in_a_child_and_refused_with_
     else:
         # The CPU build answers with the error TPU users meet most.
         assert "initializing TPU 'local' failed: NotFoundError:" in message and "ConfigureDistributedTPU" in message
+        assert "with these attrs" not in message  # TensorFlow's attribute dump says nothing to a user
     # The child does not outlive its timeout: nothing holds the TPU afterwards.
     assert hostcheck.find_tpu_holders() == []
 
