@@ -9,14 +9,17 @@ Detection order (design.md), each step's reason recorded for the Devices screen:
    initialize, TPUStrategy. A failure is an error, never a silent fallback.
    ``--tpu none`` leaves the TPU alone.
 2. Automatic: COLAB_TPU_ADDR or TPU_NAME set, or TPU chips on the PCI bus. A
-   failure here falls back to the CPU default, in a fresh process
-   (``TpuFallback``): the failed attempt has already started TensorFlow.
+   failure falls back to the CPU default with the reason. With local chips
+   the TPU is first tried in a child process (``tpudash.tpuprobe``); a
+   failure after TensorFlow started in this process (``TpuFallback``) needs
+   a fresh process, as this one can no longer split its CPU.
 3. GPUs visible: MirroredStrategy.
 4. CPU: split into ``cpu_devices`` logical devices (default 8, like a v2-8 or
    v3-8 board) mirrored by a MirroredStrategy, labelled as simulated replicas.
 
 When no local chip is to be used, libtpu is kept from loading at all. Every
-TensorFlow start-up step is bounded by the TPU timeout. Logical devices can be
+TensorFlow start-up step is bounded (the TPU timeout; at least 60 s for the
+import itself). Logical devices can be
 configured once per process, so the runtime is made once and cached; tests
 share one 8-device configuration.
 """
@@ -354,7 +357,6 @@ def detect(
     environ = os.environ if environ is None else environ
     host = hostcheck.inspect() if host is None else host
     reasons: dict[str, str] = {}
-    notes: list[str] = []
     tpu_argument, explicit, why = tpu_request(tpu, environ, host.chips)
     if tpu_argument is not None and host.blocking(tpu=True):
         blocker = host.blocking(tpu=True)[0].message
@@ -403,16 +405,16 @@ def detect(
         logical = tf.config.list_logical_devices("TPU")
         return _runtime(tf, "TPU", strategy, logical, started, reasons, topology=_topology_dict(topology),
                         tpu_address=resolver.master() or tpu_argument, resolver=resolver,
-                        notes=[f"TPU found: {why}", *notes], host=host)
+                        notes=[f"TPU found: {why}"], host=host)
 
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         strategy = tf.distribute.MirroredStrategy()
         logical = tf.config.list_logical_devices("GPU")
-        return _runtime(tf, "GPU", strategy, logical, started, reasons, notes=notes, host=host)
+        return _runtime(tf, "GPU", strategy, logical, started, reasons, host=host)
     reasons["GPU"] = "TensorFlow sees no GPU (tf.config.list_physical_devices('GPU') is empty)"
 
-    notes.extend(_split_cpu(tf, cpu_devices))
+    notes = _split_cpu(tf, cpu_devices)
     logical = tf.config.list_logical_devices("CPU")
     strategy = tf.distribute.MirroredStrategy(devices=[device.name for device in logical])
     notes.append(f"no accelerator: the CPU is split into {len(logical)} logical devices that stand in for TPU cores")
