@@ -21,9 +21,12 @@ from textual.widgets import DataTable, Static
 from textual.worker import Worker, WorkerState
 
 from screens.base import DashScreen
-from screens.run import RunModel, RunView, format_seconds, format_value, status_text
+from screens.run import RunView, format_value, status_text
+from tpudash.clock import format_seconds
+from tpudash.runmodel import RunModel
 from tpudash.records import RunData, RunInfo
-from tpudash.widgets import DecimatedSeries, MetricPlot, PlotLine
+from tpudash.series import DecimatedSeries
+from tpudash.widgets import MetricPlot, PlotLine
 
 HISTORY_COLUMNS = ("", "started", "job", "status", "duration", "final metrics", "problems")
 EXPORT_FILE = "metrics.csv"

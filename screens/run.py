@@ -11,10 +11,7 @@ launched, with the accelerator lane beside it.
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -23,12 +20,11 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, OptionList, ProgressBar, RichLog, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
-from jobs.events import Artifact, Event, Log, Metric, Progress, ReplicaValues, RunFinished, RunStarted, Table, is_finite_number
 from screens.base import DashScreen
-from tpudash.app import display_beat
-from tpudash.widgets import DecimatedSeries, Ema, MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
+from tpudash.clock import display_beat, format_seconds
+from tpudash.runmodel import MAX_LOG_LINES, PATH_FAMILIES, MetricTrack, ProgressState, RunModel
+from tpudash.widgets import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
 
-MAX_LOG_LINES = 5000
 STATUS_STYLES = {
     "queued": ("◌", "dim"),
     "running": ("●", "bold yellow"),
@@ -37,30 +33,11 @@ STATUS_STYLES = {
     "cancelled": ("■", "bold magenta"),
     "interrupted": ("!", "bold red"),
 }
-# Metrics named like these are one point of a 2-D path (gradient descent's x0, x1).
-PATH_FAMILIES = ("x0", "x1")
-SPLIT_PREFIXES = ("val_", "test_")
 
 
 def status_text(status: str) -> Text:
     symbol, style = STATUS_STYLES.get(status, ("?", ""))
     return Text(f"{symbol} {status}", style=style)
-
-
-def format_seconds(seconds: float | None, precise: bool = True) -> str:
-    """``1.7s`` (when ``precise``, under 10 s), ``00:07``, ``03:25``, ``1:02:03``.
-
-    A running clock is shown to the second: a text that changes ten times a
-    second would repaint the screen ten times a second.
-    """
-    if seconds is None or not math.isfinite(seconds):
-        return "--:--"
-    seconds = max(0.0, seconds)
-    minutes, rest = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    if hours:
-        return f"{hours}:{minutes:02d}:{rest:02d}"
-    return f"{seconds:.1f}s" if precise and seconds < 10 else f"{minutes:02d}:{rest:02d}"
 
 
 def format_value(value: Any, width: int = 60) -> str:
@@ -79,257 +56,6 @@ def format_value(value: Any, width: int = 60) -> str:
 def format_params(params: dict) -> str:
     return "  ".join(f"{name}={format_value(value, 40)}" for name, value in params.items())
 
-
-# -- the model ----------------------------------------------------------------
-
-
-@dataclass
-class MetricTrack:
-    """One metric series: a family (loss), a split (train/val/test) and a granularity."""
-
-    family: str
-    split: str
-    granularity: str  # "batch" (per step within epochs), "epoch", or "step" (no epochs)
-    series: DecimatedSeries = field(default_factory=DecimatedSeries)
-    smoothed: DecimatedSeries | None = None
-    ema: Ema | None = None
-    last: float | None = None
-    last_step: int | None = None
-    count: int = 0
-
-    @property
-    def label(self) -> str:
-        if self.granularity == "epoch":
-            return f"{self.split} (epoch)"
-        if self.granularity == "batch":
-            return f"{self.split} (batch)"
-        return self.split
-
-
-def classify_metric(metric: Metric) -> tuple[str, str, str]:
-    """(family, split, granularity) of a metric event.
-
-    The train job's convention: ``batch_loss`` per batch, ``loss`` per epoch
-    (train and val), ``loss`` with split test at the end. Keras-style
-    ``val_loss`` with split "train" counts as loss/val and ``epoch_loss`` as
-    a per-epoch loss. A metric without an epoch is a plain per-step series
-    (gradient descent).
-    """
-    name, split = metric.name, metric.split or "train"
-    for prefix in SPLIT_PREFIXES:
-        if name.startswith(prefix) and split == "train":
-            name, split = name[len(prefix):], prefix[:-1]
-    if name.startswith("batch_"):
-        return name[len("batch_"):], split, "batch"
-    if name.startswith("epoch_"):
-        return name[len("epoch_"):], split, "epoch"
-    return name, split, "epoch" if metric.epoch is not None else "step"
-
-
-@dataclass
-class ProgressState:
-    """Progress of one unit (steps, epochs, devices) and what it implies for the ETA."""
-
-    unit: str
-    done: int
-    total: int | None
-    first_time: float
-    first_done: int
-    last_time: float
-
-    def eta(self) -> float | None:
-        if self.total is None or self.done <= self.first_done or self.last_time <= self.first_time:
-            return None
-        rate = (self.done - self.first_done) / (self.last_time - self.first_time)
-        return max(0.0, (self.total - self.done) / rate)
-
-    @property
-    def fraction(self) -> float | None:
-        if not self.total:
-            return None
-        return min(1.0, self.done / self.total)
-
-
-class RunModel:
-    """Everything the run view shows about one run, built from its events.
-
-    ``version`` changes on every event; ``plot_version`` only when a plotted
-    series changes, so a view redraws plots only when it has to.
-    """
-
-    def __init__(self, run_id: str = "", job: str = "", params: dict | None = None, status: str = "queued"):
-        self.run_id = run_id
-        self.job = job
-        self.params: dict = dict(params or {})
-        self.status = status
-        self.runtime: dict = {}
-        self.started: float | None = None
-        self.finished: float | None = None
-        self.summary: dict = {}
-        self.error: str | None = None
-        self.traceback: str | None = None
-        self.problems: list[str] = []
-        self.progress: dict[str, ProgressState] = {}
-        self.tracks: dict[tuple[str, str, str], MetricTrack] = {}
-        self.families: dict[str, list[MetricTrack]] = {}
-        self.family_versions: dict[str, int] = {}
-        self.final_metrics: dict[str, float] = {}
-        self._routes: dict[tuple, tuple[MetricTrack, str]] = {}
-        self.path: DecimatedSeries | None = None
-        self._path_pending: dict[int, dict[str, float]] = {}
-        self.replicas: dict[str, ReplicaValues] = {}
-        self.latest_numeric_replica: str | None = None
-        self.tables: dict[str, Table] = {}
-        self.table_versions: dict[str, int] = {}
-        self.logs: deque[tuple[str, str]] = deque(maxlen=MAX_LOG_LINES)
-        self.logs_total = 0
-        self.artifacts: list[Artifact] = []
-        self.events_seen = 0
-        self.version = 0
-        self.plot_version = 0
-        self.replica_version = 0
-
-    @classmethod
-    def from_events(cls, events: Iterable[tuple[float | None, Event]], **info: Any) -> "RunModel":
-        model = cls(**info)
-        for stamp, event in events:
-            model.apply(event, stamp)
-        return model
-
-    @property
-    def finished_state(self) -> bool:
-        return self.status in ("done", "failed", "cancelled", "interrupted")
-
-    def elapsed(self, now: float | None = None) -> float | None:
-        if self.started is None:
-            return None
-        end = self.finished if self.finished is not None else (now if now is not None else time.time())
-        return max(0.0, end - self.started)
-
-    def apply_all(self, events: Iterable[tuple[float | None, Event]]) -> None:
-        for stamp, event in events:
-            self.apply(event, stamp)
-
-    def apply(self, event: Event, stamp: float | None = None) -> None:
-        now = stamp if stamp is not None else time.time()
-        self.events_seen += 1
-        self.version += 1
-        if isinstance(event, Metric):
-            self._metric(event)
-        elif isinstance(event, Progress):
-            self._progress(event, now)
-        elif isinstance(event, Log):
-            self.logs.append((event.level, event.text))
-            self.logs_total += 1
-        elif isinstance(event, ReplicaValues):
-            self.replicas[event.name] = event
-            if event.values and all(is_finite_number(value) for value in event.values):
-                self.latest_numeric_replica = event.name
-            self.replica_version += 1
-        elif isinstance(event, Table):
-            self.tables[event.title] = event
-            self.table_versions[event.title] = self.table_versions.get(event.title, 0) + 1
-        elif isinstance(event, Artifact):
-            self.artifacts.append(event)
-        elif isinstance(event, RunStarted):
-            self.run_id, self.job, self.params = event.run_id or self.run_id, event.job, dict(event.params)
-            self.runtime = dict(event.runtime or {})
-            self.started = event.time
-            self.status = "running"
-        elif isinstance(event, RunFinished):
-            self.status = event.status
-            self.summary = dict(event.summary or {})
-            self.error, self.traceback = event.error, event.traceback
-            self.finished = now
-            if self.started is None:
-                self.started = now
-
-    def _metric(self, metric: Metric) -> None:
-        # Training emits thousands of metrics a second: route each (name, split,
-        # has-epoch) once, then only append.
-        route_key = (metric.name, metric.split, metric.epoch is None)
-        route = self._routes.get(route_key)
-        if route is None:
-            route = self._routes[route_key] = self._route(metric)
-        track, final_name = route
-        value = metric.value
-        if not (isinstance(value, (int, float)) and math.isfinite(value)) or isinstance(value, bool):
-            value = math.nan
-        if track.family in PATH_FAMILIES:
-            self._path_point(track.family, metric)
-        track.series.append(metric.step, value)
-        if track.ema is not None and value == value:
-            track.smoothed.append(metric.step, track.ema.update(value))
-        track.last, track.last_step = value, metric.step
-        track.count += 1
-        self.family_versions[track.family] += 1
-        self.plot_version += 1
-        self.final_metrics[final_name] = value
-
-    def _route(self, metric: Metric) -> tuple[MetricTrack, str]:
-        family, split, granularity = classify_metric(metric)
-        key = (family, split, granularity)
-        track = self.tracks.get(key)
-        if track is None:
-            track = MetricTrack(family, split, granularity)
-            if granularity == "batch":
-                track.smoothed, track.ema = DecimatedSeries(), Ema()
-            self.tracks[key] = track
-            self.families.setdefault(family, []).append(track)
-            self.family_versions.setdefault(family, 0)
-        return track, metric.name if metric.split == "train" else f"{metric.split}_{metric.name}"
-
-    def _path_point(self, family: str, metric: Metric) -> None:
-        pending = self._path_pending.setdefault(metric.step, {})
-        pending[family] = float(metric.value) if is_finite_number(metric.value) else math.nan
-        if len(pending) == len(PATH_FAMILIES):
-            if self.path is None:
-                self.path = DecimatedSeries()
-            self.path.append(pending[PATH_FAMILIES[0]], pending[PATH_FAMILIES[1]])
-            del self._path_pending[metric.step]
-        # Only the newest steps can still be completed; keep the dict small.
-        if len(self._path_pending) > 8:
-            for step in sorted(self._path_pending)[:-8]:
-                del self._path_pending[step]
-
-    def _progress(self, event: Progress, now: float) -> None:
-        state = self.progress.get(event.unit)
-        if state is None or event.done < state.done:
-            self.progress[event.unit] = ProgressState(event.unit, event.done, event.total, now, event.done, now)
-        else:
-            state.done, state.total, state.last_time = event.done, event.total, now
-
-    def outcome_line(self) -> str | None:
-        """What the run concluded: the summary's ``line`` if it has one, else its last info log."""
-        line = self.summary.get("line")
-        if isinstance(line, str) and line:
-            return line
-        return next((text for level, text in reversed(self.logs) if level == "info"), None)
-
-    def last_metrics(self) -> dict[str, float]:
-        """The newest value of every metric, named like run.json's final_metrics (``val_loss``)."""
-        return dict(self.final_metrics)
-
-    def device_results(self) -> dict[str, dict]:
-        """Per device: passed? and GFLOP/s, from a result table with device and result columns."""
-        results: dict[str, dict] = {}
-        for table in self.tables.values():
-            columns = [str(column).lower() for column in table.columns]
-            device_column = next((i for i, c in enumerate(columns) if c == "device"), None)
-            result_column = next((i for i, c in enumerate(columns) if c in ("result", "pass", "passed", "status")), None)
-            speed_column = next((i for i, c in enumerate(columns) if "gflop" in c), None)
-            if device_column is None or result_column is None:
-                continue
-            for row in table.rows:
-                if len(row) <= max(device_column, result_column):
-                    continue
-                verdict = row[result_column]
-                passed = verdict is True or str(verdict).strip().lower() in ("pass", "passed", "ok", "true", "✓")
-                entry = {"passed": passed, "result": str(verdict)}
-                if speed_column is not None and speed_column < len(row) and is_finite_number(row[speed_column]):
-                    entry["gflops"] = float(row[speed_column])
-                results[str(row[device_column])] = entry
-        return results
 
 
 # -- the view -------------------------------------------------------------------

@@ -39,6 +39,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.worker import Worker, WorkerState
 
+from tpudash.clock import display_beat, format_seconds
 from tpudash.config import Settings
 
 if TYPE_CHECKING:  # the runner, records and host check load after the first frame
@@ -52,11 +53,6 @@ MAX_WAITING_RUNS = 4
 # Runs of this session kept in memory for the run view (their models are bounded).
 MAX_SESSION_RUNS = 50
 TICK_SECONDS = 0.1
-# What a running job changes (clocks, progress bars, log, live plots) is
-# redrawn when the clock enters a new second, so all of it lands in one frame
-# instead of each change costing its own: during training every frame is CPU
-# the training step could have had. (nvitop refreshes every 2 s.)
-DISPLAY_BEAT_SECONDS = 1.0
 FIRST_FRAME_ENV = "TPUDASH_EXIT_AFTER_FIRST_FRAME"
 STATUS_EVENTS = ("run_started", "run_finished")
 
@@ -589,7 +585,7 @@ class TpudashApp(App[int]):
                 model.traceback = "".join(traceback.format_exception(type(error), error, error.__traceback__))
             model.finished = model.finished or time.time()
             model.version += 1
-        duration = _format_duration(model.elapsed())
+        duration = format_seconds(model.elapsed())
         if model.status == "done":
             self.notify(f"{model.job} done in {duration}", title="Run finished")
         elif model.status == "failed":
@@ -661,7 +657,7 @@ class TpudashApp(App[int]):
             self.notify(f"{MAX_WAITING_RUNS} runs are already waiting; cancel one or wait.",
                         title="Queue full", severity="warning")
             return None
-        from screens.run import RunModel
+        from tpudash.runmodel import RunModel
 
         model = RunModel(job=spec.name, params=params, status="queued")
         live = LiveRun(self, model)
@@ -823,13 +819,13 @@ class TpudashApp(App[int]):
         waiting = len(self.runner.queued())
         if live is not None:
             model = live.model
-            clock = _format_duration(model.elapsed(), precise=False)
+            clock = format_seconds(model.elapsed(), precise=False)
             text = f"{model.job} ● {model.status} {clock}"
             if live.queued.cancel_event.is_set() and model.status == "running":
                 text = f"{model.job} ● cancelling {clock}"
         else:
             last = next((item for item in reversed(self.live_runs.values()) if item.model.finished_state), None)
-            text = f"last: {last.model.job} {last.model.status} ({_format_duration(last.model.elapsed())})" if last else "idle"
+            text = f"last: {last.model.job} {last.model.status} ({format_seconds(last.model.elapsed())})" if last else "idle"
         if waiting:
             text += f" · {waiting} queued"
         self.lane_status = text
@@ -837,7 +833,7 @@ class TpudashApp(App[int]):
     # -- the last device check ------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="device-check", description="Find the last matmul check on disk")
     def load_last_device_check(self) -> dict | None:
-        from screens.run import RunModel
+        from tpudash.runmodel import RunModel
 
         for info in reversed(self.store.list_runs()):
             if info.job != "matmul" or info.status not in ("done", "failed"):
@@ -849,22 +845,6 @@ class TpudashApp(App[int]):
                 return {"run_id": info.run_id, "job": info.job, "finished": info.finished,
                         "status": info.status, "results": results}
         return None
-
-
-def display_beat() -> int:
-    """Which second of the monotonic clock it is (see ``DISPLAY_BEAT_SECONDS``)."""
-    return int(time.monotonic() / DISPLAY_BEAT_SECONDS)
-
-
-def _format_duration(seconds: float | None, precise: bool = True) -> str:
-    """``4.2s`` or ``4s`` (a running clock ticks by the second), ``3:05``, ``1:02:03``."""
-    if seconds is None:
-        return "0s"
-    if seconds < 60:
-        return f"{seconds:.1f}s" if precise else f"{int(seconds)}s"
-    minutes, rest = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{rest:02d}" if hours else f"{minutes}:{rest:02d}"
 
 
 def _process_start_time() -> float | None:

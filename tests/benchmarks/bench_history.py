@@ -124,8 +124,8 @@ async def _measure_redraws(small_model, big_model, rounds: int) -> dict:
 
 
 def run(quick: bool) -> list[Result]:
-    from screens.run import RunModel
-    from tpudash.widgets import DEFAULT_SERIES_CAPACITY
+    from tpudash.runmodel import RunModel
+    from tpudash.series import DEFAULT_SERIES_CAPACITY
 
     big_points = 20_000 if quick else 1_000_000
     rounds = 5 if quick else 40
