@@ -190,6 +190,10 @@ class JobSpec:
     def defaults(self) -> dict:
         return {param.name: param.default for param in self.params}
 
+    def as_text(self, values: Mapping[str, Any]) -> dict[str, str]:
+        """Every param as a user would type it: what crosses to the engine and back through ``resolve``."""
+        return {param.name: param.format(values[param.name]) for param in self.params if param.name in values}
+
     def resolve(self, overrides: Mapping[str, Any] | None = None) -> dict:
         """Defaults updated by ``overrides`` (text or typed), all validated."""
         known = {param.name: param for param in self.params}

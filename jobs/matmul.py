@@ -226,7 +226,9 @@ def check_memory(params: dict, runtime: Any, available_host: int | None = None) 
             f"{shape_text(params)} needs {format_gib(host_needed)} of host memory, "
             f"{format_gib(available_host)} available; lower m, k or n",
         )
-    if on_host or not device_needed:
+    if on_host or not device_needed or getattr(runtime, "strategy", None) is None:
+        # A runtime without a strategy is the dashboard's copy of the
+        # description: it never imports TensorFlow; the engine checks at launch.
         return
     import tensorflow as tf
 

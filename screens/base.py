@@ -20,8 +20,10 @@ class SessionBar(Static):
     """The one-line header on every screen: the runtime, then the accelerator lane.
 
     Shows the app's ``runtime_status`` ("connecting…", then kind, strategy and
-    replicas, or "no TensorFlow") and ``lane_status`` (the running job, its
-    status and elapsed time, and how many runs wait).
+    replicas, or "no TensorFlow"), ``engine_status`` (the process that owns
+    TensorFlow: none, starting…, ready on KIND, running JOB, released,
+    crashed) and ``lane_status`` (the running job, its status and elapsed
+    time, and how many runs wait).
     """
 
     DEFAULT_CSS = """
@@ -38,13 +40,19 @@ class SessionBar(Static):
     def on_mount(self) -> None:
         self.watch(self.app, "runtime_status", self._show, init=False)
         self.watch(self.app, "lane_status", self._show, init=False)
+        self.watch(self.app, "engine_status", self._show, init=False)
         self._show()
 
     def _show(self, _value: object = None) -> None:
         runtime = getattr(self.app, "runtime_status", "")
         lane = getattr(self.app, "lane_status", "")
+        engine = getattr(self.app, "engine_status", "")
         style = "bold red" if "fail" in runtime else "bold yellow" if runtime.startswith("no TensorFlow") else "cyan"
         text = Text.assemble(("tpudash", "bold"), "  ", (runtime, style))
+        if engine:
+            engine_style = "bold red" if engine.startswith("crashed") else "dim" if engine in ("none", "released") else ""
+            text.append("  │  engine ")
+            text.append(engine, engine_style)
         if lane:
             text.append("  │  ")
             text.append(lane, "bold yellow" if "running" in lane else "")

@@ -152,9 +152,9 @@ class JobsScreen(DashScreen):
         self.query_one("#job-list", OptionList).focus()
 
     def _show_lane(self, _version: int = 0) -> None:
-        runner = self.app.runner
-        current = runner.current
-        waiting = runner.queued()
+        lane = self.app.lane
+        current = lane.current
+        waiting = lane.waiting
         text = Text("lane: ", style="bold")
         if current is None:
             text.append("idle", "dim")

@@ -512,12 +512,10 @@ class RunScreen(DashScreen):
     def action_cancel_shown(self) -> None:
         """Cancel the run on screen: a queued one leaves the queue without running."""
         live = self.app.live_runs.get(self.app.shown_run_id)
-        if live is None or live.queued.done_event.is_set():
+        if live is None or live.settled.is_set():
             self.app.notify("This run has already ended.", severity="warning")
             return
-        self.app.runner.cancel(live.queued)
-        self.app.notify(f"Cancelling {live.model.job}…", title="Cancel")
-        self.app.refresh_lane()
+        self.app.cancel_run(live)
 
     def action_show_neighbour(self, offset: int) -> None:
         run_ids = list(self.app.live_runs)

@@ -14,6 +14,8 @@ from typing import Mapping
 DEFAULT_CPU_DEVICES = 8
 MAX_CPU_DEVICES = 256
 ENV_PREFIX = "TPUDASH_"
+# Settings given in seconds: (lowest, highest) allowed.
+SECONDS_RANGES = {"tpu_timeout": (1.0, 3600.0), "release_after": (0.0, 7 * 24 * 3600.0), "cancel_grace": (0.1, 60.0)}
 
 
 class SettingsError(ValueError):
@@ -39,6 +41,10 @@ class Settings:
     tpu_timeout: seconds TensorFlow may take to start on a TPU, connect and
         initialize it (an unreachable gRPC address or libtpu's discovery
         otherwise hangs for minutes or for good).
+    release_after: the dashboard releases the accelerator (its engine exits)
+        after this many idle seconds; 0 keeps it until quit or the release key.
+    cancel_grace: seconds a cancelled job has to stop before the dashboard
+        ends its engine and records the run as cancelled.
     """
 
     tpu: str | None = None
@@ -46,6 +52,8 @@ class Settings:
     data_dir: Path | None = None
     runs_dir: Path | None = None
     tpu_timeout: float = 60.0
+    release_after: float = 0.0
+    cancel_grace: float = 2.0
 
     @classmethod
     def load(cls, flags: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -79,6 +87,19 @@ class Settings:
         return runs_dir
 
 
+def settings_environment(settings: Settings, environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` with every setting as its TPUDASH_* variable, so a child process loads the same Settings."""
+    environment = dict(environ)
+    for item in fields(settings):
+        value = getattr(settings, item.name)
+        variable = ENV_PREFIX + item.name.upper()
+        if value is None:
+            environment.pop(variable, None)
+        else:
+            environment[variable] = str(value)
+    return environment
+
+
 def _convert(name: str, raw: object, source: str) -> object:
     if name == "cpu_devices":
         try:
@@ -88,13 +109,14 @@ def _convert(name: str, raw: object, source: str) -> object:
         if not 1 <= count <= MAX_CPU_DEVICES:
             raise SettingsError(f"{source}: {count} is out of range; allowed: 1 to {MAX_CPU_DEVICES}")
         return count
-    if name == "tpu_timeout":
+    if name in SECONDS_RANGES:
+        low, high = SECONDS_RANGES[name]
         try:
             seconds = float(str(raw).strip())
         except ValueError:
-            raise SettingsError(f"{source}: {raw!r} is not a number; allowed: 1 to 3600 seconds") from None
-        if not 1 <= seconds <= 3600:
-            raise SettingsError(f"{source}: {seconds:g} is out of range; allowed: 1 to 3600 seconds")
+            raise SettingsError(f"{source}: {raw!r} is not a number; allowed: {low:g} to {high:g} seconds") from None
+        if not low <= seconds <= high:
+            raise SettingsError(f"{source}: {seconds:g} is out of range; allowed: {low:g} to {high:g} seconds")
         return seconds
     if name == "tpu":
         text = str(raw).strip()

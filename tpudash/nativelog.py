@@ -102,10 +102,15 @@ class NativeStderr:
 
     def tail(self, lines: int = 20, since: int = 0) -> list[str]:
         """The last lines TensorFlow wrote (after byte offset ``since``), for an error report."""
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(since)
-                text = log.read().decode("utf-8", errors="replace")
-        except OSError:
-            return []
-        return text.splitlines()[-lines:]
+        return read_tail(self.log_path, lines, since)
+
+
+def read_tail(path: Path, lines: int = 20, since: int = 0) -> list[str]:
+    """The last ``lines`` lines of a log file after byte offset ``since`` ([] if unreadable)."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(since)
+            text = log.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]

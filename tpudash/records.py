@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable
+from typing import IO, Any, Iterable
 
 from jobs.events import (
     Event,
@@ -74,6 +74,11 @@ def process_alive(pid: int, start_ticks: str | None) -> bool:
     return current is None or current == start_ticks
 
 
+def metric_key(event: Metric) -> str:
+    """How run.json names a metric: ``loss`` for train, ``val_loss`` for val."""
+    return event.name if event.split == "train" else f"{event.split}_{event.name}"
+
+
 def write_json_atomically(path: Path, payload: dict) -> None:
     """Write to a temp file beside ``path``, fsync, then os.replace it."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -110,8 +115,7 @@ class RunRecorder:
             self._events.write(dumps(event, timestamp) + "\n")
             self._events.flush()
             if isinstance(event, Metric):
-                key = event.name if event.split == "train" else f"{event.split}_{event.name}"
-                self._final_metrics[key] = event.value
+                self.remember_metric(event)
             now = time.monotonic()
             epoch_boundary = isinstance(event, Progress) and event.unit == "epoch"
             if epoch_boundary or now - self._last_fsync >= FSYNC_INTERVAL_SECONDS:
@@ -130,6 +134,10 @@ class RunRecorder:
                 self._write_meta()
                 self._events.close()
                 self._closed = True
+
+    def remember_metric(self, event: Metric) -> None:
+        """Keep ``event`` as its metric's latest value for run.json's final_metrics."""
+        self._final_metrics[metric_key(event)] = event.value
 
     def close(self) -> None:
         with self._lock:
@@ -211,6 +219,54 @@ def read_events(path: Path) -> tuple[list[tuple[float | None, Event]], list[str]
     return events, problems
 
 
+class EventTail:
+    """Follows a run's events.jsonl as its writer appends: each ``read_new`` returns the events added since.
+
+    A line is read only once it is complete (the writer may be mid-line); a
+    line that does not parse is counted in ``problems`` and skipped. The file
+    may not exist yet (the engine has not started the run).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._handle: IO[bytes] | None = None
+        self._partial = b""
+        self.problems = 0
+        self.finished = False
+        """True once a RunFinished was read: nothing more will come."""
+
+    def read_new(self) -> list[tuple[float | None, Event]]:
+        if self._handle is None:
+            try:
+                self._handle = open(self.path, "rb")
+            except OSError:
+                return []
+        chunk = self._handle.read()
+        if not chunk:
+            return []
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        events: list[tuple[float | None, Event]] = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                payload = json.loads(line)
+                event = event_from_dict(payload)
+            except (json.JSONDecodeError, UnknownEventError, UnicodeDecodeError):
+                self.problems += 1
+                continue
+            events.append((payload.get("t"), event))
+            if isinstance(event, RunFinished):
+                self.finished = True
+        return events
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
 class RunStore:
     """The runs directory: create runs, list them, load and export one."""
 
@@ -233,6 +289,35 @@ class RunStore:
             "host": socket.gethostname(),
         }
         return RunRecorder(run_dir, meta)
+
+    def finish_abandoned(self, run_id: str, job: str, params: dict, status: str, error: str | None) -> None:
+        """End a run whose writer died (a killed engine): append RunFinished and update run.json.
+
+        Everything the run reported stays; its final metrics are read back
+        from its events. A run the writer never created is created here, so
+        even a job that died before it started has a record. A run that
+        already ended is left as it is.
+        """
+        run_dir = self.root / run_id
+        events, _ = read_events(run_dir / EVENTS_FILE)
+        if any(isinstance(event, RunFinished) for _, event in events):
+            return
+        try:
+            meta = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            meta = None
+        if not isinstance(meta, dict):
+            recorder = self.create(run_id, job, params, {}) if not run_dir.exists() else RunRecorder(
+                run_dir, {"run_id": run_id, "job": job, "params": params, "status": STATUS_RUNNING,
+                          "started": time.time(), "host": socket.gethostname()})
+            if not events:
+                recorder.record(RunStarted(run_id, job, params, {}, time.time()))
+        else:
+            recorder = RunRecorder(run_dir, meta)
+        for _, event in events:
+            if isinstance(event, Metric):
+                recorder.remember_metric(event)
+        recorder.record(RunFinished(status=status, summary={}, error=error, traceback=None))
 
     def run_dirs(self) -> list[Path]:
         try:
@@ -283,16 +368,14 @@ class RunStore:
             elif isinstance(event, RunFinished):
                 info.status, info.summary, info.error, info.finished = event.status, event.summary, event.error, stamp
             elif isinstance(event, Metric):
-                key = event.name if event.split == "train" else f"{event.split}_{event.name}"
-                info.final_metrics[key] = event.value
+                info.final_metrics[metric_key(event)] = event.value
 
     def _refresh_from_events(self, info: RunInfo) -> None:
         """For an interrupted run, the last metrics and time come from its events."""
         events, _ = read_events(info.path / EVENTS_FILE)
         for stamp, event in events:
             if isinstance(event, Metric):
-                key = event.name if event.split == "train" else f"{event.split}_{event.name}"
-                info.final_metrics[key] = event.value
+                info.final_metrics[metric_key(event)] = event.value
             if stamp is not None:
                 info.finished = stamp
 

@@ -95,9 +95,9 @@ class Runner:
                 self._sinks.remove(sink)
 
     # -- queue -----------------------------------------------------------
-    def submit(self, spec: JobSpec, params: dict, sinks: Iterable[Sink] = ()) -> QueuedRun:
-        """Queue a run of ``spec`` with already validated ``params``."""
-        run = QueuedRun(run_id=new_run_id(spec.name), spec=spec, params=dict(params), sinks=list(sinks))
+    def submit(self, spec: JobSpec, params: dict, sinks: Iterable[Sink] = (), run_id: str | None = None) -> QueuedRun:
+        """Queue a run of ``spec`` with already validated ``params`` (``run_id``: chosen by the caller)."""
+        run = QueuedRun(run_id=run_id or new_run_id(spec.name), spec=spec, params=dict(params), sinks=list(sinks))
         with self._condition:
             self._waiting.append(run)
             self._condition.notify_all()

@@ -33,7 +33,7 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Mapping, MutableMapping
 
 from tpudash import hostcheck, nativelog
@@ -114,6 +114,14 @@ class RuntimeDescription:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "RuntimeDescription":
+        """The inverse of ``to_dict`` (the engine sends its description to the dashboard as JSON)."""
+        known = {item.name for item in fields(cls)}
+        values = {name: value for name, value in data.items() if name in known}
+        values["devices"] = [LogicalDeviceInfo(**device) for device in data.get("devices", [])]
+        return cls(**values)
+
 
 @dataclass
 class Runtime:
@@ -135,6 +143,16 @@ class Runtime:
     @property
     def kind(self) -> str:
         return self.description.kind
+
+    @classmethod
+    def from_description(cls, data: dict) -> "Runtime":
+        """The dashboard's view of the engine's runtime: the description, no strategy.
+
+        Enough for every job's ``check_runtime`` (device count, kind, names);
+        a check that needs the live devices leaves it to the engine.
+        """
+        description = RuntimeDescription.from_dict(data)
+        return cls(strategy=None, description=description, logical_devices=list(description.devices))
 
     def summary(self) -> dict:
         """The compact description stored with every run."""

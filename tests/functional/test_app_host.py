@@ -16,6 +16,8 @@ from screens.base import SessionBar
 from screens.devices import DevicesScreen
 from screens.jobs import JobsScreen
 from tpudash import hostcheck, runtime as runtime_module
+from tpudash.config import Settings
+from tpudash.engine import detect_runtime
 from tpudash.records import RunStore, new_run_id
 
 CPU_INSTALL_LINE = hostcheck.install_line("cpu")
@@ -135,12 +137,14 @@ async def test_a_failed_automatic_tpu_attempt_falls_back_to_the_cpu_default(make
         return runtime
 
     monkeypatch.setattr(runtime_module, "get_runtime", get_runtime)
-    app = make_app(runtime_provider=None, host_check_provider=tpu_host_with_the_cpu_build)
+    settings = Settings.load()
+    # The engine's own detection, on a thread engine so the patched get_runtime applies.
+    app = make_app(runtime_provider=lambda: detect_runtime(settings), host_check_provider=tpu_host_with_the_cpu_build)
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
         assert requests == [(None, False), (runtime_module.NO_TPU, True)]
         assert os.environ[runtime_module.FALLBACK_REASON_VARIABLE] == reason
-        assert app.runtime is runtime and app.runtime_error is None
+        assert app.runtime.description == runtime.description and app.runtime_error is None
         assert "8 replicas" in app.runtime_status
         assert app.settings.tpu is None  # a re-initialisation tries the TPU again
         await asyncio.wait_for(app.workers.wait_for_complete(), RUN_TIMEOUT)

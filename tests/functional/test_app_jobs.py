@@ -38,7 +38,7 @@ async def test_an_invalid_field_is_explained_as_typed_and_blocks_launch(make_app
         assert field.has_class("-invalid")
         assert "out of range" in field.error and "> 0" in field.error
         await pilot.press("enter")
-        assert not app.live_runs and not app.runner.busy
+        assert not app.live_runs and not app.busy
         assert not isolated_runs_dir.exists() or not any(isolated_runs_dir.iterdir())
         assert any("learning_rate" in message and severity == "error" for _, severity, message in app.notices)
         assert app.focused is field.input

@@ -85,7 +85,7 @@ async def test_x_on_a_queued_run_removes_it_without_running_it(make_app, job_gat
         assert app.shown_run_id == queued.run_id and queued.model.status == "queued"
         await pilot.press("x")
         await run_settled(pilot, queued)
-        assert queued.model.status == "cancelled" and queued.worker is None
+        assert queued.model.status == "cancelled" and queued.model.started is None
         assert running.model.status == "running"
         job_gate.release.set()
         await run_settled(pilot, running)

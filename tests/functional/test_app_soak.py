@@ -47,7 +47,8 @@ from screens.devices import DevicesScreen
 from screens.dialogs import ConfirmScreen
 from screens.jobs import JobsScreen
 from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, shown_live
-from tpudash.app import MAX_WAITING_RUNS, MODE_SCREENS, TICK_SECONDS, TpudashApp
+from screens import MODE_SCREENS
+from tpudash.app import MAX_WAITING_RUNS, TICK_SECONDS, TpudashApp
 from tpudash.records import RunStore
 
 RANDOM_KEYS = 2000
@@ -188,7 +189,7 @@ class KeySoak:
         self.quit_dialogs_declined = 0
         self.palette_visits = 0
         self.runs: dict = {}
-        """Every QueuedRun the session held, by run id (the app forgets old ones)."""
+        """Every LiveRun the session held, by run id (the app forgets old ones)."""
         self.last_keys: collections.deque = collections.deque(maxlen=RECENT_KEYS)
         """The last keys sent, each with the screen and focus it was sent to (for the failure message)."""
 
@@ -218,7 +219,7 @@ class KeySoak:
             raise AssertionError(f"the UI timer stopped ticking for {TICK_TIMEOUT} s")
         self.assert_alive()
         for live in list(self.app.live_runs.values()):
-            self.runs[live.run_id] = live.queued
+            self.runs[live.run_id] = live
 
     async def until(self, predicate) -> None:
         """Wait tick by tick until ``predicate()`` holds."""
@@ -274,8 +275,8 @@ class KeySoak:
 
     def held_test_run(self):
         """The running test-steps run (it waits at its gate until cancelled), unless asked to stop."""
-        current = self.app.runner.current
-        if current is None or current.job != "test-steps" or current.cancel_event.is_set():
+        current = self.app.current_live_run
+        if current is None or current.job != "test-steps" or current.cancel_requested_at is not None:
             return None
         return current
 
@@ -287,9 +288,9 @@ class KeySoak:
             # Launch one and wait for its turn (the queue ahead of it holds a few quick runs at most).
             await self.use_the_palette("Run test-steps")
             launched = self.app.live_runs.get(self.app.shown_run_id)
-            if launched is None or launched.model.job != "test-steps" or launched.queued.done_event.is_set():
+            if launched is None or launched.model.job != "test-steps" or launched.settled.is_set():
                 return  # the queue was full
-            await self.until(lambda: self.held_test_run() is launched.queued or launched.queued.done_event.is_set())
+            await self.until(lambda: self.held_test_run() is launched or launched.settled.is_set())
             held = self.held_test_run()
         if held is None or self.app.screen.is_modal or self.typing_into_a_field:
             return
@@ -297,8 +298,8 @@ class KeySoak:
         await self.until(lambda: isinstance(self.app.screen, ConfirmScreen))
         await self.press(self.rng.choice(["n", "escape", "enter"]))
         await self.until(lambda: not isinstance(self.app.screen, ConfirmScreen))
-        assert not self.app.quitting and not held.cancel_event.is_set(), "declining to quit stopped the run"
-        assert self.app.runner.current is held, "declining to quit ended the run"
+        assert not self.app.quitting and held.cancel_requested_at is None, "declining to quit stopped the run"
+        assert self.app.current_live_run is held, "declining to quit ended the run"
         self.quit_dialogs_declined += 1
 
     async def use_the_palette(self, command: str | None = None) -> None:
@@ -372,18 +373,17 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
         await soak.press("d")
         await soak.until(lambda: isinstance(app.screen, DevicesScreen))
         for _ in range(4 * (MAX_WAITING_RUNS + 1)):
-            if not app.runner.busy:
+            if not app.busy:
                 break
             await soak.press("c", drain=True)
-            await soak.until(lambda: app.active_live_run is None
-                             or not app.active_live_run.queued.cancel_event.is_set())
-        await soak.until(lambda: not app.runner.busy and app.active_live_run is None)
+            await soak.until(lambda: app.current_live_run is None or app.current_live_run.cancel_requested_at is None)
+        await soak.until(lambda: not app.busy)
         await soak.press("g", drain=True)
         descent = shown_live(app)
         assert descent is not None and descent.model.job == "gradient-descent"
         await run_settled(pilot, descent)
         assert descent.model.status == "done"
-        soak.runs[descent.run_id] = descent.queued
+        soak.runs[descent.run_id] = descent
 
         await soak.use_the_palette("Run test-steps")
         await soak.until(lambda: soak.held_test_run() is not None
@@ -397,8 +397,8 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
     assert app._exception is None and app.return_code == 0
 
     errors = [message for _, severity, message in app.notices if severity == "error"]
-    explained = {f"{queued.job} failed: {queued.error}" for queued in soak.runs.values()
-                 if queued.state == "failed" and is_deliberate_failure(queued.job, queued.params, queued.error)}
+    explained = {f"{live.job} failed: {live.model.error}" for live in soak.runs.values()
+                 if live.model.status == "failed" and is_deliberate_failure(live.job, live.params, live.model.error)}
     refusals = tuple(f"{name} not launched: " for name in soak_specs)
     unexplained = [message for message in errors if message not in explained and not message.startswith(refusals)]
     assert unexplained == [], "errors shown that no deliberate failure or refused input explains"
@@ -407,14 +407,15 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
     # Every run that started has a record with a final status; the others were
     # cancelled while they waited, and got no directory.
     infos = {info.run_id: info for info in RunStore(runs_dir).list_runs()}
-    for run_id, queued in soak.runs.items():
-        if queued.started is None:
-            assert queued.state == "cancelled" and run_id not in infos, f"{run_id} never started, yet {queued.state}"
+    for run_id, live in soak.runs.items():
+        if live.model.started is None:
+            assert live.model.status == "cancelled" and run_id not in infos, \
+                f"{run_id} never started, yet {live.model.status}"
             continue
-        assert run_id in infos, f"{run_id} ({queued.job}) started but has no record"
+        assert run_id in infos, f"{run_id} ({live.job}) started but has no record"
         info = infos[run_id]
-        assert info.status in FINAL_STATUSES and info.status == queued.state, \
-            f"{run_id} ({queued.job}) recorded as {info.status}, ended {queued.state}"
+        assert info.status in FINAL_STATUSES and info.status == live.model.status, \
+            f"{run_id} ({live.job}) recorded as {info.status}, ended {live.model.status}"
         assert not info.problems, f"{run_id}: {info.problems}"
         if info.status == "failed":
             assert is_deliberate_failure(info.job, info.params, info.error), f"{run_id} failed: {info.error}"
@@ -423,13 +424,13 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
 
     # The soak did what it claims: jobs were done, cancelled and failed, and a
     # quit was declined while one ran.
-    started = [queued for queued in soak.runs.values() if queued.started is not None]
-    statuses = {queued.state for queued in started}
+    started = [live for live in soak.runs.values() if live.model.started is not None]
+    statuses = {live.model.status for live in started}
     assert {"done", "cancelled", "failed"} <= statuses, statuses
     assert soak.quit_dialogs_declined >= 1
     print(f"key soak seed {seed}: {soak.keys_sent} keys ({soak.random_keys} random, {soak.texts_typed} texts), "
           f"{len(soak.runs)} runs ({len(started)} started: "
-          f"{ {status: sum(q.state == status for q in started) for status in sorted(statuses)} }), "
+          f"{ {status: sum(live.model.status == status for live in started) for status in sorted(statuses)} }), "
           f"{soak.quit_dialogs_declined} quit dialogs declined, {soak.palette_visits} palette visits")
 
 

@@ -18,7 +18,7 @@ async def test_t_opens_the_train_form_and_a_short_synthetic_run_plots_live_then_
     def hold_after_first_batch(run, event):
         # A runner sink runs on the job thread: holding it here pauses training
         # so the test can look at the live view mid-run. The step's Progress
-        # comes after its metrics, which have reached the app by then.
+        # comes after its metrics, which are in events.jsonl by then.
         if isinstance(event, Progress) and event.unit == "step" and event.done >= 1 and not first_batch.is_set():
             first_batch.set()
             release.wait(timeout=600)
@@ -27,7 +27,8 @@ async def test_t_opens_the_train_form_and_a_short_synthetic_run_plots_live_then_
     async with app.run_test(size=SIZE) as pilot:
         try:
             await runtime_ready(pilot)
-            app.runner.add_sink(hold_after_first_batch)
+            # The engine runs on a thread of this test (make_app): its runner takes the sink.
+            app.lane.engine.server.runner.add_sink(hold_after_first_batch)
             await pilot.press("t")
             assert isinstance(app.screen, JobsScreen)
             form = app.screen.current_form

@@ -1,0 +1,46 @@
+"""The command palette: every job (launch, or open its form), every screen, and the engine's controls.
+
+Commands call the app's actions, so the palette, the keys and the tests all
+go through one path.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from screens import MODE_SCREENS
+
+
+class TpudashCommands(Provider):
+    """Jobs, screens, cancel, release the accelerator, re-initialise the runtime."""
+
+    def _commands(self) -> list[tuple[str, Callable, str]]:
+        app = self.app
+        commands: list[tuple[str, Callable, str]] = []
+        for name, spec in app.job_specs.items():
+            commands.append((f"Run {name}", partial(app.run_action, f"launch_job({name!r})"),
+                             f"{spec.title}: launch with default params"))
+            commands.append((f"Form: {name}", partial(app.run_action, f"open_form({name!r})"),
+                             f"{spec.title}: set params, then enter to launch"))
+        for mode, (_, _, label, help_text) in MODE_SCREENS.items():
+            commands.append((f"Show {label}", partial(app.run_action, f"show({mode!r})"), help_text))
+        commands.append(("Release the accelerator (the engine exits)", app.action_release_engine,
+                         "so a notebook or another process can take the TPU; the next launch starts a new engine"))
+        commands.append(("Re-initialise the TPU (detect the runtime again)", app.action_reinitialize_runtime,
+                         "a new engine: connect, initialize the TPU system and rebuild the strategy"))
+        commands.append(("Cancel the running job", app.action_cancel_job, "stop the job on the accelerator lane"))
+        return commands
+
+    async def discover(self) -> Hits:
+        for name, callback, help_text in self._commands():
+            yield DiscoveryHit(name, callback, help=help_text)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for name, callback, help_text in self._commands():
+            score = matcher.match(name)
+            if score > 0:
+                yield Hit(score, matcher.highlight(name), callback, help=help_text)
