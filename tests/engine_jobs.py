@@ -1,0 +1,27 @@
+"""Jobs that exist only in tests, for the engine (``TPUDASH_ENGINE_EXTRA_JOBS=tests.engine_jobs``).
+
+``test-abort`` ends its process the way a native crash does (SIGABRT after a
+line on stderr, like a failed CHECK in TensorFlow's C++), to show that the
+engine may die and the dashboard stays up.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from jobs.base import JobSpec
+
+ABORT_LINE = "F0000 tpudash test job: aborting on purpose (a native CHECK failure)"
+
+
+def abort_process(ctx, params):
+    ctx.log("about to abort the engine process")
+    print(ABORT_LINE, file=sys.stderr, flush=True)
+    os.abort()
+
+
+SPECS = (
+    JobSpec(name="test-abort", title="Test abort", description="Aborts the process that runs it (tests only).",
+            params=(), run=abort_process),
+)

@@ -1,0 +1,85 @@
+"""The engine process may die; the dashboard may not.
+
+A real engine process (``python -m tpudash.engine``) under a Pilot session:
+kill -9 mid-training, then a job that aborts its process on purpose. After
+each, the run is recorded as failed with the signal (and the engine's last
+stderr lines), the dashboard answers keys, and the next launch starts a new
+engine that runs the next job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from jobs import registry
+from screens.jobs import JobsScreen
+from tests.engine_jobs import ABORT_LINE, SPECS as TEST_ENGINE_JOBS
+from tests.conftest import REPO_ROOT
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
+from tpudash.app import TpudashApp
+from tpudash.engine import EXTRA_JOBS_VARIABLE
+from tpudash.records import RunStore
+
+SEED_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
+LONG_SYNTHETIC_TRAIN = {"source": "synthetic", "epochs": "50", "batch_per_replica": "8", "limit_train": "2048",
+                        "limit_test": "128"}
+
+
+async def test_the_dashboard_survives_its_engine_killed_mid_training_and_aborting_and_the_next_job_runs(
+        settings, monkeypatch):
+    monkeypatch.setenv(EXTRA_JOBS_VARIABLE, "tests.engine_jobs")
+    specs = dict(registry()) | {spec.name: spec for spec in TEST_ENGINE_JOBS}
+    app = TpudashApp(settings, job_specs=specs)
+    store = RunStore(settings.runs_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        assert app.engine_status == "ready on CPU" and app.runtime.description.num_replicas == 8
+        first_engine = app.lane.engine.pid
+        assert first_engine != os.getpid()
+
+        training = app.launch_by_name("train", LONG_SYNTHETIC_TRAIN)
+        await until(pilot, lambda: "step" in training.model.progress, timeout=180)
+        os.kill(first_engine, signal.SIGKILL)
+        await run_settled(pilot, training)
+        assert training.model.status == "failed"
+        assert "killed by SIGKILL while running train" in training.model.error
+        info = store.info(store.root / training.run_id)
+        assert info.status == "failed" and "SIGKILL" in info.error
+        assert "batch_loss" in info.final_metrics  # what it reported before dying is kept
+        assert app.engine_status == "crashed (SIGKILL)"
+        assert any("Engine crashed" in message for _, _, message in app.notices)
+
+        await pilot.press("j")
+        assert isinstance(app.screen, JobsScreen)
+
+        aborting = app.launch_by_name("test-abort")
+        await run_settled(pilot, aborting)
+        assert aborting.model.status == "failed"
+        assert "killed by SIGABRT while running test-abort" in aborting.model.error
+        assert ABORT_LINE in aborting.model.error  # the engine's last stderr lines
+        assert app.lane.engine_starts == 2
+
+        await pilot.press("g")
+        descent = app.live_runs[app.shown_run_id]
+        await run_settled(pilot, descent)
+        assert descent.model.status == "done" and descent.model.outcome_line() == SEED_FIGURE
+        assert app.lane.engine_starts == 3 and app.engine_status == "ready on CPU"
+        assert app._exception is None
+
+
+def test_a_session_that_opens_devices_runs_every_job_and_cancels_one_never_imports_tensorflow(isolated_runs_dir):
+    from tests.unit.test_cli import USER_UNSET
+
+    environment = {name: value for name, value in os.environ.items() if name not in USER_UNSET}
+    environment["TPUDASH_RUNS_DIR"] = str(isolated_runs_dir)
+    result = subprocess.run([sys.executable, "-m", "tests.functional.tf_free_session"], cwd=REPO_ROOT,
+                            env=environment, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    session = json.loads(result.stdout.strip().splitlines()[-1])
+    assert session["statuses"] == {name: "done" for name in registry()} | {"train (cancelled mid-run)": "cancelled"}
+    assert session["engine_pid"] != session["pid"] and session["engine_starts"] == 1  # one warm engine
+    assert session["tensorflow"] is False and session["keras"] is False
