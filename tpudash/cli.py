@@ -26,6 +26,8 @@ EXIT_BAD_INPUT = 2
 EXIT_CANCELLED = 130
 EXIT_BY_STATUS = {"done": EXIT_DONE, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
 GLOBAL_FLAGS = ("tpu", "cpu_devices", "data_dir", "runs_dir")
+# The dashboard's own: how long its engine may idle, how long a cancel may take.
+DASHBOARD_FLAGS = ("release_after", "cancel_grace")
 PATH_FLAGS = ("data_dir", "runs_dir")
 
 
@@ -65,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[flags],
     )
     parser.add_argument("--version", action="version", version=f"tpudash {__version__}")
+    dashboard = parser.add_argument_group("dashboard (without a command; also from TPUDASH_* variables)")
+    dashboard.add_argument("--release-after", metavar="SECONDS",
+                           help="release the accelerator (the engine exits) after this long idle; "
+                                "0 keeps it until quit or E (default 0) [TPUDASH_RELEASE_AFTER]")
+    dashboard.add_argument("--cancel-grace", metavar="SECONDS",
+                           help="how long a cancelled job may take to stop before its engine is ended "
+                                "(default 2) [TPUDASH_CANCEL_GRACE]")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     devices = commands.add_parser("devices", parents=[flags], help="detect the accelerator and describe its devices")
@@ -93,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 def load_settings(args: argparse.Namespace):
     from tpudash.config import Settings, SettingsError
 
-    flags = {name: getattr(args, name, None) for name in GLOBAL_FLAGS}
+    flags = {name: getattr(args, name, None) for name in GLOBAL_FLAGS + DASHBOARD_FLAGS}
     for name in PATH_FLAGS:
         # An empty path would silently mean the current directory
         # (`--runs-dir "$UNSET_VARIABLE"`), so it is refused.

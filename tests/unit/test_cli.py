@@ -146,3 +146,20 @@ def test_jobs_never_import_textual_or_the_app():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_dashboard_and_every_screen_import_no_tensorflow():
+    from screens import MODE_SCREENS
+
+    modules = ["tpudash.app", "tpudash.palette", "screens.dialogs"] + [module for module, *_ in MODE_SCREENS.values()]
+    code = (f"import sys, importlib; [importlib.import_module(name) for name in {modules!r}]; "
+            "print(sorted(m for m in ('tensorflow', 'keras', 'tensorflow_datasets') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_run_model_the_lane_and_the_engine_handle_import_neither_textual_nor_tensorflow():
+    code = ("import sys, tpudash.runmodel, tpudash.clock, tpudash.series, tpudash.lane, tpudash.engine; "
+            "print(sorted(m for m in ('textual', 'tensorflow', 'screens', 'tpudash.app') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.stdout.strip() == "[]", result.stderr
