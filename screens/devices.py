@@ -8,7 +8,8 @@ runtime worker answers, then the kind, strategy, replicas in sync, TPU
 topology, versions, time to initialize, why every other kind was not used,
 and a table of logical devices with the last matmul check's verdict and
 speed per device when there is one. Without TensorFlow, the install line
-takes the runtime's place.
+takes the runtime's place. A line says which engine process holds
+TensorFlow, or that it was released or crashed and what happens next.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ class DevicesScreen(DashScreen):
     def compose_body(self) -> ComposeResult:
         with VerticalScroll(id="devices-body"):
             yield Static("", id="host-summary")
+            yield Static("", id="engine-line")
             yield Static(Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"),
                          id="runtime-summary")
             yield LoadingIndicator(id="runtime-loading")
@@ -129,6 +131,26 @@ class DevicesScreen(DashScreen):
         self.watch(self.app, "runtime", self._show_runtime)
         self.watch(self.app, "runtime_error", self._show_error)
         self.watch(self.app, "device_check", self._show_device_check, init=False)
+        self.watch(self.app, "engine_status", self._show_engine)
+
+    def _show_engine(self, status: str) -> None:
+        """Which process holds TensorFlow, and what to do when none does."""
+        pid = self.app.engine_pid
+        line = self.query_one("#engine-line", Static)
+        if status.startswith("released"):
+            text = Text.assemble(("engine released", "bold"), (status[len("released"):], "dim"),
+                                 (" — the accelerator is free for another process; below is what the engine saw. "
+                                  "A launch starts a new engine (or ctrl+p: re-initialise).", "dim"))
+        elif status.startswith("crashed"):
+            text = Text.assemble((f"engine {status}", "bold red"),
+                                 (" — its run is recorded as failed; the session log (l) has its last lines. "
+                                  "A launch starts a new engine.", "dim"))
+        elif pid is not None:
+            text = Text.assemble(("engine ", "bold"), (status, "cyan"),
+                                 (f" — pid {pid} owns TensorFlow and the accelerator; E releases it", "dim"))
+        else:
+            text = Text("")
+        line.update(text)
 
     def _show_host(self, _value: object = None) -> None:
         """One host block: the runtime's own scan once it exists (fresher after a re-init), else the app's."""

@@ -38,7 +38,8 @@ class HelpScreen(DashScreen):
         for binding in self.app.BINDINGS:
             key = binding.key_display or self.app.get_key_display(binding)
             table.add_row(Text(key, style="bold cyan"), binding.tooltip or binding.description)
-        table.add_row(Text("ctrl+p", style="bold cyan"), "command palette: every job, every screen, re-initialise the TPU")
+        table.add_row(Text("ctrl+p", style="bold cyan"),
+                      "command palette: every job, every screen, release the accelerator, re-initialise the TPU")
         return table
 
     def _screens(self) -> RichTable:
@@ -54,8 +55,15 @@ class HelpScreen(DashScreen):
             ("What tpudash keeps\n", "bold"),
             f"Every run is a directory in {runs_dir}: events.jsonl (every event, flushed as it is emitted) "
             "and run.json (status, params, final metrics).\n",
-            "Cancel (c) stops the job at its next step and records it as cancelled with the metrics so far.\n",
+            "Jobs run in the engine, a process of their own that owns TensorFlow and the accelerator; "
+            "this dashboard never imports TensorFlow. The engine starts on first need and stays warm between jobs; "
+            "E (or the palette) releases it, so a notebook can take the TPU. If it dies (a signal, out of memory, "
+            "a native crash) the dashboard stays up, the run is recorded as failed with the signal, and the next "
+            "launch starts a new engine.\n",
+            f"Cancel (c) stops the job at its next step and records it as cancelled with the metrics so far; "
+            f"a job still running {self.app.settings.cancel_grace:g} s later has its engine ended, and is "
+            "recorded the same way.\n",
             "Quit (q) while a job runs asks first; yes cancels the job, waits until it is recorded, then exits.\n",
             "A run whose process died shows as interrupted in History.\n",
-            f"TensorFlow's native log for this session: {log}\n",
+            f"TensorFlow's native log for this session (the engine's stderr): {log}\n",
         )

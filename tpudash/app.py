@@ -235,6 +235,12 @@ class TpudashApp(App[int]):
         return self._lane.current if self._lane is not None else None
 
     @property
+    def engine_pid(self) -> int | None:
+        """The pid of the engine process that owns TensorFlow now (None when there is none)."""
+        engine = self._lane.engine if self._lane is not None else None
+        return engine.pid if engine is not None else None
+
+    @property
     def busy(self) -> bool:
         """A run is running or waiting."""
         return self._lane is not None and self._lane.busy

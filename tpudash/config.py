@@ -45,6 +45,8 @@ class Settings:
         after this many idle seconds; 0 keeps it until quit or the release key.
     cancel_grace: seconds a cancelled job has to stop before the dashboard
         ends its engine and records the run as cancelled.
+    engine_nice: how much lower the engine's CPU priority is (0 to 19), so
+        the dashboard's keys win the CPU over training.
     """
 
     tpu: str | None = None
@@ -54,6 +56,7 @@ class Settings:
     tpu_timeout: float = 60.0
     release_after: float = 0.0
     cancel_grace: float = 2.0
+    engine_nice: int = 10
 
     @classmethod
     def load(cls, flags: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -101,6 +104,14 @@ def settings_environment(settings: Settings, environ: dict[str, str]) -> dict[st
 
 
 def _convert(name: str, raw: object, source: str) -> object:
+    if name == "engine_nice":
+        try:
+            increment = int(str(raw).strip(), 10)
+        except ValueError:
+            raise SettingsError(f"{source}: {raw!r} is not an integer; allowed: 0 to 19") from None
+        if not 0 <= increment <= 19:
+            raise SettingsError(f"{source}: {increment} is out of range; allowed: 0 to 19")
+        return increment
     if name == "cpu_devices":
         try:
             count = int(str(raw).strip(), 10)

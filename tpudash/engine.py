@@ -37,12 +37,10 @@ from pathlib import Path
 from typing import IO, Any, Callable, Mapping
 
 PROTOCOL_VERSION = 1
-DEFAULT_ENGINE_NICE = 10
 # A module named here (importable, with ``SPECS``) adds jobs to the engine's
 # registry: tests use it for jobs that must never ship (one aborts its process).
 EXTRA_JOBS_VARIABLE = "TPUDASH_ENGINE_EXTRA_JOBS"
 ENGINE_LOG_VARIABLE = "TPUDASH_ENGINE_LOG"
-NICE_VARIABLE = "TPUDASH_ENGINE_NICE"
 STDERR_TAIL_LINES = 12
 
 Message = dict
@@ -217,12 +215,8 @@ def serve(commands: IO[str], replies: IO[str], make_server: Callable[[Listener],
         server.stop()
 
 
-def _lower_priority(environ: Mapping[str, str]) -> None:
-    """Let the dashboard's keys win the CPU over training (nice 10 by default)."""
-    try:
-        increment = int(environ.get(NICE_VARIABLE, DEFAULT_ENGINE_NICE))
-    except ValueError:
-        increment = DEFAULT_ENGINE_NICE
+def _lower_priority(increment: int) -> None:
+    """Let the dashboard's keys win the CPU over training (``Settings.engine_nice``)."""
     if increment > 0:
         try:
             os.nice(increment)
@@ -238,11 +232,11 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = os.fdopen(1, "w", encoding="utf-8", errors="replace", buffering=1, closefd=False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _lower_priority(os.environ)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     from tpudash.config import Settings
 
     settings = Settings.load()
+    _lower_priority(settings.engine_nice)
     specs = engine_job_specs()
     serve(sys.stdin, replies, lambda send: EngineServer(send, settings, specs, lambda: detect_runtime(settings)))
     replies.close()

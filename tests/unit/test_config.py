@@ -37,6 +37,7 @@ def test_flags_beat_environment_beats_defaults():
         ({"release_after": "-1"}, {}, "--release-after: -1 is out of range; allowed: 0 to 604800 seconds"),
         ({}, {"TPUDASH_RELEASE_AFTER": "soon"}, "TPUDASH_RELEASE_AFTER: 'soon' is not a number"),
         ({"cancel_grace": "0"}, {}, "--cancel-grace: 0 is out of range; allowed: 0.1 to 60 seconds"),
+        ({}, {"TPUDASH_ENGINE_NICE": "20"}, "TPUDASH_ENGINE_NICE: 20 is out of range; allowed: 0 to 19"),
     ],
 )
 def test_bad_settings_name_the_flag_or_variable(flags, environ, message):

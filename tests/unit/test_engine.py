@@ -126,7 +126,7 @@ def test_the_engine_adds_the_jobs_of_the_module_named_by_the_variable():
 
 def test_the_engine_loads_the_dashboards_settings_from_its_environment(tmp_path):
     settings = Settings(tpu="none", cpu_devices=4, data_dir=tmp_path / "data", runs_dir=tmp_path / "runs",
-                        tpu_timeout=30.0, release_after=600.0, cancel_grace=1.5)
+                        tpu_timeout=30.0, release_after=600.0, cancel_grace=1.5, engine_nice=5)
     environment = settings_environment(settings, {"TPUDASH_TPU": "v4-8", "PATH": "/bin"})
     assert Settings.load(environ=environment) == settings
     automatic = settings_environment(Settings(runs_dir=tmp_path), {"TPUDASH_TPU": "v4-8"})
