@@ -77,3 +77,32 @@ def test_tpu_name_local_on_a_host_without_chips_does_not_ask_libtpu():
     description = json.loads(devices.stdout)
     assert description["kind"] == "CPU"
     assert description["reasons"]["TPU"] == "TPU_NAME=local, but the chip scan finds no TPU chip on this host"
+
+
+def test_the_dashboards_engine_takes_the_cpu_default_in_its_own_process_when_the_chips_cannot_start(tmp_path):
+    import queue
+
+    from tpudash.config import Settings
+    from tpudash.engine import EngineProcess
+
+    environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
+    environment.update(fake_host(tmp_path / "host", chips=("V4", 4)), TPUDASH_TPU_TIMEOUT="15",
+                       TPUDASH_RUNS_DIR=str(tmp_path / "runs"))
+    messages: queue.Queue = queue.Queue()
+    engine = EngineProcess(messages.put, Settings.load(environ=environment), tmp_path / "engine.log",
+                           environ=environment)
+    try:
+        kinds = []
+        while not kinds or kinds[-1]["type"] not in ("runtime", "runtime_failed", "exited"):
+            kinds.append(messages.get(timeout=300))
+        answer = kinds[-1]
+        assert answer["type"] == "runtime", answer
+        description = answer["description"]
+        assert (description["kind"], description["num_replicas"]) == ("CPU", 8)
+        assert description["reasons"]["TPU"].startswith("the chip scan finds 4 × TPU v4 chip")
+    finally:
+        engine.release()
+    exited = messages.get(timeout=60)
+    while exited["type"] != "exited":
+        exited = messages.get(timeout=60)
+    assert exited["exit"].requested and exited["exit"].returncode == 0
