@@ -474,6 +474,8 @@ class RunScreen(DashScreen):
         return self.view.model
 
     def _show_run(self, run_id: str | None) -> None:
+        if getattr(self.app, "exiting", False):
+            return  # a signal or quit arrived while this screen was mounting: its widgets are going away
         live = self.app.live_runs.get(run_id) if run_id else None
         self.view.show(live.model if live else None)
         self.refresh_lane()

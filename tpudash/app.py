@@ -544,7 +544,7 @@ class TpudashApp(App[int]):
 
     # -- actions --------------------------------------------------------------------
     async def action_show(self, mode: str) -> None:
-        if mode not in MODE_SCREENS:
+        if mode not in MODE_SCREENS or self.exiting:
             return
         if self.screen.is_modal:
             # A dialog or the palette is open in this mode; switching away would

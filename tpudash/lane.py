@@ -332,6 +332,12 @@ class Lane:
     def _read_events(self, live: LiveRun) -> bool:
         if live.tail is None:
             return False
+        """Apply the run's new events to its model; True only when the run started or ended.
+
+        Metrics, logs and progress reach the model here and the screens draw
+        them on their own beat; reporting each batch as a lane change would
+        redraw every list of runs ten times a second, on CPU training needs.
+        """
         events = live.tail.read_new()
         if events:
             live.model.apply_all(events)
@@ -340,7 +346,7 @@ class Lane:
             live.tail.close()
             self._settle(live)
             return True
-        return bool(events)
+        return any(event.type == "run_started" for _, event in events)
 
     def _settle(self, live: LiveRun) -> None:
         if self.current is None and self.engine is not None and self.engine_state == ENGINE_RUNNING:

@@ -128,6 +128,9 @@ def test_runs_go_to_one_warm_engine_one_at_a_time_with_their_params_as_text(make
     recorder = start_run(lane, engine, store, first)
     assert lane.engine_state == ENGINE_RUNNING and lane.engine_line() == "running steps"
     assert first.model.status == "running" and first.model.final_metrics == {"loss": 0.5}
+    # A batch's metrics reach the model, but are no lane change: lists of runs are not redrawn for them.
+    recorder.record(Metric("loss", 0.25, 3))
+    assert lane.poll() is False and first.model.final_metrics == {"loss": 0.25}
     recorder.record(RunFinished("done", {"steps": 5}))
     engine.say({"type": "finished", "run_id": first.run_id, "status": "done", "error": None})
     lane.poll()
