@@ -109,6 +109,45 @@ def _own_cpu_seconds() -> float:
     return times.user + times.system + times.children_user + times.children_system
 
 
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) process ``pid`` has used so far, from /proc; None once it is gone.
+
+    For a process that is not this one's waited-for child (the dashboard's
+    engine): ``os.times`` does not see it until it has been reaped.
+    """
+    import os
+
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # The command name may hold spaces and parentheses: fields start after the last ')'.
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # fields[0] is field 3 (state); utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_engine_exit(engine, timeout: float = 60.0) -> bool:
+    """Block until a dashboard's engine process (``tpudash.engine.EngineProcess``) has exited; False on timeout.
+
+    After an app under Pilot has closed, its engine records its job's end and
+    exits on its own; the next measurement must not share the cores with it.
+    An engine still there after ``timeout`` is killed (and False returned).
+    """
+    import subprocess
+
+    process = getattr(engine, "_process", None)
+    if process is None:
+        return True
+    try:
+        process.wait(timeout=timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return False
+
+
 def machine() -> dict:
     import os
 
