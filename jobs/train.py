@@ -47,6 +47,7 @@ from typing import Any
 
 from jobs import datasets as data
 from jobs.base import JobSpec, Param, ParamError
+from jobs.batchmeans import BatchMeans
 from jobs.events import Artifact, Metric, Progress
 from jobs.models import MODEL_NAMES, MODELS, build_model, parameter_count, summary_table
 
@@ -277,8 +278,7 @@ class TrainingReporter:
         self.epoch = 0
         self.epochs_done = 0
         self.steps_in_epoch = 0
-        self.loss_sum = 0.0
-        self.accuracy_sum = 0.0
+        self.batch_means = BatchMeans()
         self.epoch_started = 0.0
         self.train_seconds: float | None = None
         self.throughputs: list[float] = []
@@ -289,7 +289,7 @@ class TrainingReporter:
     def begin_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self.steps_in_epoch = 0
-        self.loss_sum = self.accuracy_sum = 0.0
+        self.batch_means.reset()
         self.train_seconds = None
         self.epoch_started = time.perf_counter()
 
@@ -299,24 +299,18 @@ class TrainingReporter:
 
     def after_execution(self, steps_done_in_epoch: int, mean_loss: float | None, mean_accuracy: float | None) -> None:
         """``mean_*`` are running means over the epoch so far (what Keras logs)."""
-        new_steps = steps_done_in_epoch - self.steps_in_epoch
+        new_steps = steps_done_in_epoch - self.batch_means.steps
+        running = {name: mean for name, mean in (("loss", mean_loss), ("accuracy", mean_accuracy)) if mean is not None}
+        values = self.batch_means.since_last(steps_done_in_epoch, running)
         if new_steps <= 0:
             return
         self.global_step += new_steps
         self.steps_in_epoch = steps_done_in_epoch
         emit = self.ctx.emit
-        for name, mean, total_attribute in (
-            ("batch_loss", mean_loss, "loss_sum"),
-            ("batch_accuracy", mean_accuracy, "accuracy_sum"),
-        ):
-            if mean is None:
-                continue
-            total = float(mean) * steps_done_in_epoch
-            value = (total - getattr(self, total_attribute)) / new_steps
-            setattr(self, total_attribute, total)
-            if name == "batch_accuracy":
+        for name, value in values.items():
+            if name == "accuracy":
                 value = min(1.0, max(0.0, value))
-            emit(Metric(name=name, value=value, step=self.global_step, epoch=self.epoch, split="train"))
+            emit(Metric(name=f"batch_{name}", value=value, step=self.global_step, epoch=self.epoch, split="train"))
         emit(Progress(done=steps_done_in_epoch, total=self.plan.steps_per_epoch, unit="step"))
         if self.profile is not None:
             self.profile.after(self.global_step)

@@ -1,7 +1,22 @@
 """tpudash: a terminal cockpit for TensorFlow accelerator sessions.
 
-This module holds the version only: importing tpudash must import neither
-tensorflow nor textual, so the CLI and the TUI can show something at once.
+This module holds the version and ``record``, the writer for the user's own
+training loops. Importing tpudash must import neither tensorflow nor textual,
+so the CLI and the TUI can show something at once: ``record`` loads its
+module when it is called.
 """
 
+from __future__ import annotations
+
 __version__ = "0.1.0"
+
+
+def record(name, params=None, *, runs_dir=None, strategy=None):
+    """Record a custom training loop as a tpudash run the dashboard can watch live.
+
+    ``with tpudash.record("name", params={...}) as run:`` then ``run.metric``,
+    ``run.progress`` and ``run.replica_values``; see ``tpudash.recording``.
+    """
+    from tpudash.recording import record as start_recording
+
+    return start_recording(name, params, runs_dir=runs_dir, strategy=strategy)

@@ -13,6 +13,7 @@ problem and the rest is still shown.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -31,7 +32,6 @@ from jobs.events import (
     Progress,
     RunFinished,
     RunStarted,
-    UnknownEventError,
     dumps,
     event_from_dict,
     to_jsonable,
@@ -42,6 +42,11 @@ RUN_FILE = "run.json"
 FSYNC_INTERVAL_SECONDS = 1.0
 STATUS_RUNNING = "running"
 STATUS_INTERRUPTED = "interrupted"
+# Who wrote a run: a tpudash job, the user's model.fit with TpudashCallback,
+# or the user's own loop through tpudash.record.
+SOURCE_JOB = "job"
+SOURCE_CALLBACK = "keras-callback"
+SOURCE_RECORD = "record"
 
 
 def new_run_id(job: str, now: float | None = None) -> str:
@@ -50,14 +55,20 @@ def new_run_id(job: str, now: float | None = None) -> str:
     return f"{stamp:%Y%m%d-%H%M%S}-{job}-{secrets.token_hex(3)}"
 
 
-def _process_start_ticks(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (guards against a reused pid)."""
+def _process_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name may contain spaces; the fields after it are fixed.
-    return stat.rsplit(")", 1)[1].split()[19]
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _process_start_ticks(pid: int) -> str | None:
+    """The kernel's start time of ``pid`` (guards against a reused pid)."""
+    fields = _process_stat(pid)
+    return fields[19] if fields is not None else None
 
 
 def process_alive(pid: int, start_ticks: str | None) -> bool:
@@ -68,10 +79,12 @@ def process_alive(pid: int, start_ticks: str | None) -> bool:
         return False
     except PermissionError:
         pass
-    if start_ticks is None:
-        return True
-    current = _process_start_ticks(pid)
-    return current is None or current == start_ticks
+    fields = _process_stat(pid)
+    if fields is None:
+        return True  # no /proc to ask: the pid exists
+    if fields[0] in ("Z", "X"):
+        return False  # it has exited; its parent has not collected it yet
+    return start_ticks is None or fields[19] == start_ticks
 
 
 def metric_key(event: Metric) -> str:
@@ -90,60 +103,125 @@ def write_json_atomically(path: Path, payload: dict) -> None:
 
 
 class RunRecorder:
-    """Writes one run's events and its run.json; used as a runner sink."""
+    """Writes one run's events and its run.json; used as a runner sink.
 
-    def __init__(self, run_dir: Path, meta: dict):
+    Write-through (the default, for jobs): every event reaches the OS as it
+    is recorded, so the dashboard tailing the file sees it at once. Buffered
+    (``flush_interval`` > 0, for the user's own training): ``record`` only
+    appends to memory, and a writer thread writes every ``flush_interval``
+    seconds, fsyncs at most every second and rewrites run.json at epochs, so
+    the training thread never waits for the disk. Either way the finish is
+    written and fsynced before ``record`` returns.
+    """
+
+    def __init__(self, run_dir: Path, meta: dict, *, flush_interval: float = 0.0):
         self.run_dir = run_dir
         self.meta = dict(meta)
-        self._lock = threading.Lock()
+        self.flush_interval = flush_interval
+        self.write_error: OSError | None = None
+        """The first error the writer thread met (a full disk); training goes on without the record."""
+        self._lock = threading.Lock()  # the buffer, meta and final metrics
+        self._io_lock = threading.Lock()  # the files
         self._events = open(run_dir / EVENTS_FILE, "a", encoding="utf-8")
+        self._pending: list[str] = []
+        self._meta_due = False
+        self._unsynced = False
         self._last_fsync = time.monotonic()
         self._final_metrics: dict[str, float] = {}
         self._closed = False
-        self._write_meta()
+        self._write_meta(self._meta_snapshot())
+        self._writer: threading.Thread | None = None
+        self._writer_stop = threading.Event()
+        if flush_interval > 0:
+            self._writer = threading.Thread(target=self._write_periodically, name=f"tpudash-record-{run_dir.name}",
+                                            daemon=True)
+            self._writer.start()
 
-    def _write_meta(self) -> None:
-        self.meta["final_metrics"] = dict(self._final_metrics)
-        write_json_atomically(self.run_dir / RUN_FILE, to_jsonable(self.meta))
+    def _meta_snapshot(self) -> dict:
+        return dict(self.meta, final_metrics=dict(self._final_metrics))
+
+    def _write_meta(self, meta: dict) -> None:
+        write_json_atomically(self.run_dir / RUN_FILE, to_jsonable(meta))
 
     def record(self, event: Event, timestamp: float | None = None) -> None:
         """Append one event; fsync on schedule, at epochs and at the finish."""
         timestamp = time.time() if timestamp is None else timestamp
+        line = dumps(event, timestamp) + "\n"
+        finished = isinstance(event, RunFinished)
         with self._lock:
             if self._closed:
                 return
-            self._events.write(dumps(event, timestamp) + "\n")
-            self._events.flush()
+            self._pending.append(line)
             if isinstance(event, Metric):
                 self.remember_metric(event)
-            now = time.monotonic()
             epoch_boundary = isinstance(event, Progress) and event.unit == "epoch"
-            if epoch_boundary or now - self._last_fsync >= FSYNC_INTERVAL_SECONDS:
-                os.fsync(self._events.fileno())
-                self._last_fsync = now
             if epoch_boundary:
-                self._write_meta()
-            if isinstance(event, RunFinished):
-                os.fsync(self._events.fileno())
-                self.meta.update(
-                    status=event.status,
-                    finished=timestamp,
-                    summary=event.summary,
-                    error=event.error,
-                )
-                self._write_meta()
-                self._events.close()
+                self._meta_due = True
+            if finished:
                 self._closed = True
+                self.meta.update(status=event.status, finished=timestamp, summary=event.summary, error=event.error)
+                self._meta_due = True
+        if finished:
+            self._stop_writer()
+            self._write_pending(sync=True)
+            with self._io_lock:
+                self._events.close()
+        elif self._writer is None:
+            self._write_pending(sync=epoch_boundary)
+
+    def _write_pending(self, sync: bool = False) -> None:
+        """Write what is buffered; fsync when asked, when run.json is due, or a second after the last."""
+        with self._io_lock:
+            with self._lock:
+                lines, self._pending = self._pending, []
+                meta = self._meta_snapshot() if self._meta_due else None
+                self._meta_due = False
+            if self._events.closed:
+                return
+            if lines:
+                self._events.write("".join(lines))
+                self._events.flush()
+                self._unsynced = True
+            now = time.monotonic()
+            if self._unsynced and (sync or meta is not None or now - self._last_fsync >= FSYNC_INTERVAL_SECONDS):
+                os.fsync(self._events.fileno())
+                self._last_fsync, self._unsynced = now, False
+            if meta is not None:
+                self._write_meta(meta)
+
+    def flush(self) -> None:
+        """Write what is buffered now, and fsync it (a buffered recorder before a long pause)."""
+        self._write_pending(sync=True)
+
+    def _write_periodically(self) -> None:
+        while not self._writer_stop.wait(self.flush_interval):
+            try:
+                self._write_pending()
+            except OSError as error:
+                # The user's training must go on; the error is kept for them to read.
+                self.write_error = self.write_error or error
+
+    def _stop_writer(self) -> None:
+        if self._writer is not None:
+            self._writer_stop.set()
+            if self._writer is not threading.current_thread():
+                self._writer.join()
+            self._writer = None
 
     def remember_metric(self, event: Metric) -> None:
         """Keep ``event`` as its metric's latest value for run.json's final_metrics."""
         self._final_metrics[metric_key(event)] = event.value
 
     def close(self) -> None:
+        """Write what is buffered and close, without a finish (the run reads as interrupted)."""
         with self._lock:
-            if not self._closed:
-                self._events.close()
-                self._closed = True
+            if self._closed:
+                return
+            self._closed = True
+        self._stop_writer()
+        self._write_pending(sync=True)
+        with self._io_lock:
+            self._events.close()
 
 
 @dataclass
@@ -161,6 +239,19 @@ class RunInfo:
     final_metrics: dict = field(default_factory=dict)
     error: str | None = None
     problems: list[str] = field(default_factory=list)
+    source: str = SOURCE_JOB
+    """Who wrote it: ``job``, ``keras-callback`` or ``record`` (see SOURCE_*)."""
+    pid: int | None = None
+    pid_start: str | None = None
+    host: str | None = None
+    live: bool = False
+    """Running, and its writer process is alive on this host: the run is still growing."""
+
+    def writer_alive(self) -> bool | None:
+        """Whether the writing process still exists (None: it is on another host, or unknown)."""
+        if self.host != socket.gethostname() or self.host is None:
+            return None
+        return isinstance(self.pid, int) and process_alive(self.pid, self.pid_start)
 
     @property
     def duration(self) -> float | None:
@@ -183,6 +274,10 @@ class RunInfo:
             "final_metrics": self.final_metrics,
             "error": self.error,
             "problems": self.problems,
+            "source": self.source,
+            "pid": self.pid,
+            "host": self.host,
+            "live": self.live,
         }
 
 
@@ -198,65 +293,83 @@ class RunData:
         return [(stamp, event) for stamp, event in self.events if isinstance(event, Metric)]
 
 
+MAX_PROBLEMS_KEPT = 100
+
+
+def parse_event_line(line: str | bytes) -> tuple[float | None, Event]:
+    """One line of events.jsonl as (timestamp, event); ValueError names what is wrong with it."""
+    try:
+        payload = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError("truncated or not JSON") from None
+    event = event_from_dict(payload)  # UnknownEventError is a ValueError
+    return payload.get("t"), event
+
+
 def read_events(path: Path) -> tuple[list[tuple[float | None, Event]], list[str]]:
     """Every event that parses, with its timestamp, plus one problem per bad line."""
-    events: list[tuple[float | None, Event]] = []
-    problems: list[str] = []
+    tail = EventTail(path)
     try:
-        handle = open(path, encoding="utf-8", errors="replace")
+        events = tail.read_new(final=True)
     except OSError as error:
-        return events, [f"{path.name}: cannot read ({error.strerror or error})"]
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                payload = json.loads(line)
-                events.append((payload.get("t") if isinstance(payload, dict) else None, event_from_dict(payload)))
-            except (json.JSONDecodeError, UnknownEventError) as error:
-                reason = "truncated or not JSON" if isinstance(error, json.JSONDecodeError) else str(error)
-                problems.append(f"{path.name} line {number}: {reason}")
-    return events, problems
+        return [], [f"{path.name}: cannot read ({error.strerror or error})"]
+    finally:
+        tail.close()
+    return events, tail.problems
 
 
 class EventTail:
     """Follows a run's events.jsonl as its writer appends: each ``read_new`` returns the events added since.
 
-    A line is read only once it is complete (the writer may be mid-line); a
-    line that does not parse is counted in ``problems`` and skipped. The file
-    may not exist yet (the engine has not started the run).
+    A line is read only once it is complete (the writer may be mid-line),
+    unless ``final`` says the writer is gone; a line that does not parse is
+    named in ``problems`` (the first hundred) and skipped. A missing file
+    reads as no events yet (the engine has not started the run).
     """
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._handle: IO[bytes] | None = None
         self._partial = b""
-        self.problems = 0
+        self._line_number = 0
+        self.problems: list[str] = []
+        self.problem_count = 0
         self.finished = False
         """True once a RunFinished was read: nothing more will come."""
 
-    def read_new(self) -> list[tuple[float | None, Event]]:
+    def read_new(self, final: bool = False) -> list[tuple[float | None, Event]]:
+        """The events completed since the last call; ``final``: also a last line without its newline.
+
+        Raises OSError only when ``final`` and the file exists but cannot be read.
+        """
         if self._handle is None:
             try:
                 self._handle = open(self.path, "rb")
             except OSError:
+                if final:
+                    raise
                 return []
         chunk = self._handle.read()
-        if not chunk:
+        if not chunk and not (final and self._partial):
             return []
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
+        if final and self._partial:
+            lines.append(self._partial)
+            self._partial = b""
         events: list[tuple[float | None, Event]] = []
         for line in lines:
+            self._line_number += 1
             if not line.strip():
                 continue
             try:
-                payload = json.loads(line)
-                event = event_from_dict(payload)
-            except (json.JSONDecodeError, UnknownEventError, UnicodeDecodeError):
-                self.problems += 1
+                stamp, event = parse_event_line(line)
+            except ValueError as error:
+                self.problem_count += 1
+                if len(self.problems) < MAX_PROBLEMS_KEPT:
+                    self.problems.append(f"{self.path.name} line {self._line_number}: {error}")
                 continue
-            events.append((payload.get("t"), event))
+            events.append((stamp, event))
             if isinstance(event, RunFinished):
                 self.finished = True
         return events
@@ -272,11 +385,15 @@ class RunStore:
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        self._infos: dict[str, tuple[tuple, RunInfo]] = {}
 
-    def create(self, run_id: str, job: str, params: dict, runtime: dict) -> RunRecorder:
+    def create(self, run_id: str, job: str, params: dict, runtime: dict, *, source: str = SOURCE_JOB,
+               flush_interval: float = 0.0) -> RunRecorder:
+        """A new run directory and its recorder (``flush_interval``: see ``RunRecorder``)."""
         run_dir = self.root / run_id
         run_dir.mkdir(parents=True, exist_ok=False)
         meta = {
+            "source": source,
             "run_id": run_id,
             "job": job,
             "params": params,
@@ -288,7 +405,7 @@ class RunStore:
             "pid_start": _process_start_ticks(os.getpid()),
             "host": socket.gethostname(),
         }
-        return RunRecorder(run_dir, meta)
+        return RunRecorder(run_dir, meta, flush_interval=flush_interval)
 
     def finish_abandoned(self, run_id: str, job: str, params: dict, status: str, error: str | None) -> None:
         """End a run whose writer died (a killed engine): append RunFinished and update run.json.
@@ -327,7 +444,23 @@ class RunStore:
         return sorted(entries, key=lambda entry: entry.name)
 
     def info(self, run_dir: Path) -> RunInfo:
-        """run.json of one run, falling back to its events when run.json is unusable."""
+        """run.json of one run, falling back to its events when run.json is unusable.
+
+        An ended run is read once while its files stay as they are: the
+        History screen lists the directory every second to show new and live
+        runs, and thousands of old runs must not be read again each time.
+        """
+        key = files_key(run_dir)
+        cached = self._infos.get(run_dir.name)
+        if cached is not None and key is not None and cached[0] == key and cached[1].status != STATUS_RUNNING:
+            info = cached[1]
+        else:
+            info = self._read_info(run_dir)
+            if key is not None:
+                self._infos[run_dir.name] = (key, info)
+        return dataclasses.replace(info, problems=list(info.problems))
+
+    def _read_info(self, run_dir: Path) -> RunInfo:
         info = RunInfo(run_id=run_dir.name, path=run_dir)
         meta: Any = None
         try:
@@ -351,11 +484,16 @@ class RunStore:
         info.summary = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
         info.final_metrics = meta.get("final_metrics") if isinstance(meta.get("final_metrics"), dict) else {}
         info.error = meta.get("error")
-        if info.status == STATUS_RUNNING and meta.get("host") == socket.gethostname():
-            pid = meta.get("pid")
-            if not isinstance(pid, int) or not process_alive(pid, meta.get("pid_start")):
+        info.source = str(meta.get("source", SOURCE_JOB))
+        info.pid = meta.get("pid") if isinstance(meta.get("pid"), int) else None
+        info.pid_start = meta.get("pid_start") if isinstance(meta.get("pid_start"), str) else None
+        info.host = meta.get("host") if isinstance(meta.get("host"), str) else None
+        if info.status == STATUS_RUNNING:
+            alive = info.writer_alive()
+            if alive is False:
                 info.status = STATUS_INTERRUPTED
                 self._refresh_from_events(info)
+            info.live = bool(alive)
         return info
 
     def _info_from_events(self, info: RunInfo) -> None:
@@ -425,6 +563,17 @@ class RunStore:
         writer.writeheader()
         writer.writerows(rows)
         return buffer.getvalue()
+
+
+def files_key(run_dir: Path) -> tuple | None:
+    """What changes when a run's record changes: run.json's (else events.jsonl's) mtime and size."""
+    for name in (RUN_FILE, EVENTS_FILE):
+        try:
+            stat = (run_dir / name).stat()
+        except OSError:
+            continue
+        return name, stat.st_mtime_ns, stat.st_size
+    return None
 
 
 def _number_or_none(value: Any) -> float | None:

@@ -1,0 +1,288 @@
+"""TpudashCallback: the user's own ``model.fit`` writes a run the dashboard watches.
+
+On a TPU host only one process may hold the chips, so the user's notebook or
+script trains and tpudash watches::
+
+    from tpudash.callbacks import TpudashCallback
+    model.fit(train, epochs=10, validation_data=val, callbacks=[TpudashCallback()])
+
+The run lands in tpudash's runs directory in the format jobs write (through
+``tpudash.recording.RecordedRun``): run_started with the model (name,
+parameters, optimizer, summary table), the strategy, replicas and versions;
+per-batch train metrics, decimated (at most ten points a second unless
+``every_n_batches`` says otherwise); per-epoch train and validation metrics,
+examples/s (steps/s when the batch size is not known) and progress; then
+done, failed with the traceback, or cancelled on KeyboardInterrupt.
+
+Keras calls no callback when ``fit`` raises, so the callback guards the
+model's train and test functions: an exception inside a step (a data
+error, out of memory, Ctrl-C) ends the run with its traceback and is raised
+on unchanged. One raised elsewhere in ``fit`` is recorded at the next
+``fit`` or when the process exits. Imports neither textual nor screens.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+import keras
+
+from jobs.batchmeans import BatchMeans
+from jobs.events import to_jsonable
+from tpudash.recording import RecordedRun, RecordingError, session_runtime
+from tpudash.records import SOURCE_CALLBACK
+
+# Without ``every_n_batches``, a batch point at most this often: what the
+# dashboard can show, at a cost training does not notice.
+MIN_SECONDS_BETWEEN_BATCH_POINTS = 0.1
+# Exceptions Keras raises through the train function on purpose: the end of a dataset.
+END_OF_DATA = ("StopIteration", "OutOfRangeError")
+
+
+class TpudashCallback(keras.callbacks.Callback):
+    """Records ``model.fit`` as a tpudash run; see the module docstring.
+
+    ``name``: what the run is called (default: the model's name).
+    ``runs_dir``: where (default: tpudash's runs directory, ``$TPUDASH_RUNS_DIR``).
+    ``every_n_batches``: a batch point every N batches (default: at most ten a second).
+    ``batch_size``: the global batch, for examples/s (default: read from ``fit`` when Keras knows it).
+    """
+
+    # Safe for Keras' asynchronous callback dispatch: the recorder takes its own lock.
+    async_safe = True
+
+    def __init__(self, name: str | None = None, runs_dir: str | os.PathLike | None = None,
+                 every_n_batches: int | None = None, batch_size: int | None = None):
+        super().__init__()
+        for field, value in (("every_n_batches", every_n_batches), ("batch_size", batch_size)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise RecordingError(f"{field}: {value!r} is not allowed; allowed: a whole number ≥ 1, or None")
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty text, or None for the model's name")
+        self.name = name
+        self.runs_dir = runs_dir
+        self.every_n_batches = every_n_batches
+        self.batch_size = batch_size
+        self.run: RecordedRun | None = None
+        """The run of the current (or last) ``fit``."""
+        self._batch_means = BatchMeans()
+        self._mean_metrics: set[str] | None = None
+        self._steps_before_epoch = 0
+        self._steps_in_epoch = 0
+        self._epoch = 0
+        self._epoch_started = 0.0
+        self._train_seconds: float | None = None
+        self._last_point = 0.0
+        self._rates: list[float] = []
+        self._fit_batch_size: int | None = None
+
+    # -- fit begins and ends -----------------------------------------------------------------
+    def on_train_begin(self, logs=None):
+        if self.run is not None and not self.run.finished:
+            self.run.finish("failed", error="fit raised outside a training step (another callback, or between steps); "
+                                            "the error went to the caller")
+        model = self.model
+        self._fit_batch_size = self.batch_size or _batch_size_of_running_fit()
+        params, layers = _describe_model(model, self.params or {}, self._fit_batch_size)
+        runtime = session_runtime(getattr(model, "distribute_strategy", None))
+        runtime["model_summary"] = layers
+        self.run = RecordedRun(self.name or model.name, params, runs_dir=self.runs_dir, runtime=runtime,
+                               source=SOURCE_CALLBACK)
+        self.run.table(f"model {model.name}", ["layer", "type", "output shape", "parameters"], layers)
+        self.run.log(f"{model.name}: {params['parameters']:,} parameters ({params['trainable_parameters']:,} trainable); "
+                     f"{runtime['strategy']} over {runtime['num_replicas']} replica(s) on {runtime['kind']}")
+        self._mean_metrics = None
+        self._steps_before_epoch = self._steps_in_epoch = 0
+        self._rates = []
+        self._guard("train_function")
+
+    def on_train_end(self, logs=None):
+        run = self.run
+        self._unguard()
+        if run is None or run.finished:
+            return
+        summary: dict[str, Any] = {"epochs": self._epoch, "steps": self._steps_before_epoch + self._steps_in_epoch}
+        summary.update({name: value for name, value in (logs or {}).items() if isinstance(value, (int, float))})
+        rate_name = "examples_per_second" if self._fit_batch_size else "steps_per_second"
+        steady = self._rates[1:] or self._rates  # the first epoch pays for tracing
+        if steady:
+            summary[rate_name] = sum(steady) / len(steady)
+        if getattr(self.model, "stop_training", False):
+            summary["stopped_early"] = True
+        run.finish("done", summary)
+
+    # -- epochs ------------------------------------------------------------------------------
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+        self._steps_before_epoch += self._steps_in_epoch
+        self._steps_in_epoch = 0
+        self._batch_means.reset()
+        self._train_seconds = None
+        self._epoch_started = self._last_point = time.perf_counter()
+
+    def on_test_begin(self, logs=None):
+        # Validation inside fit: the epoch's training part ends here.
+        if self.run is not None and not self.run.finished:
+            if self._train_seconds is None:
+                self._train_seconds = time.perf_counter() - self._epoch_started
+            self._guard("test_function")
+
+    def on_epoch_end(self, epoch, logs=None):
+        run = self.run
+        if run is None or run.finished:
+            return
+        seconds = self._train_seconds if self._train_seconds is not None else time.perf_counter() - self._epoch_started
+        step = self._steps_before_epoch + self._steps_in_epoch
+        for key, value in (logs or {}).items():
+            split, name = ("val", key[len("val_"):]) if key.startswith("val_") else ("train", key)
+            if isinstance(value, (int, float)):
+                run.metric(name, value, step=step, epoch=self._epoch, split=split)
+        if seconds > 0 and self._steps_in_epoch:
+            per_step = self._fit_batch_size or 1
+            rate = self._steps_in_epoch * per_step / seconds
+            self._rates.append(rate)
+            run.metric("examples_per_second" if self._fit_batch_size else "steps_per_second", rate, step=step,
+                       epoch=self._epoch)
+        run.progress(self._epoch, (self.params or {}).get("epochs"), "epoch")
+
+    # -- batches -----------------------------------------------------------------------------
+    def on_train_batch_end(self, batch, logs=None):
+        run = self.run
+        if run is None or run.finished:
+            return
+        # ``batch`` is the last step of this call in the epoch (several with steps_per_execution).
+        self._steps_in_epoch = steps_done = batch + 1
+        if self.every_n_batches is not None:
+            if steps_done - self._batch_means.steps < self.every_n_batches:
+                return
+        else:
+            now = time.perf_counter()
+            if now - self._last_point < MIN_SECONDS_BETWEEN_BATCH_POINTS:
+                return
+            self._last_point = now
+        logs = logs or {}
+        if self._mean_metrics is None:
+            self._mean_metrics = _mean_metric_names(self.model)
+        means = {name: value for name, value in logs.items() if name in self._mean_metrics}
+        values = self._batch_means.since_last(steps_done, means)
+        values.update({name: value for name, value in logs.items() if name not in means})
+        step = self._steps_before_epoch + steps_done
+        for name, value in values.items():
+            if isinstance(value, (int, float)):
+                run.metric(f"batch_{name}", value, step=step, epoch=self._epoch)
+        run.progress(steps_done, (self.params or {}).get("steps"), "step")
+
+    # -- failures inside fit -----------------------------------------------------------------
+    def _guard(self, attribute: str) -> None:
+        """Wrap ``model.<attribute>`` so an exception in a step ends the run before it propagates."""
+        model = self.model
+        function = getattr(model, attribute, None)
+        if function is None or getattr(function, "_tpudash_guard", None) is self:
+            return
+        original = getattr(function, "__wrapped__", function) if hasattr(function, "_tpudash_guard") else function
+        callback = self
+
+        def guarded(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            except BaseException as exception:
+                if type(exception).__name__ not in END_OF_DATA:
+                    callback._fit_raised(exception)
+                raise
+
+        guarded.__wrapped__ = original
+        guarded._tpudash_guard = self
+        setattr(model, attribute, guarded)
+
+    def _unguard(self) -> None:
+        model = self.model
+        for attribute in ("train_function", "test_function"):
+            function = getattr(model, attribute, None)
+            if getattr(function, "_tpudash_guard", None) is self:
+                setattr(model, attribute, function.__wrapped__)
+
+    def _fit_raised(self, exception: BaseException) -> None:
+        run = self.run
+        self._unguard()
+        if run is not None and not run.finished:
+            run.finish_with(exception)
+
+
+def _mean_metric_names(model: Any) -> set[str]:
+    """Log keys whose value is a running mean over the epoch (loss, accuracy…), which ``BatchMeans`` can unroll."""
+    names = {"loss"}
+    pending = list(getattr(model, "metrics", []) or [])
+    while pending:
+        metric = pending.pop()
+        inner = getattr(metric, "metrics", None)
+        if isinstance(inner, (list, tuple)) and not isinstance(metric, keras.metrics.Mean):
+            pending.extend(inner)
+        elif isinstance(metric, keras.metrics.Mean):
+            names.add(metric.name)
+    return names
+
+
+def _describe_model(model: Any, fit_params: dict, batch_size: int | None) -> tuple[dict, list[list]]:
+    """(params for run_started, the summary table's rows) of a compiled model."""
+    optimizer = getattr(model, "optimizer", None)
+    learning_rate = getattr(optimizer, "learning_rate", None)
+    if learning_rate is not None:
+        # A Keras variable reads as a number; a schedule is named by its class.
+        value = to_jsonable(learning_rate) if hasattr(learning_rate, "numpy") else learning_rate
+        learning_rate = value if isinstance(value, (int, float)) else type(learning_rate).__name__
+    trainable = sum(int(_size(weight)) for weight in getattr(model, "trainable_weights", []))
+    params = {
+        "model": model.name,
+        "parameters": int(model.count_params()) if model.built else 0,
+        "trainable_parameters": trainable,
+        "optimizer": getattr(optimizer, "name", type(optimizer).__name__) if optimizer is not None else None,
+        "learning_rate": learning_rate,
+        "loss": _loss_name(getattr(model, "loss", None)),
+        "epochs": fit_params.get("epochs"),
+        "steps_per_epoch": fit_params.get("steps"),
+        "batch_size": batch_size,
+        "steps_per_execution": getattr(model, "steps_per_execution", 1),
+    }
+    layers = []
+    for layer in getattr(model, "layers", []):
+        try:
+            shape = str(tuple(layer.output.shape))
+        except (AttributeError, ValueError, RuntimeError):
+            shape = "?"
+        layers.append([layer.name, type(layer).__name__, shape, int(layer.count_params()) if layer.built else 0])
+    return {name: value for name, value in params.items() if value is not None}, layers
+
+
+def _size(weight: Any) -> int:
+    size = 1
+    for dimension in getattr(weight, "shape", ()):
+        size *= int(dimension or 0)
+    return size
+
+
+def _loss_name(loss: Any) -> str | None:
+    if loss is None or isinstance(loss, str):
+        return loss
+    return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
+
+
+def _batch_size_of_running_fit() -> int | None:
+    """The global batch size of the ``fit`` that is calling us, when its data adapter knows it (else None).
+
+    Keras passes callbacks no batch size; its data adapter, a local of
+    ``fit``, does for arrays and for datasets batched with a fixed size.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        iterator = frame.f_locals.get("epoch_iterator") if frame.f_code.co_name == "fit" else None
+        if iterator is not None:
+            try:
+                size = iterator.data_adapter.batch_size
+            except Exception:  # noqa: BLE001 - an adapter that cannot say
+                return None
+            return int(size) if isinstance(size, int) and size > 0 else None
+        frame = frame.f_back
+    return None

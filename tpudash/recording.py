@@ -1,0 +1,294 @@
+"""Record a run from the user's own process: ``tpudash.record`` and what ``TpudashCallback`` writes through.
+
+A notebook or script that trains by itself holds the accelerator, so the
+dashboard cannot run its training; it watches instead. ``RecordedRun``
+writes a run into the runs directory in exactly the format jobs write
+(run.json + events.jsonl, the same ``RunRecorder``), so the History screen,
+the live view and ``tpudash watch`` read it as they read any run:
+
+    with tpudash.record("my-loop", params={"lr": 0.1}) as run:
+        for step in range(steps):
+            loss = train_step()
+            run.metric("loss", loss, step=step)
+            run.progress(step + 1, steps, "step")
+
+Leaving the ``with`` block normally records ``done``; an exception records
+``failed`` with its traceback; KeyboardInterrupt records ``cancelled``. The
+training thread never waits for the disk: events are buffered and written
+by a writer thread every quarter second (fsync at most every second), so a
+killed process loses at most that much. A run still open when the process
+exits is recorded as failed. Imports neither TensorFlow nor Textual; it
+describes TensorFlow's strategy only when the user's process has loaded it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import traceback as traceback_module
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from jobs.events import (
+    LOG_LEVELS,
+    SPLITS,
+    Artifact,
+    Event,
+    Log,
+    Metric,
+    Progress,
+    ReplicaValues,
+    RunFinished,
+    RunStarted,
+    Table,
+    to_jsonable,
+)
+from tpudash.records import SOURCE_RECORD, RunRecorder, RunStore, new_run_id
+
+# How often buffered events reach the file: the dashboard's redraw beat is
+# half a second, and a killed process loses at most this much.
+FLUSH_INTERVAL_SECONDS = 0.25
+
+
+class RecordingError(ValueError):
+    """A call the writer cannot record; the message names the argument and what is allowed."""
+
+
+def runs_directory(runs_dir: str | os.PathLike | None = None) -> Path:
+    """``runs_dir`` if given, else tpudash's own (``$TPUDASH_RUNS_DIR`` or ``$XDG_DATA_HOME/tpudash/runs``)."""
+    if runs_dir is not None:
+        if not str(runs_dir).strip():
+            raise RecordingError("runs_dir: is empty; allowed: a directory path, or None for tpudash's runs directory")
+        return Path(runs_dir).expanduser()
+    from tpudash.config import ENV_PREFIX, default_runs_dir
+
+    configured = os.environ.get(f"{ENV_PREFIX}RUNS_DIR", "").strip()
+    return Path(configured).expanduser() if configured else default_runs_dir(os.environ)
+
+
+def session_runtime(strategy: Any = None) -> dict:
+    """What the user's process runs on, in the shape ``Runtime.summary()`` gives jobs.
+
+    ``strategy``: a ``tf.distribute.Strategy`` (None: the one in scope, when
+    TensorFlow is loaded). Nothing here imports TensorFlow.
+    """
+    runtime: dict = {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0]}
+    tf = sys.modules.get("tensorflow")
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        runtime["keras"] = getattr(keras, "__version__", None)
+    if tf is None:
+        runtime.update(kind="unknown", strategy=type(strategy).__name__ if strategy is not None else "none", num_replicas=1)
+        return runtime
+    runtime["tensorflow"] = getattr(tf, "__version__", None)
+    try:
+        strategy = strategy or tf.distribute.get_strategy()
+        devices = _strategy_devices(tf, strategy)
+        replicas = int(strategy.num_replicas_in_sync)
+    except Exception as error:  # noqa: BLE001 - describing must never stop the user's training
+        runtime.update(kind="unknown", strategy=type(strategy).__name__, num_replicas=1,
+                       problem=f"{type(error).__name__}: {error}")
+        return runtime
+    kind = next((name for name in ("TPU", "GPU") if any(f"{name}:" in device for device in devices)), "CPU")
+    runtime.update(
+        kind=kind,
+        strategy=type(strategy).__name__.lstrip("_"),
+        num_replicas=replicas,
+        devices=devices,
+        # Several replicas on the CPU are logical devices splitting one processor.
+        simulated=kind == "CPU" and replicas > 1,
+    )
+    return runtime
+
+
+def _strategy_devices(tf: Any, strategy: Any) -> list[str]:
+    try:
+        return [str(device) for device in strategy.extended.worker_devices]
+    except (RuntimeError, AttributeError, NotImplementedError):
+        # The default strategy has no device list: it runs where TensorFlow places ops.
+        for kind in ("TPU", "GPU", "CPU"):
+            devices = tf.config.list_logical_devices(kind)
+            if devices:
+                return [devices[0].name]
+        return []
+
+
+def per_replica_parts(value: Any, devices: Iterable[str] | None = None) -> tuple[list, list[str]]:
+    """(values, devices) of a ``PerReplica`` value, a list, or a {device: value} mapping."""
+    if isinstance(value, Mapping):
+        parts, names = list(value.values()), [str(key) for key in value]
+    elif hasattr(value, "values") and isinstance(getattr(value, "values"), (tuple, list)):
+        # tf.distribute's PerReplica (and Mirrored): one component per local replica.
+        parts = list(value.values)
+        names = [str(getattr(part, "device", "") or f"replica {index}") for index, part in enumerate(parts)]
+    elif isinstance(value, (list, tuple)):
+        parts, names = list(value), [f"replica {index}" for index in range(len(value))]
+    else:
+        raise RecordingError(f"value: {type(value).__name__} is not per-replica; allowed: a PerReplica value "
+                             "(what strategy.run returns), a list with one value per replica, or a {device: value} dict")
+    if devices is not None:
+        names = [str(device) for device in devices]
+        if len(names) != len(parts):
+            raise RecordingError(f"devices: {len(names)} given for {len(parts)} replica values; allowed: one per replica")
+    return [to_jsonable(part) for part in parts], names
+
+
+def _run_id_word(name: str) -> str:
+    """The part of the run id naming the run: ``My model/v2`` → ``my-model-v2``."""
+    word = re.sub(r"[^a-z0-9._]+", "-", name.lower()).strip("-.")
+    return word[:40] or "run"
+
+
+def _number(field: str, value: Any) -> float:
+    plain = to_jsonable(value)
+    if isinstance(plain, list) and len(plain) == 1:
+        plain = plain[0]
+    if isinstance(plain, bool) or not isinstance(plain, (int, float)):
+        raise RecordingError(f"{field}: {value!r:.60} is not a number; allowed: a scalar (float, int, "
+                             "a 0-d tensor or NumPy value)")
+    return float(plain)
+
+
+def _step(field: str, value: Any) -> int:
+    number = _number(field, value)
+    if not math.isfinite(number) or number != int(number) or number < 0:
+        raise RecordingError(f"{field}: {value!r} is not allowed; allowed: a whole number ≥ 0")
+    return int(number)
+
+
+class RecordedRun:
+    """One run written from the user's process; see the module docstring."""
+
+    def __init__(self, name: str, params: Mapping[str, Any] | None = None, *, runs_dir: str | os.PathLike | None = None,
+                 strategy: Any = None, runtime: Mapping[str, Any] | None = None, source: str = SOURCE_RECORD):
+        if not isinstance(name, str) or not name.strip():
+            raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty text naming the run")
+        if params is not None and not isinstance(params, Mapping):
+            raise RecordingError(f"params: {type(params).__name__} is not allowed; allowed: a dict of name → value")
+        self.name = name.strip()
+        self.params = to_jsonable(dict(params or {}))
+        self.runtime = dict(runtime) if runtime is not None else session_runtime(strategy)
+        store = RunStore(runs_directory(runs_dir))
+        store.root.mkdir(parents=True, exist_ok=True)
+        self.run_id = new_run_id(_run_id_word(self.name))
+        self._recorder: RunRecorder = store.create(self.run_id, self.name, self.params, self.runtime, source=source,
+                                                   flush_interval=FLUSH_INTERVAL_SECONDS)
+        self.status: str | None = None
+        """None while running; then done, failed or cancelled."""
+        self._steps: dict[tuple[str, str], int] = {}
+        self._emit(RunStarted(self.run_id, self.name, self.params, to_jsonable(self.runtime), time.time()))
+        _open_runs.add(self)
+
+    @property
+    def run_dir(self) -> Path:
+        return self._recorder.run_dir
+
+    @property
+    def finished(self) -> bool:
+        return self.status is not None
+
+    def _emit(self, event: Event) -> None:
+        if self.status is not None and not isinstance(event, RunFinished):
+            raise RecordingError(f"run {self.run_id} has finished ({self.status}); start a new one to record more")
+        self._recorder.record(event)
+
+    # -- what the user records -------------------------------------------------------------
+    def metric(self, name: str, value: Any, step: Any = None, epoch: Any = None, split: str = "train") -> None:
+        """One scalar: ``loss`` at ``step`` (default: one after this metric's last), in ``train``, ``val`` or ``test``."""
+        if not isinstance(name, str) or not name:
+            raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty metric name such as 'loss'")
+        if split not in SPLITS:
+            raise RecordingError(f"split: {split!r} is not allowed; allowed: {', '.join(SPLITS)}")
+        key = (name, split)
+        step_number = self._steps.get(key, -1) + 1 if step is None else _step("step", step)
+        self._steps[key] = step_number
+        epoch_number = None if epoch is None else _step("epoch", epoch)
+        self._emit(Metric(name=name, value=_number("value", value), step=step_number, epoch=epoch_number, split=split))
+
+    def progress(self, done: Any, total: Any = None, unit: str = "step") -> None:
+        """``done`` of ``total`` ``unit``s (total None: unknown); unit ``epoch`` rewrites run.json."""
+        if not isinstance(unit, str) or not unit:
+            raise RecordingError(f"unit: {unit!r} is not allowed; allowed: a word such as 'step' or 'epoch'")
+        self._emit(Progress(done=_step("done", done), total=None if total is None else _step("total", total), unit=unit))
+
+    def replica_values(self, name: str, per_replica_value: Any, devices: Iterable[str] | None = None) -> None:
+        """One value per replica: a ``PerReplica`` (what ``strategy.run`` returns), a list, or {device: value}."""
+        values, names = per_replica_parts(per_replica_value, devices)
+        self._emit(ReplicaValues(name=str(name), values=values, devices=names))
+
+    def log(self, text: str, level: str = "info") -> None:
+        if level not in LOG_LEVELS:
+            raise RecordingError(f"level: {level!r} is not allowed; allowed: {', '.join(LOG_LEVELS)}")
+        self._emit(Log(level=level, text=str(text)))
+
+    def table(self, title: str, columns: Iterable[Any], rows: Iterable[Iterable[Any]]) -> None:
+        self._emit(Table(title=str(title), columns=to_jsonable(list(columns)), rows=to_jsonable([list(row) for row in rows])))
+
+    def artifact(self, kind: str, path: str | os.PathLike) -> None:
+        """A file or directory the run produced (a checkpoint, a TensorBoard logdir)."""
+        self._emit(Artifact(kind=str(kind), path=str(path)))
+
+    def flush(self) -> None:
+        """Put everything recorded so far on disk now (it goes there within a quarter second anyway)."""
+        self._recorder.flush()
+
+    def finish(self, status: str = "done", summary: Mapping[str, Any] | None = None, error: str | None = None,
+               traceback: str | None = None) -> None:
+        """End the run (once; later calls do nothing): done, failed or cancelled."""
+        if status not in ("done", "failed", "cancelled"):
+            raise RecordingError(f"status: {status!r} is not allowed; allowed: done, failed, cancelled")
+        with _finish_lock:
+            if self.status is not None:
+                return
+            self.status = status
+        _open_runs.discard(self)
+        self._emit(RunFinished(status=status, summary=to_jsonable(dict(summary or {})), error=error, traceback=traceback))
+
+    def finish_with(self, exception: BaseException) -> None:
+        """End the run as ``exception`` ended it: KeyboardInterrupt is a cancel, anything else a failure."""
+        cancelled = isinstance(exception, KeyboardInterrupt)
+        trace = "".join(traceback_module.format_exception(type(exception), exception, exception.__traceback__))
+        self.finish("cancelled" if cancelled else "failed", error=f"{type(exception).__name__}: {exception}",
+                    traceback=trace)
+
+    def __enter__(self) -> "RecordedRun":
+        return self
+
+    def __exit__(self, exc_type, exception, trace) -> bool:
+        if exception is None:
+            self.finish("done")
+        elif isinstance(exception, (Exception, KeyboardInterrupt)):
+            self.finish_with(exception)
+        else:  # SystemExit, GeneratorExit: the program is leaving, not failing
+            self.finish("cancelled", error=f"{type(exception).__name__}")
+        return False
+
+    def __repr__(self) -> str:
+        return f"<RecordedRun {self.run_id} {self.status or 'running'} in {self.run_dir}>"
+
+
+def record(name: str, params: Mapping[str, Any] | None = None, *, runs_dir: str | os.PathLike | None = None,
+           strategy: Any = None) -> RecordedRun:
+    """Start recording a run named ``name``; use it as a context manager (see the module docstring)."""
+    return RecordedRun(name, params, runs_dir=runs_dir, strategy=strategy)
+
+
+# Runs still open when the interpreter exits: the program left without
+# finishing them (an exception outside the ``with``, os._exit excepted).
+_open_runs: set[RecordedRun] = set()
+_finish_lock = threading.Lock()
+
+
+@atexit.register
+def _finish_open_runs() -> None:
+    for run in list(_open_runs):
+        try:
+            run.finish("failed", error="the process exited before the run finished")
+        except Exception:  # noqa: BLE001 - exiting anyway; the run reads as interrupted
+            pass
