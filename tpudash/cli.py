@@ -1,7 +1,7 @@
 """Argument parsing and the subcommands of ``tpudash``.
 
-``tpudash`` alone starts the TUI; ``devices``, ``jobs``, ``run``, ``runs`` and
-``export`` work headless for notebooks, scripts and CI. Global flags
+``tpudash`` alone starts the TUI; ``devices``, ``jobs``, ``run``, ``runs``,
+``watch`` and ``export`` work headless for notebooks, scripts and CI. Global flags
 (``--tpu``, ``--cpu-devices``, ``--data-dir``, ``--runs-dir``) are accepted
 before or after the subcommand, and each also comes from a TPUDASH_* variable.
 Exit codes: 0 done, 1 job failed, 2 bad input, 130 cancelled.
@@ -92,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     runs = commands.add_parser("runs", parents=[flags], help="list recorded runs")
     runs.add_argument("--json", action="store_true", help="print the runs as JSON")
 
+    watch = commands.add_parser(
+        "watch", parents=[flags], help="follow a run as it grows (default: the newest live run)",
+        description="Follow a run headless, printed as `tpudash run` prints it: a tpudash job, or your own "
+                    "training with TpudashCallback or tpudash.record. Exits when the run ends, with the exit "
+                    "code of its status (done 0, failed 1, cancelled 130; interrupted, when the process "
+                    "writing it dies, 1).")
+    watch.add_argument("run_id", nargs="?", metavar="RUN",
+                       help="run id (a unique prefix is enough); default: the newest live run")
+    watch.add_argument("--json", action="store_true", help="print one JSON event per line instead of the live display")
+
     export = commands.add_parser("export", parents=[flags], help="export a run's metrics")
     export.add_argument("run_id", metavar="RUN", help="run id (a unique prefix is enough)")
     export.add_argument("--format", choices=("csv", "json"), default="csv", help="output format (default csv)")
@@ -137,6 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "run": command_run,
             "runs": command_runs,
             "export": command_export,
+            "watch": command_watch,
         }[args.command]
         return handler(args, settings)
     except BadInput as error:
@@ -327,6 +338,51 @@ def command_runs(args, settings) -> int:
     else:
         render_runs(runs, runs_dir)
     return EXIT_DONE
+
+
+def command_watch(args, settings) -> int:
+    """Print a run's events as they are written; the exit code of how it ended."""
+    from tpudash.console import ConsoleSink, JsonLinesSink
+    from tpudash.follow import POLL_SECONDS, RunFollower, newest_live_run
+    from tpudash.records import STATUS_INTERRUPTED, RunStore
+
+    store = RunStore(readable_runs_dir(settings))
+    run_id = args.run_id
+    if run_id is None:
+        newest = newest_live_run(store)
+        if newest is None:
+            raise BadInput(f"RUN: no run is live in {store.root}; name one (`tpudash runs` lists them), or start "
+                           "your training with TpudashCallback first")
+        run_id = newest.run_id
+    try:
+        follower = RunFollower(store, run_id)
+    except KeyError as error:
+        raise BadInput(f"RUN: {error.args[0]}") from None
+    stop_watching = threading.Event()
+
+    def on_output_closed():
+        stop_watching.set()
+
+    sink = JsonLinesSink(sys.stdout, on_output_closed) if args.json else ConsoleSink(on_output_closed=on_output_closed)
+    try:
+        while not stop_watching.is_set():
+            for stamp, event in follower.poll():
+                sink(None, event, stamp)
+            if follower.ended:
+                break
+            stop_watching.wait(POLL_SECONDS)
+    except KeyboardInterrupt:
+        sink.notice(f"stopped watching {follower.info.run_id}; the run itself goes on")
+        return EXIT_CANCELLED
+    finally:
+        sink.close()
+    if stop_watching.is_set():
+        return EXIT_CANCELLED
+    model = follower.model
+    if model.status == STATUS_INTERRUPTED:
+        writer = f"pid {follower.info.pid}" if follower.info.pid is not None else "its process"
+        sink.notice(f"{follower.info.run_id}: {writer} ended without finishing the run: interrupted")
+    return EXIT_BY_STATUS.get(model.status, EXIT_FAILED)
 
 
 def command_export(args, settings) -> int:

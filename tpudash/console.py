@@ -83,12 +83,13 @@ class JsonLinesSink:
         self.on_output_closed = on_output_closed
         self.output_closed = False
 
-    def __call__(self, run, event: Event) -> None:
+    def __call__(self, run, event: Event, timestamp: float | None = None) -> None:
+        """``timestamp``: when the event was written (a followed run's); default now."""
         with self._lock:
             if self.output_closed:
                 return
             try:
-                self._stream.write(dumps(event, time.time()) + "\n")
+                self._stream.write(dumps(event, time.time() if timestamp is None else timestamp) + "\n")
                 self._stream.flush()
             except BrokenPipeError:
                 self.output_closed = True
@@ -148,7 +149,7 @@ class ConsoleSink:
         shown = list(self._latest.items())[-4:]
         return "  ".join(f"{name} {value:.4g}" for name, value in shown)
 
-    def __call__(self, run, event: Event) -> None:
+    def __call__(self, run, event: Event, timestamp: float | None = None) -> None:
         with self._lock:
             self._render(event)
 

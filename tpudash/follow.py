@@ -1,0 +1,172 @@
+"""Follow any run on disk as it grows: the dashboard's view of a run and ``tpudash watch``.
+
+The run directory is the bus. A tpudash job in the engine, the user's
+``fit`` with ``TpudashCallback``, a loop under ``tpudash.record`` and
+``tpudash run`` in another terminal all append to events.jsonl; a
+``RunFollower`` reads what was added since its last ``poll`` into a
+``RunModel``. While the run has not finished it checks, once a second,
+that the process writing it still exists; when it is gone the run ends as
+``interrupted``, with every event it wrote kept. Textual-free, and it
+imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from jobs.events import Event
+from tpudash.records import (
+    EVENTS_FILE,
+    SOURCE_CALLBACK,
+    SOURCE_JOB,
+    SOURCE_RECORD,
+    STATUS_INTERRUPTED,
+    STATUS_RUNNING,
+    EventTail,
+    RunInfo,
+    RunStore,
+    files_key,
+)
+from tpudash.runmodel import RunModel
+
+WRITER_CHECK_SECONDS = 1.0
+# How often ``tpudash watch`` reads the file: what a person following a run perceives as at once.
+POLL_SECONDS = 0.1
+
+
+def newest_live_run(store: RunStore) -> RunInfo | None:
+    """The most recently started run whose writer is alive on this host, if any."""
+    live = [info for info in store.list_runs() if info.live]
+    return max(live, key=lambda info: (info.started or 0.0, info.run_id), default=None)
+
+
+class RunFollower:
+    """One run's events read incrementally into a model; see the module docstring."""
+
+    def __init__(self, store: RunStore, run_id: str, clock: Callable[[], float] = time.monotonic):
+        self.run_dir: Path = store.find(run_id)
+        self.info: RunInfo = store.info(self.run_dir)
+        info = self.info
+        self.model = RunModel(run_id=info.run_id, job=info.job, params=info.params, status=STATUS_RUNNING)
+        self.model.started = info.started
+        self.model.problems = list(info.problems)
+        self.tail = EventTail(self.run_dir / EVENTS_FILE)
+        self._clock = clock
+        self._writer_checked = clock()
+        self.ended = False
+        """True once the run finished (its run_finished was read) or its writer is gone."""
+
+    @property
+    def live(self) -> bool:
+        """Still growing: not ended (a run on another host counts as live until it finishes)."""
+        return not self.ended
+
+    def poll(self) -> list[tuple[float | None, Event]]:
+        """Read what the run gained since the last poll into ``model``; the new events."""
+        if self.ended:
+            return []
+        events = self.tail.read_new()
+        if events:
+            self.model.apply_all(events)
+        if self.tail.finished:
+            self._end()
+        elif self.info.status != STATUS_RUNNING or self._writer_gone():
+            # Its last words may have landed after the read above.
+            events += self._read_rest()
+            if not self.tail.finished:
+                self._unfinished()
+            self._end()
+        return events
+
+    def _writer_gone(self) -> bool:
+        if self._clock() - self._writer_checked < WRITER_CHECK_SECONDS:
+            return False
+        self._writer_checked = self._clock()
+        return self.info.writer_alive() is False
+
+    def _read_rest(self) -> list[tuple[float | None, Event]]:
+        try:
+            events = self.tail.read_new(final=True)
+        except OSError:
+            return []
+        self.model.apply_all(events)
+        return events
+
+    def _unfinished(self) -> None:
+        """No run_finished in the events: the record's status wins (interrupted when the writer died)."""
+        model, info = self.model, self.info
+        model.status = STATUS_INTERRUPTED if info.status == STATUS_RUNNING else info.status
+        model.error = model.error or info.error
+        model.summary = model.summary or dict(info.summary)
+        model.finished = model.finished or info.finished or time.time()
+        model.version += 1
+
+    def _end(self) -> None:
+        self.ended = True
+        model, info = self.model, self.info
+        if info.job != "?":
+            model.job = info.job
+        model.started = model.started or info.started
+        model.problems = list(info.problems) + list(self.tail.problems)
+        if self.tail.problem_count > len(self.tail.problems):
+            model.problems.append(f"{self.tail.problem_count - len(self.tail.problems)} more unreadable lines")
+        self.tail.close()
+
+
+# Who wrote a run, as the user would say it.
+SOURCE_WORDS = {
+    SOURCE_CALLBACK: "model.fit with TpudashCallback",
+    SOURCE_RECORD: "a loop with tpudash.record",
+    SOURCE_JOB: "a tpudash job",
+}
+
+
+@dataclass
+class RunsScan:
+    """What one look at the runs directory found."""
+
+    changed: bool
+    """A run appeared or vanished, or a live run's record changed (an epoch, its end, its writer's death)."""
+    appeared_live: list[RunInfo] = field(default_factory=list)
+    """Runs seen live for the first time (already live at the first scan included)."""
+    live: list[RunInfo] = field(default_factory=list)
+    """Every live run, newest first."""
+
+
+class RunsDirectoryWatch:
+    """Notices new runs and changes of live ones, cheaply enough to look every second.
+
+    Only new run directories and the runs that were live are read again
+    (``RunStore.info`` keeps ended runs), so a directory of thousands of old
+    runs costs one ``scandir`` a look.
+    """
+
+    def __init__(self, store: RunStore):
+        self.store = store
+        self._known: set[str] = set()
+        self._live: dict[str, tuple] = {}
+        self._seen_live: set[str] = set()
+
+    def scan(self) -> RunsScan:
+        names = {path.name for path in self.store.run_dirs()}
+        appeared, vanished = names - self._known, self._known - names
+        self._known = names
+        changed = bool(appeared or vanished)
+        live: dict[str, tuple] = {}
+        result = RunsScan(changed=False)
+        for name in sorted(appeared | (set(self._live) & names)):
+            info = self.store.info(self.store.root / name)
+            if info.live:
+                result.live.append(info)
+                live[name] = (info.status, files_key(info.path))
+                if name not in self._seen_live:
+                    self._seen_live.add(name)
+                    result.appeared_live.append(info)
+        changed = changed or live != {name: key for name, key in self._live.items() if name in names}
+        self._live = live
+        result.changed = changed
+        result.live.sort(key=lambda info: (info.started or 0.0, info.run_id), reverse=True)
+        return result
