@@ -15,7 +15,8 @@ SCREEN_KEYS = (
     ("Jobs", "↑/↓ pick a job · tab through the form · enter launch · escape back to the list"),
     ("Run view", "[ / ] previous / next run of this session · x cancel the run shown (queued or running) · "
                  "c cancel the running job · tabs: Plots, Replicas, Results, Log"),
-    ("History", "enter open · space mark · o overlay two marked runs' loss · e export CSV · f5 reload"),
+    ("History", "enter open (a live run keeps growing) · space mark · o overlay two marked runs' loss · "
+                "e export CSV · f5 reload · new runs appear by themselves"),
 )
 
 
@@ -64,6 +65,9 @@ class HelpScreen(DashScreen):
             f"a job still running {self.app.settings.cancel_grace:g} s later has its engine ended, and is "
             "recorded the same way.\n",
             "Quit (q) while a job runs asks first; yes cancels the job, waits until it is recorded, then exits.\n",
-            "A run whose process died shows as interrupted in History.\n",
+            "Your own training shows here too: model.fit with TpudashCallback, or a loop in tpudash.record, "
+            "writes a run into the same directory; History lists it as ● live within a second and w opens the "
+            "newest live run, growing as it trains. A run whose process died shows as interrupted, with "
+            "everything it wrote.\n",
             f"TensorFlow's native log for this session (the engine's stderr): {log}\n",
         )

@@ -1,8 +1,11 @@
 """The History screen: every run in the runs directory, opened, overlaid or exported.
 
-Lists job, start, duration, status (including ``interrupted`` for a run whose
-process died) and final metrics, newest first. ``enter`` opens a run in the
-run view fed from its events.jsonl; ``space`` marks runs and ``o`` overlays
+Lists job, start, duration, status (``● live`` for a run still being written
+on this host, such as the user's own ``fit`` with TpudashCallback;
+``interrupted`` for a run whose process died) and final metrics, newest
+first, and shows new runs within a second without a key. ``enter`` opens a
+run in the run view fed from its events.jsonl, growing as the file grows
+while the run is live; ``space`` marks runs and ``o`` overlays
 the loss curves of two marked runs; ``e`` exports the highlighted run's
 metrics as CSV into its run directory. Runs with unreadable parts still list
 and show what could be read, with the problems named.
@@ -23,8 +26,9 @@ from textual.worker import Worker, WorkerState
 from screens.base import DashScreen
 from screens.run import RunView, format_value, status_text
 from tpudash.clock import format_seconds
+from tpudash.follow import SOURCE_WORDS, RunFollower
 from tpudash.runmodel import RunModel
-from tpudash.records import RunData, RunInfo
+from tpudash.records import SOURCE_JOB, RunInfo
 from tpudash.series import DecimatedSeries
 from tpudash.widgets import MetricPlot, PlotLine
 
@@ -39,21 +43,18 @@ def format_metrics(metrics: dict, limit: int = 4) -> str:
     return "  ".join(f"{name}={format_value(value, 12)}" for name, value in preferred[:limit])
 
 
-def model_from_stored(data: RunData) -> RunModel:
-    """The run view's model of a stored run; the record's status wins (interrupted)."""
-    info = data.info
-    model = RunModel(run_id=info.run_id, job=info.job, params=info.params, status=info.status)
-    model.apply_all(data.events)
-    model.run_id, model.status = info.run_id, info.status
-    if info.job != "?":
-        model.job = info.job
-    model.started = model.started or info.started
-    model.finished = model.finished or info.finished
-    if info.error and not model.error:
-        model.error = info.error
-    model.summary = model.summary or dict(info.summary)
-    model.problems = list(data.problems)
-    return model
+def follow_run(store, run_id: str) -> RunFollower:
+    """A follower of ``run_id`` that has read everything written so far (call from a worker thread)."""
+    follower = RunFollower(store, run_id)
+    follower.poll()
+    return follower
+
+
+def run_status_text(info: RunInfo) -> Text:
+    """The status cell: ``● live`` for a run still being written on this host."""
+    if info.live:
+        return Text("● live", style="bold yellow")
+    return status_text(info.status)
 
 
 class HistoryScreen(DashScreen):
@@ -82,6 +83,8 @@ class HistoryScreen(DashScreen):
         for column in HISTORY_COLUMNS:
             table.add_column(column or "✓", key=column or "mark")
         self.watch(self.app, "lane_version", self._lane_changed, init=False)
+        # A run started elsewhere (a notebook's fit) appears without a key press.
+        self.watch(self.app, "runs_version", self._lane_changed, init=False)
 
     def on_screen_resume(self) -> None:
         self.action_reload()
@@ -121,7 +124,7 @@ class HistoryScreen(DashScreen):
             started = time.strftime("%m-%d %H:%M:%S", time.localtime(info.started)) if info.started else "?"
             problems = Text(f"⚠ {len(info.problems)}", style="yellow") if info.problems else Text("")
             table.add_row(
-                "✓" if info.run_id in self.marked else "", started, info.job, status_text(info.status),
+                "✓" if info.run_id in self.marked else "", started, info.job, run_status_text(info),
                 format_seconds(info.duration) if info.duration is not None else "", format_metrics(info.final_metrics),
                 problems, key=info.run_id,
             )
@@ -182,7 +185,7 @@ class HistoryScreen(DashScreen):
 
 
 class RunDetailScreen(DashScreen):
-    """One stored run in the run view, read from its events.jsonl."""
+    """One run in the run view, read from its events.jsonl; a live run grows as its file does."""
 
     CSS_PATH = "history.tcss"
 
@@ -194,31 +197,28 @@ class RunDetailScreen(DashScreen):
     def __init__(self, run_id: str):
         super().__init__()
         self.run_id = run_id
+        self.follower: RunFollower | None = None
         self.loaded = False
 
     def compose_body(self) -> ComposeResult:
         yield Static(Text(f"loading {self.run_id}…", style="dim"), id="detail-problems")
+        yield Static("", id="detail-source")
         yield RunView(budget=self.app.redraw_budget, id="detail-view")
 
     def on_mount(self) -> None:
         self.load()
 
     @work(thread=True, exit_on_error=False, group="history-load", description="Read a run's events.jsonl")
-    def load(self) -> RunModel:
-        return model_from_stored(self.app.store.load(self.run_id))
+    def load(self) -> RunFollower:
+        return follow_run(self.app.store, self.run_id)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
         problems = self.query_one("#detail-problems", Static)
         if event.state == WorkerState.SUCCESS and worker.group == "history-load":
-            model = worker.result
-            self.query_one("#detail-view", RunView).show(model)
-            if model.problems:
-                problems.update(Text("⚠ could not read everything: " + "; ".join(model.problems[:5])
-                                     + (f" (+{len(model.problems) - 5} more)" if len(model.problems) > 5 else ""),
-                                     style="yellow"))
-            else:
-                problems.display = False
+            self.follower = worker.result
+            self.view.show(self.follower.model)
+            self._show_where_from()
             self.loaded = True
         elif event.state == WorkerState.SUCCESS and worker.group == "history-export":
             self.app.notify(f"exported to {worker.result}", title="CSV export")
@@ -226,13 +226,46 @@ class RunDetailScreen(DashScreen):
             problems.update(Text(f"cannot open {self.run_id}: {worker.error}", style="bold red"))
             problems.display = True
 
+    def _show_where_from(self) -> None:
+        """Who writes the run and whether it still grows; what could not be read."""
+        follower = self.follower
+        info, model = follower.info, follower.model
+        writer = SOURCE_WORDS.get(info.source, info.source)
+        pid = f" in pid {info.pid}" if info.pid is not None else ""
+        if follower.live:
+            text = Text.assemble(("● live", "bold yellow"), f"  written by {writer}{pid}; this view grows with it")
+        elif model.status == "interrupted":
+            text = Text.assemble(("! ", "bold red"), f"the process writing it ({writer}{pid}) ended without "
+                                 "finishing; everything it wrote is kept")
+        elif info.source != SOURCE_JOB:
+            text = Text(f"recorded by {writer}{pid}", style="dim")
+        else:
+            text = Text("")
+        source = self.query_one("#detail-source", Static)
+        source.update(text)
+        source.display = bool(text.plain)
+        problems = self.query_one("#detail-problems", Static)
+        if model.problems:
+            problems.update(Text("⚠ could not read everything: " + "; ".join(model.problems[:5])
+                                 + (f" (+{len(model.problems) - 5} more)" if len(model.problems) > 5 else ""),
+                                 style="yellow"))
+        problems.display = bool(model.problems)
+
     @property
     def view(self) -> RunView:
         return self.query_one("#detail-view", RunView)
 
     def tick(self, force: bool = False) -> None:
-        if self.loaded:
-            self.view.sync(force)
+        """On the app's timer: read what a live run added, then redraw on the display beat, as the Run view does."""
+        follower = self.follower
+        if follower is None:
+            return
+        if not follower.ended:
+            follower.poll()
+            if follower.ended:
+                self._show_where_from()
+                force = True
+        self.view.sync(force)
 
     def action_close(self) -> None:
         self.dismiss()
@@ -283,7 +316,7 @@ class OverlayScreen(DashScreen):
 
     @work(thread=True, exit_on_error=False, group="history-load", description="Read two runs' events.jsonl")
     def load(self) -> list[RunModel]:
-        return [model_from_stored(self.app.store.load(run_id)) for run_id in self.run_ids]
+        return [follow_run(self.app.store, run_id).model for run_id in self.run_ids]
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker

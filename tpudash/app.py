@@ -42,7 +42,9 @@ from tpudash.palette import TpudashCommands
 
 if TYPE_CHECKING:  # the lane, records and host check load after the first frame
     from tpudash.engine import EngineHandle, Listener
+    from tpudash.follow import RunsDirectoryWatch, RunsScan
     from tpudash.hostcheck import HostCheck
+    from tpudash.records import RunInfo
     from tpudash.lane import Lane, LiveRun
     from tpudash.records import RunStore
 
@@ -51,6 +53,8 @@ if TYPE_CHECKING:  # the lane, records and host check load after the first frame
 MAX_WAITING_RUNS = 4
 # Runs of this session kept in memory for the run view (their models are bounded).
 MAX_SESSION_RUNS = 50
+# How often the runs directory is looked at for runs started elsewhere (a notebook's fit).
+RUNS_SCAN_SECONDS = 1.0
 TICK_SECONDS = 0.1
 FIRST_FRAME_ENV = "TPUDASH_EXIT_AFTER_FIRST_FRAME"
 
@@ -93,6 +97,9 @@ class TpudashApp(App[int]):
                 tooltip="run the gradient descent example (default params)"),
         Binding("t", "open_form('train')", "Train", id="tpudash.train", tooltip="open the train form; enter launches"),
         Binding("c", "cancel_job", "Cancel", id="tpudash.cancel", tooltip="cancel the running job"),
+        Binding("w", "watch_live", "Watch", id="tpudash.watch", show=False,
+                tooltip="open the newest live run: your own model.fit with TpudashCallback, tpudash.record, "
+                        "or a run in another terminal"),
         Binding("E", "release_engine", "Release", id="tpudash.release", show=False,
                 tooltip="release the accelerator: the engine exits so another process can take the TPU"),
         Binding("l", "show('log')", "Log", id="tpudash.log", show=False,
@@ -124,6 +131,8 @@ class TpudashApp(App[int]):
     """The last matmul check: run id, time and per-device results (passed, GFLOP/s)."""
     lane_version: reactive[int] = reactive(0, repaint=False)
     """Bumped whenever a session run is queued, starts or ends (lists of runs redraw)."""
+    runs_version: reactive[int] = reactive(0, repaint=False)
+    """Bumped when the runs directory gains or loses a run, or a live run changes (History redraws)."""
 
     def __init__(
         self,
@@ -178,6 +187,11 @@ class TpudashApp(App[int]):
         self._redraw_budget = None
         self._beat = 0
         self._poll_posted = False
+        self._runs_watch: RunsDirectoryWatch | None = None
+        self._runs_scan_worker: Worker | None = None
+        self._runs_scan_failed = False
+        self.live_elsewhere: list[RunInfo] = []
+        """Live runs in the runs directory at the last look (any writer), newest first."""
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -365,6 +379,8 @@ class TpudashApp(App[int]):
         if self.current_mode == "devices":
             self._engine_needed()
         self.load_last_device_check()
+        self.set_interval(RUNS_SCAN_SECONDS, self._scan_runs_directory, name="tpudash runs scan")
+        self._scan_runs_directory()
 
     def _engine_needed(self) -> None:
         """The Devices screen needs the runtime: start the engine unless it was ever started."""
@@ -480,6 +496,14 @@ class TpudashApp(App[int]):
         elif worker.group == "device-check" and event.state == WorkerState.SUCCESS and worker.result:
             if self.device_check is None:
                 self.device_check = worker.result
+        elif worker.group == "runs-scan" and event.state == WorkerState.SUCCESS:
+            self._runs_scanned(worker.result)
+        elif worker.group == "runs-scan" and event.state == WorkerState.ERROR:
+            # Looked at every second: say it once, not every second.
+            if not self._runs_scan_failed:
+                self._runs_scan_failed = True
+                self.notify(f"{type(worker.error).__name__}: {worker.error}", title="Cannot read the runs directory",
+                            severity="error")
         elif event.state == WorkerState.ERROR:
             self.notify(f"{type(worker.error).__name__}: {worker.error}", title=worker.description or worker.name,
                         severity="error")
@@ -674,6 +698,49 @@ class TpudashApp(App[int]):
         if waiting:
             text += f" · {waiting} queued"
         self.lane_status = text
+
+    # -- runs written elsewhere ------------------------------------------------------------
+    def _scan_runs_directory(self) -> None:
+        if self.exiting or (self._runs_scan_worker is not None and self._runs_scan_worker.is_running):
+            return
+        self._runs_scan_worker = self.scan_runs_directory()
+
+    @work(thread=True, exit_on_error=False, group="runs-scan",
+          description="Look in the runs directory for new runs and live runs from other processes")
+    def scan_runs_directory(self) -> RunsScan:
+        if self._runs_watch is None:
+            from tpudash.follow import RunsDirectoryWatch
+
+            self._runs_watch = RunsDirectoryWatch(self.store)
+        return self._runs_watch.scan()
+
+    def _runs_scanned(self, scan: RunsScan) -> None:
+        from tpudash.follow import SOURCE_WORDS
+
+        self.live_elsewhere = scan.live
+        for info in scan.appeared_live:
+            if info.run_id in self.live_runs:
+                continue  # this session's own run: its Run view is already showing it
+            writer = SOURCE_WORDS.get(info.source, info.source)
+            self.notify(f"{info.job}, from {writer} in pid {info.pid}. Press w to watch it.",
+                        title="A run is live", timeout=10)
+        if scan.changed:
+            self.runs_version += 1
+
+    def action_watch_live(self) -> None:
+        """Open the newest live run: a session run in the Run view, any other in its own live view."""
+        if not self.live_elsewhere:
+            self.notify("No run is being written now. Train with TpudashCallback (or tpudash.record) and it "
+                        "shows up here within a second.", title="Nothing live", severity="warning")
+            return
+        newest = self.live_elsewhere[0]
+        if newest.run_id in self.live_runs:
+            self.shown_run_id = newest.run_id
+            self.call_later(self.action_show, "run")
+            return
+        from screens.history import RunDetailScreen
+
+        self.push_screen(RunDetailScreen(newest.run_id))
 
     # -- the last device check ------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="device-check", description="Find the last matmul check on disk")

@@ -20,6 +20,7 @@ from typing import Callable
 from jobs.events import Event
 from tpudash.records import (
     EVENTS_FILE,
+    RUN_FILE,
     SOURCE_CALLBACK,
     SOURCE_JOB,
     SOURCE_RECORD,
@@ -149,6 +150,7 @@ class RunsDirectoryWatch:
         self._known: set[str] = set()
         self._live: dict[str, tuple] = {}
         self._seen_live: set[str] = set()
+        self._unsettled: set[str] = set()
 
     def scan(self) -> RunsScan:
         names = {path.name for path in self.store.run_dirs()}
@@ -157,8 +159,13 @@ class RunsDirectoryWatch:
         changed = bool(appeared or vanished)
         live: dict[str, tuple] = {}
         result = RunsScan(changed=False)
-        for name in sorted(appeared | (set(self._live) & names)):
+        for name in sorted(appeared | ((set(self._live) | self._unsettled) & names)):
             info = self.store.info(self.store.root / name)
+            # Caught between its directory and its run.json: look again next time.
+            if info.problems and not (info.path / RUN_FILE).exists():
+                self._unsettled.add(name)
+            else:
+                self._unsettled.discard(name)
             if info.live:
                 result.live.append(info)
                 live[name] = (info.status, files_key(info.path))

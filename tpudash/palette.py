@@ -32,6 +32,8 @@ class TpudashCommands(Provider):
         commands.append(("Re-initialise the TPU (detect the runtime again)", app.action_reinitialize_runtime,
                          "a new engine: connect, initialize the TPU system and rebuild the strategy"))
         commands.append(("Cancel the running job", app.action_cancel_job, "stop the job on the accelerator lane"))
+        commands.append(("Watch the newest live run", app.action_watch_live,
+                         "your own model.fit with TpudashCallback, tpudash.record, or a run in another terminal"))
         return commands
 
     async def discover(self) -> Hits:

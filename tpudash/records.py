@@ -122,14 +122,15 @@ class RunRecorder:
         """The first error the writer thread met (a full disk); training goes on without the record."""
         self._lock = threading.Lock()  # the buffer, meta and final metrics
         self._io_lock = threading.Lock()  # the files
-        self._events = open(run_dir / EVENTS_FILE, "a", encoding="utf-8")
         self._pending: list[str] = []
         self._meta_due = False
         self._unsynced = False
         self._last_fsync = time.monotonic()
         self._final_metrics: dict[str, float] = {}
         self._closed = False
+        # run.json first: a reader finding the directory learns at once whose run it is.
         self._write_meta(self._meta_snapshot())
+        self._events = open(run_dir / EVENTS_FILE, "a", encoding="utf-8")
         self._writer: threading.Thread | None = None
         self._writer_stop = threading.Event()
         if flush_interval > 0:

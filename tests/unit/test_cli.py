@@ -158,8 +158,16 @@ def test_the_dashboard_and_every_screen_import_no_tensorflow():
     assert result.stdout.strip() == "[]", result.stderr
 
 
-def test_the_run_model_the_lane_and_the_engine_handle_import_neither_textual_nor_tensorflow():
-    code = ("import sys, tpudash.runmodel, tpudash.clock, tpudash.series, tpudash.lane, tpudash.engine; "
+def test_the_run_model_the_lane_the_engine_handle_and_the_writers_import_neither_textual_nor_tensorflow():
+    code = ("import sys, tpudash.runmodel, tpudash.clock, tpudash.series, tpudash.lane, tpudash.engine, "
+            "tpudash.follow, tpudash.recording; "
             "print(sorted(m for m in ('textual', 'tensorflow', 'screens', 'tpudash.app') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_keras_callback_imports_no_textual_and_no_screens():
+    code = ("import sys, tpudash.callbacks; "
+            "print(sorted(m for m in ('textual', 'screens', 'tpudash.app') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr

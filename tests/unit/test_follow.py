@@ -12,7 +12,7 @@ import pytest
 
 import tpudash
 from tpudash.follow import RunFollower, RunsDirectoryWatch, newest_live_run
-from tpudash.records import SOURCE_RECORD, RunStore
+from tpudash.records import SOURCE_RECORD
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
@@ -155,3 +155,16 @@ def test_watch_imports_no_tensorflow():
     result = subprocess.run([sys.executable, "-c", code, str(REPO_ROOT / "no-runs-here")], capture_output=True,
                             text=True, cwd=REPO_ROOT, timeout=TIMEOUT)
     assert result.stdout.strip() == "2", result.stderr
+
+
+def test_a_run_caught_before_its_run_json_is_looked_at_again(store):
+    """A look between the run directory's creation and its run.json must not hide the run for ever."""
+    run = tpudash.record("caught-early")
+    meta = (run.run_dir / "run.json").read_text()
+    (run.run_dir / "run.json").unlink()
+    watch = RunsDirectoryWatch(store)
+    assert watch.scan().live == []
+    (run.run_dir / "run.json").write_text(meta)
+    found = watch.scan()
+    assert [info.run_id for info in found.appeared_live] == [run.run_id] and found.changed
+    run.finish()
