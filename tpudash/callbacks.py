@@ -51,9 +51,6 @@ class TpudashCallback(keras.callbacks.Callback):
     ``batch_size``: the global batch, for examples/s (default: read from ``fit`` when Keras knows it).
     """
 
-    # Safe for Keras' asynchronous callback dispatch: the recorder takes its own lock.
-    async_safe = True
-
     def __init__(self, name: str | None = None, runs_dir: str | os.PathLike | None = None,
                  every_n_batches: int | None = None, batch_size: int | None = None):
         super().__init__()

@@ -38,6 +38,7 @@ BENCHMARKS = {
     "matmul": "tests.benchmarks.bench_matmul",
     "history": "tests.benchmarks.bench_history",
     "pipeline": "tests.benchmarks.bench_pipeline",
+    "callback": "tests.benchmarks.bench_callback",
     "overhead": "tests.benchmarks.bench_overhead",
 }
 

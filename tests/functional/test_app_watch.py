@@ -82,7 +82,7 @@ async def test_the_dashboard_watches_a_users_fit_live_then_done_and_a_killed_one
 
             await until(pilot, lambda: status_of("second-fit") == "● live", timeout=FIT_TIMEOUT)
             assert status_of("first-fit") == "✓ done"
-            second = app.live_elsewhere[0]
+            second = next(run_id for run_id, info in history.runs.items() if info.job == "second-fit")
             fit.kill()
             fit.wait(FIT_TIMEOUT)
             # No key pressed: the History screen hears of it on its own.
@@ -90,7 +90,7 @@ async def test_the_dashboard_watches_a_users_fit_live_then_done_and_a_killed_one
             table.move_cursor(row=[table.get_row_at(index)[2] for index in range(table.row_count)].index("second-fit"))
             await pilot.press("enter")
             killed = app.screen
-            assert isinstance(killed, RunDetailScreen) and killed.run_id == second.run_id
+            assert isinstance(killed, RunDetailScreen) and killed.run_id == second
             await until(pilot, lambda: killed.loaded and killed.view.model.status == "interrupted")
             assert killed.view.model.progress["epoch"].done == 1 and loss_points(killed) >= 6
             assert "ended without finishing; everything it wrote is kept" in str(

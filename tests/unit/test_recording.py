@@ -13,6 +13,7 @@ from jobs.events import Metric, Progress, ReplicaValues, RunFinished, RunStarted
 from tpudash.records import SOURCE_CALLBACK, SOURCE_RECORD, EventTail, RunStore
 from tpudash.recording import RecordingError, _finish_open_runs
 from tpudash.runmodel import RunModel
+from tests.fit_process import GLOBAL_BATCH, separable_data, separable_model
 
 
 def only_run(store: RunStore):
@@ -141,39 +142,22 @@ def test_a_run_left_open_at_exit_is_recorded_failed(store):
 # -- TpudashCallback -------------------------------------------------------------------------
 
 
-def separable(size: int = 1024, seed: int = 0):
-    generator = np.random.default_rng(seed)
-    features = generator.normal(size=(size, 8)).astype("float32")
-    return features, (features[:, 0] + features[:, 1] > 0).astype("int32")
-
-
-def small_model(strategy):
-    import keras
-
-    with strategy.scope():
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)],
-                                 name="separable")
-        model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
-    return model
-
-
 def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_learns(runtime, store):
     from tpudash.callbacks import TpudashCallback
 
-    features, labels = separable()
-    model = small_model(runtime.strategy)
-    callback = TpudashCallback(every_n_batches=1)
-    history = model.fit(features, labels, batch_size=64, epochs=3, validation_split=0.25, verbose=0,
-                        callbacks=[callback])
+    train, val, steps, validation_steps = separable_data(runtime.strategy)
+    model = separable_model(runtime.strategy)
+    callback = TpudashCallback(every_n_batches=1, batch_size=GLOBAL_BATCH)
+    history = model.fit(train, epochs=3, steps_per_epoch=steps, validation_data=val, validation_steps=validation_steps,
+                        verbose=0, callbacks=[callback])
 
     data = only_run(store)
     info = data.info
     assert (info.status, info.source, info.job) == ("done", SOURCE_CALLBACK, "separable") and not data.problems
     started = events_of(data, RunStarted)[0]
     assert started.params["parameters"] == model.count_params() == 8 * 16 + 16 + 16 * 2 + 2
-    assert (started.params["optimizer"], started.params["learning_rate"]) == ("adam", pytest.approx(0.01))
     assert (started.params["epochs"], started.params["steps_per_epoch"], started.params["batch_size"]) == (3, 12, 64)
+    assert (started.params["optimizer"], started.params["learning_rate"]) == ("adam", pytest.approx(0.02))
     assert (started.runtime["strategy"], started.runtime["num_replicas"], started.runtime["kind"]) == (
         "MirroredStrategy", 8, "CPU")
     assert started.runtime["tensorflow"] and started.runtime["keras"] and started.runtime["pid"] == info.pid
@@ -202,9 +186,9 @@ def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_lea
 def test_without_every_n_batches_batch_points_are_decimated(runtime, store):
     from tpudash.callbacks import MIN_SECONDS_BETWEEN_BATCH_POINTS, TpudashCallback
 
-    features, labels = separable(4096)
-    model = small_model(runtime.strategy)
-    model.fit(features, labels, batch_size=32, epochs=1, verbose=0, callbacks=[TpudashCallback(name="decimated")])
+    train, _, steps, _ = separable_data(runtime.strategy, train_examples=GLOBAL_BATCH * 128)
+    model = separable_model(runtime.strategy)
+    model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[TpudashCallback(name="decimated")])
     data = only_run(store)
     points = [metric for metric in events_of(data, Metric) if metric.name == "batch_loss"]
     seconds = data.info.finished - data.info.started
@@ -218,8 +202,8 @@ def test_fit_that_raises_in_a_step_is_recorded_failed_or_cancelled_and_raises_un
 
     from tpudash.callbacks import TpudashCallback
 
-    features, labels = separable(512)
-    model = small_model(runtime.strategy)
+    train, _, steps, _ = separable_data(runtime.strategy)
+    model = separable_model(runtime.strategy)
     model.make_train_function()
     steady_step = model.train_function
     failures = {"second-fit": KeyboardInterrupt(), "third-fit": ValueError("a corrupt record in shard 3")}
@@ -238,15 +222,15 @@ def test_fit_that_raises_in_a_step_is_recorded_failed_or_cancelled_and_raises_un
         def on_epoch_end(self, epoch, logs=None):
             raise OSError("checkpoint disk full")
 
-    callback = TpudashCallback(name="first-fit")
+    callback = TpudashCallback(name="first-fit", every_n_batches=1)
     with pytest.raises(OSError, match="checkpoint disk full"):
-        model.fit(features, labels, batch_size=64, epochs=1, verbose=0, callbacks=[callback, FailsAtEpochEnd()])
+        model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[callback, FailsAtEpochEnd()])
     for name, raised in (("second-fit", KeyboardInterrupt), ("third-fit", ValueError)):
         callback.name = name
         with pytest.raises(raised):
-            model.fit(features, labels, batch_size=64, epochs=2, verbose=0, callbacks=[callback])
+            model.fit(train, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[callback])
     callback.name = "fourth-fit"
-    model.fit(features, labels, batch_size=64, epochs=1, verbose=0, callbacks=[callback])
+    model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[callback])
     assert model.train_function is step_that_fails  # the guard is gone again
 
     by_name = {info.job: info for info in store.list_runs()}
