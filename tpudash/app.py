@@ -190,7 +190,7 @@ class TpudashApp(App[int]):
         self._runs_watch: RunsDirectoryWatch | None = None
         self._runs_scan_worker: Worker | None = None
         self._runs_scan_failed = False
-        self.live_elsewhere: list[RunInfo] = []
+        self.live_on_disk: list[RunInfo] = []
         """Live runs in the runs directory at the last look (any writer), newest first."""
 
     # -- properties -----------------------------------------------------------------
@@ -717,7 +717,7 @@ class TpudashApp(App[int]):
     def _runs_scanned(self, scan: RunsScan) -> None:
         from tpudash.follow import SOURCE_WORDS
 
-        self.live_elsewhere = scan.live
+        self.live_on_disk = scan.live
         for info in scan.appeared_live:
             if info.run_id in self.live_runs:
                 continue  # this session's own run: its Run view is already showing it
@@ -729,11 +729,11 @@ class TpudashApp(App[int]):
 
     def action_watch_live(self) -> None:
         """Open the newest live run: a session run in the Run view, any other in its own live view."""
-        if not self.live_elsewhere:
+        if not self.live_on_disk:
             self.notify("No run is being written now. Train with TpudashCallback (or tpudash.record) and it "
                         "shows up here within a second.", title="Nothing live", severity="warning")
             return
-        newest = self.live_elsewhere[0]
+        newest = self.live_on_disk[0]
         if newest.run_id in self.live_runs:
             self.shown_run_id = newest.run_id
             self.call_later(self.action_show, "run")

@@ -302,7 +302,9 @@ def render_runs(runs, runs_dir, console: Console | None = None) -> None:
         started = datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M:%S") if run.started else "-"
         metrics = "  ".join(f"{name} {value:.4g}" for name, value in list(run.final_metrics.items())[:4]
                             if isinstance(value, (int, float)))
-        status = f"[{STATUS_STYLES.get(run.status, '')}]{run.status}[/]"
+        status = f"[{STATUS_STYLES.get(run.status, '')}]{'live' if run.live else run.status}[/]"
+        if run.live:
+            status += f" [dim](pid {run.pid}; tpudash watch {run.run_id[:22]})[/]"
         if run.problems:
             status += f" [red](! {len(run.problems)} problems)[/]"
         table.add_row(run.run_id, run.job, started, format_seconds(run.duration), status, metrics)

@@ -41,8 +41,8 @@ async def test_the_dashboard_watches_a_users_fit_live_then_done_and_a_killed_one
     try:
         async with app.run_test(size=SIZE) as pilot:
             # The run appears by itself, and the dashboard says so.
-            await until(pilot, lambda: app.live_elsewhere, timeout=FIT_TIMEOUT)
-            assert [info.job for info in app.live_elsewhere] == ["first-fit"]
+            await until(pilot, lambda: app.live_on_disk, timeout=FIT_TIMEOUT)
+            assert [info.job for info in app.live_on_disk] == ["first-fit"]
             assert any("first-fit, from model.fit with TpudashCallback in pid" in text for _, _, text in app.notices)
 
             await pilot.press("w")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import tpudash
+from tpudash.cli import main
 from tpudash.follow import RunFollower, RunsDirectoryWatch, newest_live_run
 from tpudash.records import SOURCE_RECORD
 
@@ -75,10 +76,13 @@ def test_a_follower_reads_a_live_run_as_it_grows_and_ends_with_it(store):
     assert follower.model.tracks[("loss", "train", "step")].count == 2
 
 
-def test_a_killed_writer_turns_its_run_interrupted_with_every_event_kept(store, writer):
+def test_a_killed_writer_turns_its_run_interrupted_with_every_event_kept(store, writer, capsys):
     process = writer()
     for value in (3.0, 2.0, 1.0):
         assert process.say(f"metric {value}").startswith("metric")
+    assert main(["runs", "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert (listed["status"], listed["live"], listed["pid"]) == ("running", True, process.process.pid)
     watch = RunsDirectoryWatch(store)
     first = watch.scan()
     assert [info.run_id for info in first.appeared_live] == [process.run_id] and first.changed
@@ -98,6 +102,9 @@ def test_a_killed_writer_turns_its_run_interrupted_with_every_event_kept(store, 
     assert follower.model.tracks[("loss", "train", "step")].count == 3
     info = store.info(store.find(process.run_id))
     assert info.status == "interrupted" and not info.live and info.final_metrics == {"loss": 1.0}
+    assert main(["runs", "--json"]) == 0
+    (listed,) = json.loads(capsys.readouterr().out)
+    assert (listed["status"], listed["live"]) == ("interrupted", False)
     after = watch.scan()
     assert after.changed and after.live == [] and after.appeared_live == []
 
