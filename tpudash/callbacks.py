@@ -235,7 +235,8 @@ def _describe_model(model: Any, fit_params: dict, batch_size: int | None) -> tup
         "model": model.name,
         "parameters": int(model.count_params()) if model.built else 0,
         "trainable_parameters": trainable,
-        "optimizer": getattr(optimizer, "name", type(optimizer).__name__) if optimizer is not None else None,
+        # The class: Keras names a second Adam in a process "adam_1".
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
         "learning_rate": learning_rate,
         "loss": _loss_name(getattr(model, "loss", None)),
         "epochs": fit_params.get("epochs"),

@@ -142,11 +142,17 @@ def test_a_run_left_open_at_exit_is_recorded_failed(store):
 # -- TpudashCallback -------------------------------------------------------------------------
 
 
-def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_learns(runtime, store):
+@pytest.fixture(scope="module")
+def fresh_model(runtime):
+    """One model for the module's fits: its train step is traced once (the first fit sees it untrained)."""
+    return separable_model(runtime.strategy)
+
+
+def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_learns(runtime, store, fresh_model):
     from tpudash.callbacks import TpudashCallback
 
     train, val, steps, validation_steps = separable_data(runtime.strategy)
-    model = separable_model(runtime.strategy)
+    model = fresh_model
     callback = TpudashCallback(every_n_batches=1, batch_size=GLOBAL_BATCH)
     history = model.fit(train, epochs=3, steps_per_epoch=steps, validation_data=val, validation_steps=validation_steps,
                         verbose=0, callbacks=[callback])
@@ -157,7 +163,7 @@ def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_lea
     started = events_of(data, RunStarted)[0]
     assert started.params["parameters"] == model.count_params() == 8 * 16 + 16 + 16 * 2 + 2
     assert (started.params["epochs"], started.params["steps_per_epoch"], started.params["batch_size"]) == (3, 12, 64)
-    assert (started.params["optimizer"], started.params["learning_rate"]) == ("adam", pytest.approx(0.02))
+    assert (started.params["optimizer"], started.params["learning_rate"]) == ("Adam", pytest.approx(0.02))
     assert (started.runtime["strategy"], started.runtime["num_replicas"], started.runtime["kind"]) == (
         "MirroredStrategy", 8, "CPU")
     assert started.runtime["tensorflow"] and started.runtime["keras"] and started.runtime["pid"] == info.pid
@@ -183,12 +189,11 @@ def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_lea
     assert info.final_metrics["val_accuracy"] == pytest.approx(history.history["val_accuracy"][-1])
 
 
-def test_without_every_n_batches_batch_points_are_decimated(runtime, store):
+def test_without_every_n_batches_batch_points_are_decimated(runtime, store, fresh_model):
     from tpudash.callbacks import MIN_SECONDS_BETWEEN_BATCH_POINTS, TpudashCallback
 
     train, _, steps, _ = separable_data(runtime.strategy, train_examples=GLOBAL_BATCH * 128)
-    model = separable_model(runtime.strategy)
-    model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[TpudashCallback(name="decimated")])
+    fresh_model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[TpudashCallback(name="decimated")])
     data = only_run(store)
     points = [metric for metric in events_of(data, Metric) if metric.name == "batch_loss"]
     seconds = data.info.finished - data.info.started
