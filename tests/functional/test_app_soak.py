@@ -1,4 +1,4 @@
-"""Over a thousand random keys against a running app; a key typed ahead of a form being built.
+"""A thousand random keys (or more) against a running app; a key typed ahead of a form being built.
 
 The soak's keys are the app's bindings and every screen's bindings (read
 from the classes, so a new binding joins the soak by itself), plus focus and
@@ -51,8 +51,8 @@ from screens import MODE_SCREENS
 from tpudash.app import MAX_WAITING_RUNS, TICK_SECONDS, TpudashApp
 from tpudash.records import RunStore
 
-# 1,200 keep the default run under its time budget; TPUDASH_SOAK_KEYS=5000 soaks longer.
-RANDOM_KEYS = int(os.environ.get("TPUDASH_SOAK_KEYS", "1200"))
+# A thousand keep the default run under its time budget; TPUDASH_SOAK_KEYS=5000 soaks longer.
+RANDOM_KEYS = int(os.environ.get("TPUDASH_SOAK_KEYS", "1000"))
 TEXTS_TO_TYPE = 10
 MAX_SOAK_STEPS = 1000
 BATCH_SIZES = (10, 40)

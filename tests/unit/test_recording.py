@@ -168,7 +168,8 @@ def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_lea
         "MirroredStrategy", 8, "CPU")
     assert started.runtime["tensorflow"] and started.runtime["keras"] and started.runtime["pid"] == info.pid
     (summary_table,) = events_of(data, Table)
-    assert [row[:2] for row in summary_table.rows] == [["dense", "Dense"], ["dense_1", "Dense"]]
+    assert [row[:2] for row in summary_table.rows] == [[layer.name, "Dense"] for layer in model.layers]
+    assert [row[3] for row in summary_table.rows] == [8 * 16 + 16, 16 * 2 + 2]
 
     metrics = events_of(data, Metric)
     batch_losses = [metric for metric in metrics if metric.name == "batch_loss"]
