@@ -57,6 +57,15 @@ def run_status_text(info: RunInfo) -> Text:
     return status_text(info.status)
 
 
+def run_duration_text(info: RunInfo) -> str:
+    """How long it took; for a live run, how long it has run so far (as of the last listing)."""
+    if info.duration is not None:
+        return format_seconds(info.duration)
+    if info.live and info.started is not None:
+        return f"{format_seconds(max(0.0, time.time() - info.started), precise=False)} so far"
+    return ""
+
+
 class HistoryScreen(DashScreen):
     """Past runs, newest first."""
 
@@ -125,7 +134,7 @@ class HistoryScreen(DashScreen):
             problems = Text(f"⚠ {len(info.problems)}", style="yellow") if info.problems else Text("")
             table.add_row(
                 "✓" if info.run_id in self.marked else "", started, info.job, run_status_text(info),
-                format_seconds(info.duration) if info.duration is not None else "", format_metrics(info.final_metrics),
+                run_duration_text(info), format_metrics(info.final_metrics),
                 problems, key=info.run_id,
             )
         if cursor_key in self.runs:
