@@ -129,6 +129,33 @@ def test_events_reach_the_file_without_the_run_finishing(store):
     run.finish()
 
 
+def test_the_training_thread_never_fsyncs_until_the_run_ends(store, monkeypatch):
+    """Recording only appends to memory: the writer thread writes and fsyncs (at most once a second)."""
+    import os
+    import threading
+
+    import tpudash.records as records
+
+    fsyncs: list[str] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(descriptor):
+        fsyncs.append(threading.current_thread().name)
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(records.os, "fsync", counting_fsync)
+    run = tpudash.record("busy")
+    fsyncs.clear()  # creating the run writes run.json once, before training starts
+    for step in range(5000):
+        run.metric("loss", 1.0 / (step + 1), step=step)
+    run.progress(1, 1, "epoch")  # an epoch: run.json is rewritten, by the writer thread too
+    training_thread = threading.current_thread().name
+    assert training_thread not in fsyncs
+    run.finish()
+    assert fsyncs.count(training_thread) == 2  # the finish, once, when the run is over: events.jsonl and run.json
+    assert only_run(store).info.final_metrics == {"loss": pytest.approx(1 / 5000)}
+
+
 def test_a_run_left_open_at_exit_is_recorded_failed(store):
     run = tpudash.record("abandoned")
     run.metric("loss", 1.0)
@@ -190,12 +217,14 @@ def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_lea
     assert info.final_metrics["val_accuracy"] == pytest.approx(history.history["val_accuracy"][-1])
 
 
-def test_without_every_n_batches_batch_points_are_decimated(runtime, store, fresh_model):
+def test_without_every_n_batches_batch_points_are_decimated(runtime, tmp_path, fresh_model):
     from tpudash.callbacks import MIN_SECONDS_BETWEEN_BATCH_POINTS, TpudashCallback
 
     train, _, steps, _ = separable_data(runtime.strategy, train_examples=GLOBAL_BATCH * 128)
-    fresh_model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0, callbacks=[TpudashCallback(name="decimated")])
-    data = only_run(store)
+    elsewhere = RunStore(tmp_path / "my-runs")
+    fresh_model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0,
+                    callbacks=[TpudashCallback(name="decimated", runs_dir=elsewhere.root)])
+    data = only_run(elsewhere)  # runs_dir is where the run went, not tpudash's default
     points = [metric for metric in events_of(data, Metric) if metric.name == "batch_loss"]
     seconds = data.info.finished - data.info.started
     # 128 batches, but at most one point per interval: a point a batch would cost a fast step its speed.
