@@ -68,6 +68,8 @@ def runs_directory(runs_dir: str | os.PathLike | None = None) -> Path:
         return Path(runs_dir).expanduser()
     from tpudash.config import ENV_PREFIX, default_runs_dir
 
+    # Not Settings.load: it checks every TPUDASH_* variable, and a malformed
+    # one that has nothing to do with recording must not stop the user's training.
     configured = os.environ.get(f"{ENV_PREFIX}RUNS_DIR", "").strip()
     return Path(configured).expanduser() if configured else default_runs_dir(os.environ)
 
