@@ -125,10 +125,30 @@ class RunFinished:
     type: ClassVar[str] = "run_finished"
 
 
-Event = Union[RunStarted, Log, Progress, Metric, ReplicaValues, Table, Artifact, RunFinished]
+@dataclass(frozen=True)
+class Telemetry:
+    """One sample of the accelerator and the host beside a run (``tpudash.telemetry``).
+
+    chips: per TPU chip ``{"chip", "duty_cycle_pct", "hbm_used", "hbm_total",
+        "hbm_bandwidth_pct"}`` (a value libtpu does not report is None).
+    host: ``{"cpu_pct": [per core], "memory_used", "memory_total",
+        "processes": {label: resident bytes}}``.
+    unavailable: per source (``tpu``, ``host``) that gave nothing, the reason.
+
+    Observers write these to a run's telemetry.jsonl, never to events.jsonl,
+    which belongs to the run's own process.
+    """
+
+    chips: list
+    host: dict
+    unavailable: dict = field(default_factory=dict)
+    type: ClassVar[str] = "telemetry"
+
+
+Event = Union[RunStarted, Log, Progress, Metric, ReplicaValues, Table, Artifact, RunFinished, Telemetry]
 EVENT_TYPES: dict[str, type] = {
     cls.type: cls
-    for cls in (RunStarted, Log, Progress, Metric, ReplicaValues, Table, Artifact, RunFinished)
+    for cls in (RunStarted, Log, Progress, Metric, ReplicaValues, Table, Artifact, RunFinished, Telemetry)
 }
 
 

@@ -3,7 +3,10 @@
 First the host block: what the host scan found before TensorFlow was
 imported (chip type, count and HBM per chip, the TensorFlow build installed,
 any process holding the TPU, and each problem with its fix), shown as soon
-as the scan answers, in a few milliseconds. Below it "connecting…" until the
+as the scan answers, in a few milliseconds. Then telemetry, every second:
+per-chip duty cycle and HBM as bars with sparklines of the last samples
+(or why the TPU gives none), host CPU and memory, and the engine's
+resident memory. Below it "connecting…" until the
 runtime worker answers, then the kind, strategy, replicas in sync, TPU
 topology, versions, time to initialize, why every other kind was not used,
 and a table of logical devices with the last matmul check's verdict and
@@ -22,18 +25,9 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, LoadingIndicator, Static
 
 from screens.base import DashScreen
+from tpudash.console import format_bytes, telemetry_view
 
 DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
-
-
-def format_bytes(count: int | None) -> str:
-    if count is None:
-        return ""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return str(count)
 
 
 def format_memory(memory: dict | None) -> str:
@@ -117,6 +111,7 @@ class DevicesScreen(DashScreen):
         with VerticalScroll(id="devices-body"):
             yield Static("", id="host-summary")
             yield Static("", id="engine-line")
+            yield Static(Text("telemetry: the first sample comes within a second", style="dim"), id="telemetry")
             yield Static(Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"),
                          id="runtime-summary")
             yield LoadingIndicator(id="runtime-loading")
@@ -132,6 +127,19 @@ class DevicesScreen(DashScreen):
         self.watch(self.app, "runtime_error", self._show_error)
         self.watch(self.app, "device_check", self._show_device_check, init=False)
         self.watch(self.app, "engine_status", self._show_engine)
+        self.watch(self.app, "telemetry", self._show_telemetry)
+
+    def _show_telemetry(self, stamped) -> None:
+        """The newest sample as bars, with the samples before it as sparklines; why a source gives nothing."""
+        panel = self.query_one("#telemetry", Static)
+        settings = self.app.settings
+        if not settings.telemetry_interval:
+            panel.update(Text("telemetry off (--telemetry-interval 0)", style="dim"))
+            return
+        if stamped is None:
+            return
+        history = [sample for stamp, sample in self.app.telemetry_history if stamp < stamped[0]]
+        panel.update(telemetry_view(stamped[1], history, settings.tpu_metrics))
 
     def _show_engine(self, status: str) -> None:
         """Which process holds TensorFlow, and what to do when none does."""

@@ -1,7 +1,8 @@
 """The run view: one run's status, progress, plots, per-replica values, results and log.
 
 ``RunModel`` turns a run's events into what the view draws (bounded metric
-histories, the latest per-replica values, result tables, log lines); it knows
+histories, the latest per-replica values, result tables, log lines, the
+telemetry sampled while the run was live); it knows
 nothing of Textual, so the History screen can feed it stored events and a
 benchmark can feed it a million points. ``RunView`` draws a model and is
 reused by History; ``RunScreen`` is the live view of the runs this session
@@ -22,9 +23,10 @@ from textual.widgets.option_list import Option
 
 from screens.base import DashScreen
 from tpudash.clock import display_beat, format_seconds
-from tpudash.runmodel import MAX_LOG_LINES, PATH_FAMILIES, MetricTrack, ProgressState, RunModel
+from tpudash.runmodel import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
 from tpudash.widgets import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
 
+TELEMETRY_COLORS = {"TPU duty cycle": "green", "HBM used": "magenta", "host CPU": "cyan", "host memory": "gray"}
 STATUS_STYLES = {
     "queued": ("◌", "dim"),
     "running": ("●", "bold yellow"),
@@ -119,6 +121,8 @@ class RunView(Vertical):
     RunView TabPane { padding: 0; }
     RunView #plots { height: 1fr; grid-gutter: 0 1; }
     RunView #plots-empty { color: $text-muted; padding: 1; }
+    RunView #telemetry-note { height: auto; max-height: 4; padding: 0 1; display: none; }
+    RunView #telemetry-plot { height: 10; min-height: 10; display: none; }
     RunView #replica-plot { height: 1fr; min-height: 8; }
     RunView #replica-table { height: auto; max-height: 12; }
     RunView #results { height: 1fr; }
@@ -145,6 +149,7 @@ class RunView(Vertical):
         self._last_state = None
         self._beat = 0
         self._ended_shown = False
+        self._last_note: Text | None = None
         self._ready = False
 
     def compose(self) -> ComposeResult:
@@ -157,6 +162,9 @@ class RunView(Vertical):
             with TabPane("Plots", id="tab-plots"):
                 yield Static("No metrics yet.", id="plots-empty")
                 yield Grid(id="plots")
+                yield Static("", id="telemetry-note", markup=False)
+                yield MetricPlot("accelerator and host (%)", self.budget, xlabel="seconds since the run started",
+                                 y_range=(0, 100), id="telemetry-plot")
             with TabPane("Replicas", id="tab-replicas"):
                 yield ReplicaBarPlot(self.budget, id="replica-plot")
                 yield DataTable(id="replica-table", zebra_stripes=True, cursor_type="row")
@@ -194,6 +202,8 @@ class RunView(Vertical):
             plot.remove()
         self._plots.clear()
         self._path_plot = None
+        self._last_note = None
+        self.query_one("#telemetry-plot", MetricPlot).set_lines([])
         self.query_one("#run-log", RichLog).clear()
         for table in self.query("#results .result-table, #results .result-title"):
             table.remove()
@@ -229,6 +239,7 @@ class RunView(Vertical):
         self._sync_log(model)
         self._sync_tables(model)
         self._sync_replicas(model)
+        self._sync_telemetry_note(model)
         plots_due = force or (on_beat and self.budget.ready())
         if plots_due and self._plots_stale(model):
             self.budget.start_round()
@@ -387,9 +398,33 @@ class RunView(Vertical):
             if self._drawn.get("path") != model.path.seen:
                 self._path_plot.set_path(model.path)
                 self._drawn["path"] = model.path.seen
+        self._sync_telemetry_plot(model)
         self._drawn["plots"] = model.plot_version
         self.query_one("#plots-empty", Static).display = not (self._plots or self._path_plot)
         self._layout_plots()
+
+    def _sync_telemetry_plot(self, model: RunModel) -> None:
+        """Telemetry on the run's time axis, under the metrics: duty cycle, HBM, host CPU and memory."""
+        plot = self.query_one("#telemetry-plot", MetricPlot)
+        plot.display = bool(model.telemetry)
+        if model.telemetry and self._drawn.get("telemetry") != model.telemetry_version:
+            plot.set_lines([PlotLine(label, model.telemetry[label], color=TELEMETRY_COLORS.get(label))
+                            for label, _ in TELEMETRY_LINES if label in model.telemetry])
+            self._drawn["telemetry"] = model.telemetry_version
+
+    def _sync_telemetry_note(self, model: RunModel) -> None:
+        """Advice when the TPU idles while the run trains; else why the TPU gives no telemetry."""
+        note = self.query_one("#telemetry-note", Static)
+        hint = model.idle_accelerator_hint()
+        reason = model.telemetry_unavailable.get("tpu") if model.telemetry else None
+        text = (Text.assemble(("input-bound? ", "bold yellow"), (hint, "yellow")) if hint
+                else Text(f"TPU telemetry: {reason}", style="dim") if reason else None)
+        if text is None:
+            note.display = False
+        elif text != self._last_note:
+            note.update(text)
+            note.display = True
+        self._last_note = text
 
     def on_resize(self) -> None:
         self._layout_plots()
@@ -399,7 +434,8 @@ class RunView(Vertical):
         count = len(self._plots) + (1 if self._path_plot else 0)
         if not count:
             return
-        width, height = self.size.width, max(self.size.height - 8, 8)
+        below = 10 if self.query_one("#telemetry-plot", MetricPlot).display else 0
+        width, height = self.size.width, max(self.size.height - 8 - below, 8)
         columns = 2 if width >= 100 and count > 1 else 1
         rows = math.ceil(count / columns)
         row_height = max(height // rows, 10)

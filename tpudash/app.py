@@ -73,6 +73,15 @@ class LaneMessagesPending(Message):
     """The engine said something (a run started or ended, the runtime): poll the lane."""
 
 
+class TelemetrySampled(Message):
+    """The sampler took a telemetry sample (posted from its thread)."""
+
+    def __init__(self, stamp: float, sample: Any):
+        super().__init__()
+        self.stamp = stamp
+        self.sample = sample
+
+
 class TpudashApp(App[int]):
     """tpudash: devices, jobs, live runs and history of a TensorFlow accelerator session."""
 
@@ -133,6 +142,8 @@ class TpudashApp(App[int]):
     """Bumped whenever a session run is queued, starts or ends (lists of runs redraw)."""
     runs_version: reactive[int] = reactive(0, repaint=False)
     """Bumped when the runs directory gains or loses a run, or a live run changes (History redraws)."""
+    telemetry: reactive[Any] = reactive(None, always_update=True, repaint=False)
+    """The newest telemetry sample as (time, ``jobs.events.Telemetry``), or None before the first."""
 
     def __init__(
         self,
@@ -192,6 +203,10 @@ class TpudashApp(App[int]):
         self._runs_scan_failed = False
         self.live_on_disk: list[RunInfo] = []
         """Live runs in the runs directory at the last look (any writer), newest first."""
+        self.telemetry_loop: Any = None
+        """The ``SamplingLoop`` behind ``telemetry`` (None until started, or when sampling is off)."""
+        self._telemetry_recorder: Any = None
+        self._telemetry_targets: tuple[tuple[Path, ...], dict[str, int]] = ((), {})
 
     # -- properties -----------------------------------------------------------------
     @property
@@ -381,6 +396,8 @@ class TpudashApp(App[int]):
         self.load_last_device_check()
         self.set_interval(RUNS_SCAN_SECONDS, self._scan_runs_directory, name="tpudash runs scan")
         self._scan_runs_directory()
+        if self.settings.telemetry_interval:
+            self.sample_telemetry()
 
     def _engine_needed(self) -> None:
         """The Devices screen needs the runtime: start the engine unless it was ever started."""
@@ -400,6 +417,8 @@ class TpudashApp(App[int]):
         # the accelerator for the next process.
         if self._lane is not None:
             self._lane.close()
+        if self.telemetry_loop is not None:
+            self.telemetry_loop.stop()
         for signum in self._signals_installed:
             try:
                 asyncio.get_running_loop().remove_signal_handler(signum)
@@ -513,6 +532,7 @@ class TpudashApp(App[int]):
         self._lane_changed()
 
     def _lane_changed(self) -> None:
+        self._aim_telemetry()
         self.lane_version += 1
         self._update_engine_status()
         self._update_lane_status()
@@ -718,6 +738,7 @@ class TpudashApp(App[int]):
         from tpudash.follow import SOURCE_WORDS
 
         self.live_on_disk = scan.live
+        self._aim_telemetry()
         for info in scan.appeared_live:
             if info.run_id in self.live_runs:
                 continue  # this session's own run: its Run view is already showing it
@@ -741,6 +762,52 @@ class TpudashApp(App[int]):
         from screens.history import RunDetailScreen
 
         self.push_screen(RunDetailScreen(newest.run_id))
+
+    # -- telemetry ------------------------------------------------------------------------------
+    @work(thread=True, exit_on_error=False, group="telemetry",
+          description="Sample the TPU (libtpu's metrics service) and the host (psutil)")
+    def sample_telemetry(self) -> None:
+        """Sample until the app ends; every live run gets the samples taken while it is live."""
+        from tpudash.cli import telemetry_sampler
+        from tpudash.telemetry import SamplingLoop, TelemetryRecorder
+
+        self._telemetry_recorder = recorder = TelemetryRecorder()
+
+        def on_sample(stamp: float, sample: Any) -> None:
+            run_dirs, _ = self._telemetry_targets
+            recorder.record(stamp, sample, run_dirs)
+            self.post_message(TelemetrySampled(stamp, sample))
+
+        self.telemetry_loop = SamplingLoop(telemetry_sampler(self.settings), self.settings.telemetry_interval,
+                                           on_sample, processes=lambda: self._telemetry_targets[1])
+        try:
+            if not self.exiting:
+                self.telemetry_loop.run()
+        finally:
+            recorder.close()
+
+    def on_telemetry_sampled(self, message: TelemetrySampled) -> None:
+        self.telemetry = (message.stamp, message.sample)
+
+    def _aim_telemetry(self) -> None:
+        """Which runs are live now (this session's and any other process's on this host), and whose memory to show."""
+        run_dirs = [self.store.root / info.run_id for info in self.live_on_disk]
+        processes: dict[str, int] = {}
+        current = self.current_live_run
+        if current is not None:
+            run_dirs.append(self.store.root / current.run_id)
+        if self.engine_pid is not None:
+            processes["engine"] = self.engine_pid
+        writers = [info.pid for info in self.live_on_disk if info.pid not in (None, self.engine_pid)]
+        if writers:
+            processes["writer"] = writers[0]
+        # One tuple, replaced whole: the sampling thread reads it without a lock.
+        self._telemetry_targets = (tuple(dict.fromkeys(run_dirs)), processes)
+
+    @property
+    def telemetry_history(self) -> list[Any]:
+        """The samples kept so far, oldest first: (time, Telemetry)."""
+        return list(self.telemetry_loop.sampler.history) if self.telemetry_loop is not None else []
 
     # -- the last device check ------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="device-check", description="Find the last matmul check on disk")

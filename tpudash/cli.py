@@ -1,9 +1,11 @@
 """Argument parsing and the subcommands of ``tpudash``.
 
 ``tpudash`` alone starts the TUI; ``devices``, ``jobs``, ``run``, ``runs``,
-``watch`` and ``export`` work headless for notebooks, scripts and CI. Global flags
-(``--tpu``, ``--cpu-devices``, ``--data-dir``, ``--runs-dir``) are accepted
+``watch``, ``telemetry`` and ``export`` work headless for notebooks, scripts
+and CI. Global flags (``--tpu``, ``--cpu-devices``, ``--data-dir``,
+``--runs-dir``, ``--tpu-metrics``, ``--telemetry-interval``) are accepted
 before or after the subcommand, and each also comes from a TPUDASH_* variable.
+``run`` and ``watch`` record telemetry with the run while it is live.
 Exit codes: 0 done, 1 job failed, 2 bad input, 130 cancelled.
 """
 
@@ -25,7 +27,7 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_CANCELLED = 130
 EXIT_BY_STATUS = {"done": EXIT_DONE, "failed": EXIT_FAILED, "cancelled": EXIT_CANCELLED}
-GLOBAL_FLAGS = ("tpu", "cpu_devices", "data_dir", "runs_dir")
+GLOBAL_FLAGS = ("tpu", "cpu_devices", "data_dir", "runs_dir", "tpu_metrics", "telemetry_interval")
 # The dashboard's own: how long its engine may idle, how long a cancel may take.
 DASHBOARD_FLAGS = ("release_after", "cancel_grace")
 PATH_FLAGS = ("data_dir", "runs_dir")
@@ -56,6 +58,12 @@ def _global_flags() -> argparse.ArgumentParser:
                        help="tensorflow-datasets data directory [TPUDASH_DATA_DIR]")
     group.add_argument("--runs-dir", default=argparse.SUPPRESS, metavar="DIR",
                        help="where runs are kept (default $XDG_DATA_HOME/tpudash/runs) [TPUDASH_RUNS_DIR]")
+    group.add_argument("--tpu-metrics", default=argparse.SUPPRESS, metavar="HOST:PORT",
+                       help="libtpu's metrics service on this host, read for TPU telemetry "
+                            "(default localhost:8431) [TPUDASH_TPU_METRICS]")
+    group.add_argument("--telemetry-interval", default=argparse.SUPPRESS, metavar="SECONDS",
+                       help="seconds between telemetry samples; 0 turns sampling off (default 1) "
+                            "[TPUDASH_TELEMETRY_INTERVAL]")
     return flags
 
 
@@ -102,7 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="run id (a unique prefix is enough); default: the newest live run")
     watch.add_argument("--json", action="store_true", help="print one JSON event per line instead of the live display")
 
-    export = commands.add_parser("export", parents=[flags], help="export a run's metrics")
+    telemetry = commands.add_parser(
+        "telemetry", parents=[flags], help="TPU duty cycle and HBM, host CPU and memory, every interval",
+        description="Sample the TPU (libtpu's metrics service, through tpu-info's client) and the host (psutil) "
+                    "without touching TensorFlow, so it also sees a TPU another process holds. Until Ctrl-C, "
+                    "or once with --once. A source that answers nothing says why.")
+    telemetry.add_argument("--once", action="store_true", help="take one sample, print it and exit")
+    telemetry.add_argument("--json", action="store_true", help="print each sample as one JSON object per line")
+
+    export = commands.add_parser("export", parents=[flags], help="export a run's metrics and telemetry")
     export.add_argument("run_id", metavar="RUN", help="run id (a unique prefix is enough)")
     export.add_argument("--format", choices=("csv", "json"), default="csv", help="output format (default csv)")
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of standard output")
@@ -148,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runs": command_runs,
             "export": command_export,
             "watch": command_watch,
+            "telemetry": command_telemetry,
         }[args.command]
         return handler(args, settings)
     except BadInput as error:
@@ -296,7 +313,8 @@ def execute_headless(spec, params, runtime, settings, runs_dir: Path, as_json: b
         runner.cancel(queued)
 
     sink = JsonLinesSink(sys.stdout, on_output_closed) if as_json else ConsoleSink(on_output_closed=on_output_closed)
-    runner = Runner(lambda: runtime, RunStore(runs_dir), settings, sinks=[sink])
+    telemetry = RecordingTelemetry(settings, {"tpudash_run": os.getpid()})
+    runner = Runner(lambda: runtime, RunStore(runs_dir), settings, sinks=[sink, telemetry])
     queued = runner.submit(spec, params)
     job_thread = threading.Thread(target=runner.execute, args=(queued,), name=f"tpudash-job-{spec.name}", daemon=True)
     interrupts = []
@@ -311,9 +329,10 @@ def execute_headless(spec, params, runtime, settings, runs_dir: Path, as_json: b
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        job_thread.start()
-        while not queued.done_event.wait(0.2):
-            pass
+        with telemetry:
+            job_thread.start()
+            while not queued.done_event.wait(0.2):
+                pass
     except KeyboardInterrupt:
         # Second signal: the job ignores cancel; the record stays "running" and
         # reads as interrupted, with every event written so far.
@@ -344,7 +363,7 @@ def command_watch(args, settings) -> int:
     """Print a run's events as they are written; the exit code of how it ended."""
     from tpudash.console import ConsoleSink, JsonLinesSink
     from tpudash.follow import POLL_SECONDS, RunFollower, newest_live_run
-    from tpudash.records import STATUS_INTERRUPTED, RunStore
+    from tpudash.records import STATUS_INTERRUPTED, STATUS_RUNNING, RunStore
 
     store = RunStore(readable_runs_dir(settings))
     run_id = args.run_id
@@ -364,13 +383,17 @@ def command_watch(args, settings) -> int:
         stop_watching.set()
 
     sink = JsonLinesSink(sys.stdout, on_output_closed) if args.json else ConsoleSink(on_output_closed=on_output_closed)
+    telemetry = RecordingTelemetry(settings, {"writer": follower.info.pid} if follower.info.pid else {})
+    # A run that has already ended gets no samples of a time it was not live.
+    telemetry.run_dir = follower.run_dir if follower.info.status == STATUS_RUNNING else None
     try:
-        while not stop_watching.is_set():
-            for stamp, event in follower.poll():
-                sink(None, event, stamp)
-            if follower.ended:
-                break
-            stop_watching.wait(POLL_SECONDS)
+        with telemetry:
+            while not stop_watching.is_set():
+                for stamp, event in follower.poll():
+                    sink(None, event, stamp)
+                if follower.ended:
+                    break
+                stop_watching.wait(POLL_SECONDS)
     except KeyboardInterrupt:
         sink.notice(f"stopped watching {follower.info.run_id}; the run itself goes on")
         return EXIT_CANCELLED
@@ -383,6 +406,106 @@ def command_watch(args, settings) -> int:
         writer = f"pid {follower.info.pid}" if follower.info.pid is not None else "its process"
         sink.notice(f"{follower.info.run_id}: {writer} ended without finishing the run: interrupted")
     return EXIT_BY_STATUS.get(model.status, EXIT_FAILED)
+
+
+# What ``--once`` measures CPU over (psutil compares two readings).
+ONCE_CPU_WINDOW_SECONDS = 0.25
+
+
+def telemetry_sampler(settings):
+    """A TelemetrySampler for this host and the configured metrics address."""
+    from tpudash.hostcheck import scan_chips
+    from tpudash.telemetry import TelemetrySampler
+
+    chips = scan_chips()
+    return TelemetrySampler(settings.tpu_metrics, chips_on_host=None if chips.scan_error else chips.count)
+
+
+class RecordingTelemetry:
+    """While a run is live under this process (``run``, ``watch``): sample, and record the samples with the run.
+
+    ``run_dir`` is set by the caller (``watch``), or by this object as a
+    runner sink when the run starts (``run``). Nothing is sampled when
+    ``--telemetry-interval`` is 0.
+    """
+
+    def __init__(self, settings, processes: dict[str, int]):
+        from tpudash.telemetry import SamplingLoop, TelemetryRecorder
+
+        self.run_dir: Path | None = None
+        self.recorder = TelemetryRecorder()
+        self.loop = None
+        if settings.telemetry_interval:
+            self.loop = SamplingLoop(telemetry_sampler(settings), settings.telemetry_interval, self._record,
+                                     processes=lambda: processes)
+
+    def _record(self, stamp, sample) -> None:
+        if self.run_dir is not None:
+            self.recorder.record(stamp, sample, [self.run_dir])
+
+    def __call__(self, run, event, timestamp=None) -> None:
+        """A runner sink: the run's directory exists once it has started; sample it at once."""
+        from jobs.events import RunStarted
+
+        if isinstance(event, RunStarted) and run is not None and run.run_dir is not None:
+            self.run_dir = run.run_dir
+            if self.loop is not None:
+                self.loop.wake()
+
+    def __enter__(self) -> "RecordingTelemetry":
+        if self.loop is not None:
+            self.loop.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.loop is not None:
+            self.loop.stop()
+        self.recorder.close()
+
+
+def command_telemetry(args, settings) -> int:
+    """Print telemetry samples: one (``--once``), or one per interval until interrupted."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from jobs.events import dumps
+    from tpudash.console import silence_output, telemetry_view
+    from tpudash.telemetry import SamplingLoop
+
+    if not settings.telemetry_interval and not args.once:
+        raise BadInput("--telemetry-interval: 0 turns sampling off; allowed here: 0.1 to 60 seconds, or --once")
+    sampler = telemetry_sampler(settings)
+    if args.once:
+        threading.Event().wait(ONCE_CPU_WINDOW_SECONDS)  # psutil's CPU figure is over this window
+        stamp, sample = sampler.sample()
+        sampler.close()
+        if args.json:
+            print(dumps(sample, stamp))
+        else:
+            Console().print(telemetry_view(sample, (), settings.tpu_metrics))
+        return EXIT_DONE
+    live = None if args.json else Live(console=Console(), auto_refresh=False)
+
+    def show(stamp, sample):
+        if live is None:
+            print(dumps(sample, stamp), flush=True)
+        else:
+            past = [old for _, old in list(sampler.history)[:-1]]
+            live.update(telemetry_view(sample, past, settings.tpu_metrics), refresh=True)
+
+    try:
+        if live is not None:
+            live.start()
+        SamplingLoop(sampler, settings.telemetry_interval, show).run()
+    except KeyboardInterrupt:
+        return EXIT_CANCELLED
+    except BrokenPipeError:
+        silence_output(sys.stdout)  # `tpudash telemetry --json | head`: the reader has what it wanted
+        return EXIT_DONE
+    finally:
+        if live is not None:
+            live.stop()
+    return EXIT_DONE
 
 
 def command_export(args, settings) -> int:

@@ -11,6 +11,9 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Mapping
 
+from tpudash.telemetry import DEFAULT_INTERVAL_SECONDS, DEFAULT_TPU_METRICS_ADDRESS, AddressError, parse_metrics_address
+from tpudash.telemetry import INTERVAL_RANGE as TELEMETRY_INTERVAL_RANGE
+
 DEFAULT_CPU_DEVICES = 8
 MAX_CPU_DEVICES = 256
 ENV_PREFIX = "TPUDASH_"
@@ -47,6 +50,8 @@ class Settings:
         ends its engine and records the run as cancelled.
     engine_nice: how much lower the engine's CPU priority is (0 to 19), so
         the dashboard's keys win the CPU over training.
+    tpu_metrics: HOST:PORT of libtpu's metrics service on this host.
+    telemetry_interval: seconds between telemetry samples (0: no sampling).
     """
 
     tpu: str | None = None
@@ -57,6 +62,8 @@ class Settings:
     release_after: float = 0.0
     cancel_grace: float = 2.0
     engine_nice: int = 10
+    tpu_metrics: str = DEFAULT_TPU_METRICS_ADDRESS
+    telemetry_interval: float = DEFAULT_INTERVAL_SECONDS
 
     @classmethod
     def load(cls, flags: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -120,6 +127,16 @@ def _convert(name: str, raw: object, source: str) -> object:
         if not 1 <= count <= MAX_CPU_DEVICES:
             raise SettingsError(f"{source}: {count} is out of range; allowed: 1 to {MAX_CPU_DEVICES}")
         return count
+    if name == "telemetry_interval":
+        low, high = TELEMETRY_INTERVAL_RANGE
+        allowed = f"allowed: 0 (off) or {low:g} to {high:g} seconds"
+        try:
+            seconds = float(str(raw).strip())
+        except ValueError:
+            raise SettingsError(f"{source}: {raw!r} is not a number; {allowed}") from None
+        if seconds != 0 and not low <= seconds <= high:
+            raise SettingsError(f"{source}: {seconds:g} is out of range; {allowed}")
+        return seconds
     if name in SECONDS_RANGES:
         low, high = SECONDS_RANGES[name]
         try:
@@ -129,6 +146,11 @@ def _convert(name: str, raw: object, source: str) -> object:
         if not low <= seconds <= high:
             raise SettingsError(f"{source}: {seconds:g} is out of range; allowed: {low:g} to {high:g} seconds")
         return seconds
+    if name == "tpu_metrics":
+        try:
+            return parse_metrics_address(str(raw))
+        except AddressError as error:
+            raise SettingsError(f"{source}: {error}") from None
     if name == "tpu":
         text = str(raw).strip()
         if not text:

@@ -20,9 +20,10 @@ import time
 from datetime import datetime
 from typing import IO, Callable, Iterable
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table as RichTable
+from rich.text import Text
 
 from jobs.events import (
     Artifact,
@@ -34,6 +35,7 @@ from jobs.events import (
     RunFinished,
     RunStarted,
     Table,
+    Telemetry,
     dumps,
 )
 
@@ -59,6 +61,119 @@ def format_seconds(seconds: float | None) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def format_bytes(count: int | float | None) -> str:
+    if count is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)
+
+
+def format_used_of(used: float | None, total: float | None) -> str:
+    """``4.0/16.0 GiB``: both in the total's unit."""
+    if used is None or not total:
+        return format_bytes(used if used is not None else total)
+    unit_total = format_bytes(total)
+    number, unit = unit_total.split(" ", 1)
+    scale = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": 1024 ** 3, "TiB": 1024 ** 4}[unit]
+    return f"{used / scale:.1f}/{number} {unit}"
+
+
+SPARK_LEVELS = "▁▂▃▄▅▆▇█"
+# Sized so a telemetry table fits an 80-column terminal.
+METER_WIDTH = 10
+SPARK_WIDTH = 16
+
+
+def percent_style(percent: float) -> str:
+    return "red" if percent >= 90 else "yellow" if percent >= 70 else "green"
+
+
+def meter(percent: float | None, width: int = METER_WIDTH, label: str | None = None) -> Text:
+    """``█████░░░░░ 47%``: a bar for a percentage, as nvitop draws one; ``n/a`` when not measured."""
+    if percent is None:
+        return Text("n/a".ljust(width + 5), style="dim")
+    clamped = min(100.0, max(0.0, percent))
+    filled = round(width * clamped / 100)
+    text = Text("█" * filled, style=percent_style(clamped))
+    text.append("░" * (width - filled), style="dim")
+    text.append(f" {percent:3.0f}%" if label is None else f" {label}")
+    return text
+
+
+def sparkline(values: Iterable[float | None], width: int = SPARK_WIDTH, top: float = 100.0) -> Text:
+    """The last ``width`` values (0 to ``top``) as ``▁▃▅█``; a gap where a value was not measured."""
+    cells = list(values)[-width:]
+    text = Text()
+    for value in cells:
+        if value is None:
+            text.append(" ")
+        else:
+            level = min(len(SPARK_LEVELS) - 1, max(0, int(value / top * len(SPARK_LEVELS))))
+            text.append(SPARK_LEVELS[level], style=percent_style(100 * value / top))
+    return text
+
+
+def telemetry_view(sample: Telemetry, history: Iterable[Telemetry] = (), tpu_address: str | None = None) -> Group:
+    """One telemetry sample as tables: TPU chips (duty cycle, HBM, bandwidth), host CPU and memory.
+
+    ``history``: the samples before it, oldest first, drawn as sparklines
+    (no sparkline column without them). A source that gave nothing is a line
+    saying why. The Devices screen and ``tpudash telemetry`` show the same.
+    """
+    from tpudash.telemetry import summarize
+
+    past = list(history)[-(SPARK_WIDTH - 1):]
+    trend_of = (lambda values: sparkline(values)) if past else None
+    past.append(sample)
+
+    def table(title: str, columns: tuple[str, ...]) -> RichTable:
+        grid = RichTable(title=title, title_justify="left", title_style="bold", box=None, padding=(0, 1))
+        for column in columns + (("last samples",) if trend_of else ()):
+            grid.add_column(column, no_wrap=True)
+        return grid
+
+    def row(grid: RichTable, *cells, trend=None) -> None:
+        grid.add_row(*cells, *((trend_of(trend or ()),) if trend_of else ()))
+
+    parts: list = []
+    if sample.chips:
+        source = f" — libtpu's metrics service at {tpu_address}" if tpu_address else ""
+        chips = table(f"TPU{source}", ("chip", "duty cycle", "HBM used", "HBM BW"))
+        for chip in sample.chips:
+            number = chip.get("chip")
+            used, total = chip.get("hbm_used"), chip.get("hbm_total")
+            hbm = meter(100.0 * used / total if used is not None and total else None,
+                        label=format_used_of(used, total))
+            trend = [next((item.get("duty_cycle_pct") for item in old.chips if item.get("chip") == number), None)
+                     for old in past]
+            bandwidth = chip.get("hbm_bandwidth_pct")
+            row(chips, str(number), meter(chip.get("duty_cycle_pct")), hbm,
+                Text("n/a", style="dim") if bandwidth is None else Text(f"{bandwidth:.0f}%"), trend=trend)
+        parts.append(chips)
+    elif sample.unavailable.get("tpu"):
+        parts.append(Text.assemble(("TPU  ", "bold"), (sample.unavailable["tpu"], "yellow")))
+    host = sample.host
+    if host:
+        summaries = [summarize(old) for old in past]
+        grid = table("host", ("", "now"))
+        cores = host.get("cpu_pct") or []
+        row(grid, f"CPU ({len(cores)} cores)", meter(summaries[-1].cpu_pct), trend=[item.cpu_pct for item in summaries])
+        for index, core in enumerate(cores if len(cores) <= 16 else ()):
+            row(grid, Text(f"  core {index}", style="dim"), meter(core))
+        row(grid, "memory", meter(summaries[-1].memory_used_pct,
+                                  label=format_used_of(host.get("memory_used"), host.get("memory_total"))),
+            trend=[item.memory_used_pct for item in summaries])
+        for label, rss in (host.get("processes") or {}).items():
+            row(grid, f"{label} resident", Text(format_bytes(rss)))
+        parts.append(grid)
+    if sample.unavailable.get("host"):
+        parts.append(Text.assemble(("host  ", "bold"), (sample.unavailable["host"], "yellow")))
+    return Group(*parts)
 
 
 def silence_output(stream: IO[str]) -> None:

@@ -26,6 +26,7 @@ from tpudash.records import (
     SOURCE_RECORD,
     STATUS_INTERRUPTED,
     STATUS_RUNNING,
+    TELEMETRY_FILE,
     EventTail,
     RunInfo,
     RunStore,
@@ -55,6 +56,8 @@ class RunFollower:
         self.model.started = info.started
         self.model.problems = list(info.problems)
         self.tail = EventTail(self.run_dir / EVENTS_FILE)
+        self.telemetry_tail = EventTail(self.run_dir / TELEMETRY_FILE)
+        """What observers sampled beside the run; read into the model, not returned by ``poll``."""
         self._clock = clock
         self._writer_checked = clock()
         self.ended = False
@@ -72,6 +75,7 @@ class RunFollower:
         events = self.tail.read_new()
         if events:
             self.model.apply_all(events)
+        self.model.apply_all(self.telemetry_tail.read_new())
         if self.tail.finished:
             self._end()
         elif self.info.status != STATUS_RUNNING or self._writer_gone():
@@ -114,7 +118,13 @@ class RunFollower:
         model.problems = list(info.problems) + list(self.tail.problems)
         if self.tail.problem_count > len(self.tail.problems):
             model.problems.append(f"{self.tail.problem_count - len(self.tail.problems)} more unreadable lines")
+        try:
+            model.apply_all(self.telemetry_tail.read_new(final=True))
+        except OSError:
+            pass  # no telemetry was recorded: nothing to add
+        model.problems += self.telemetry_tail.problems
         self.tail.close()
+        self.telemetry_tail.close()
 
 
 # Who wrote a run, as the user would say it.

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from jobs.base import JobSpec
 from tpudash.engine import EngineExit, EngineHandle, Listener
-from tpudash.records import EVENTS_FILE, EventTail, RunStore, new_run_id
+from tpudash.records import EVENTS_FILE, TELEMETRY_FILE, EventTail, RunStore, new_run_id
 from tpudash.runmodel import RunModel
 
 ENGINE_NONE = "none"
@@ -52,6 +52,8 @@ class LiveRun:
     model: RunModel
     stage: str = STAGE_QUEUED
     tail: EventTail | None = None
+    telemetry_tail: EventTail | None = None
+    """The run's telemetry.jsonl: what the dashboard sampled while the run was live."""
     cancel_requested_at: float | None = None
     """Monotonic time the user asked to cancel (None: not asked)."""
     settled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -341,9 +343,11 @@ class Lane:
         events = live.tail.read_new()
         if events:
             live.model.apply_all(events)
+        live.model.apply_all(live.telemetry_tail.read_new())
         if live.tail.finished and live.stage == STAGE_SENT:
             live.stage = STAGE_ENDED
             live.tail.close()
+            live.telemetry_tail.close()
             self._settle(live)
             return True
         return any(event.type == "run_started" for _, event in events)
@@ -395,6 +399,7 @@ class Lane:
         live = waiting[0]
         live.stage = STAGE_SENT
         live.tail = EventTail(self.store.root / live.run_id / EVENTS_FILE)
+        live.telemetry_tail = EventTail(self.store.root / live.run_id / TELEMETRY_FILE)
         if not self.engine.send({"op": "launch", "run_id": live.run_id, "job": live.job,
                                  "params": live.spec.as_text(live.params)}):
             self._kill_engine("its control pipe closed")

@@ -34,11 +34,15 @@ from jobs.events import (
     RunStarted,
     dumps,
     event_from_dict,
+    event_to_dict,
     to_jsonable,
 )
 
 EVENTS_FILE = "events.jsonl"
 RUN_FILE = "run.json"
+# Samples of the accelerator and host taken while the run was live, written
+# by whoever observed it (tpudash.telemetry), never by the run's own process.
+TELEMETRY_FILE = "telemetry.jsonl"
 FSYNC_INTERVAL_SECONDS = 1.0
 STATUS_RUNNING = "running"
 STATUS_INTERRUPTED = "interrupted"
@@ -289,6 +293,8 @@ class RunData:
     info: RunInfo
     events: list[tuple[float | None, Event]]
     problems: list[str]
+    telemetry: list[tuple[float | None, Event]] = field(default_factory=list)
+    """The accelerator and host samples observers took while the run was live (telemetry.jsonl)."""
 
     def metrics(self) -> list[tuple[float | None, Metric]]:
         return [(stamp, event) for stamp, event in self.events if isinstance(event, Metric)]
@@ -539,10 +545,21 @@ class RunStore:
         info = self.info(run_dir)
         events, problems = read_events(run_dir / EVENTS_FILE)
         info.problems.extend(problems)
-        return RunData(info=info, events=events, problems=info.problems)
+        telemetry: list[tuple[float | None, Event]] = []
+        if (run_dir / TELEMETRY_FILE).exists():
+            telemetry, problems = read_events(run_dir / TELEMETRY_FILE)
+            info.problems.extend(problems)
+        return RunData(info=info, events=events, problems=info.problems, telemetry=telemetry)
 
     def export(self, run_id: str, fmt: str = "csv") -> str:
-        """A run's metrics as CSV (one row per metric point) or JSON."""
+        """A run's metrics as CSV (one row per metric point) or JSON, with its telemetry.
+
+        In CSV a telemetry sample is a row per value (``tpu0_duty_cycle_pct``,
+        ``host_cpu_pct``…) with split ``telemetry`` and the sample's number
+        as its step; JSON has the samples whole under ``telemetry``.
+        """
+        from tpudash.telemetry import scalars
+
         data = self.load(run_id)
         rows = [
             {
@@ -556,7 +573,13 @@ class RunStore:
             for stamp, metric in data.metrics()
         ]
         if fmt == "json":
-            return json.dumps({"run": data.info.to_dict(), "metrics": rows}, indent=2)
+            samples = [{"time": stamp, **event_to_dict(sample)} for stamp, sample in data.telemetry]
+            return json.dumps({"run": data.info.to_dict(), "metrics": rows, "telemetry": samples}, indent=2)
+        rows += [
+            {"time": stamp, "name": name, "split": "telemetry", "step": number, "epoch": None, "value": value}
+            for number, (stamp, sample) in enumerate(data.telemetry)
+            for name, value in scalars(sample).items()
+        ]
         if fmt != "csv":
             raise ValueError(f"format: {fmt!r} is not allowed; allowed: csv, json")
         buffer = io.StringIO()

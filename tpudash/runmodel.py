@@ -14,13 +14,31 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from jobs.events import Artifact, Event, Log, Metric, Progress, ReplicaValues, RunFinished, RunStarted, Table, is_finite_number
+from jobs.events import (
+    Artifact,
+    Event,
+    Log,
+    Metric,
+    Progress,
+    ReplicaValues,
+    RunFinished,
+    RunStarted,
+    Table,
+    Telemetry,
+    is_finite_number,
+)
 from tpudash.series import DecimatedSeries, Ema
+from tpudash.telemetry import idle_accelerator_hint, summarize
 
 MAX_LOG_LINES = 5000
 # Metrics named like these are one point of a 2-D path (gradient descent's x0, x1).
 PATH_FAMILIES = ("x0", "x1")
 SPLIT_PREFIXES = ("val_", "test_")
+# The telemetry plot's lines: label, ``tpudash.telemetry.Summary`` field (all percentages).
+TELEMETRY_LINES = (("TPU duty cycle", "duty_cycle_pct"), ("HBM used", "hbm_used_pct"),
+                   ("host CPU", "cpu_pct"), ("host memory", "memory_used_pct"))
+# Enough recent samples for the idle-accelerator hint's window at the fastest rate.
+RECENT_TELEMETRY = 300
 
 
 @dataclass
@@ -124,6 +142,12 @@ class RunModel:
         self.logs: deque[tuple[str, str]] = deque(maxlen=MAX_LOG_LINES)
         self.logs_total = 0
         self.artifacts: list[Artifact] = []
+        self.telemetry: dict[str, DecimatedSeries] = {}
+        """Telemetry plot lines by label: (seconds since the run started, percent)."""
+        self.telemetry_recent: deque[tuple[float, Telemetry]] = deque(maxlen=RECENT_TELEMETRY)
+        self.telemetry_unavailable: dict[str, str] = {}
+        """Why a telemetry source gave nothing, as of the newest sample."""
+        self.telemetry_version = 0
         self.events_seen = 0
         self.version = 0
         self.plot_version = 0
@@ -171,6 +195,8 @@ class RunModel:
             self.table_versions[event.title] = self.table_versions.get(event.title, 0) + 1
         elif isinstance(event, Artifact):
             self.artifacts.append(event)
+        elif isinstance(event, Telemetry):
+            self._telemetry(event, now)
         elif isinstance(event, RunStarted):
             self.run_id, self.job, self.params = event.run_id or self.run_id, event.job, dict(event.params)
             self.runtime = dict(event.runtime or {})
@@ -231,6 +257,27 @@ class RunModel:
         if len(self._path_pending) > 8:
             for step in sorted(self._path_pending)[:-8]:
                 del self._path_pending[step]
+
+    def _telemetry(self, sample: Telemetry, stamp: float) -> None:
+        summary = summarize(sample)
+        seconds = stamp - self.started if self.started is not None else 0.0
+        for label, field_name in TELEMETRY_LINES:
+            value = getattr(summary, field_name)
+            if value is not None:
+                series = self.telemetry.get(label)
+                if series is None:
+                    series = self.telemetry[label] = DecimatedSeries()
+                series.append(seconds, value)
+        self.telemetry_recent.append((stamp, sample))
+        self.telemetry_unavailable = dict(sample.unavailable)
+        self.telemetry_version += 1
+        self.plot_version += 1
+
+    def idle_accelerator_hint(self, now: float | None = None) -> str | None:
+        """Advice when the TPU idles while this run trains (live, metrics flowing); else None."""
+        if self.status != "running" or not self.tracks:
+            return None
+        return idle_accelerator_hint(self.telemetry_recent, time.time() if now is None else now)
 
     def _progress(self, event: Progress, now: float) -> None:
         state = self.progress.get(event.unit)

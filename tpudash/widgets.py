@@ -163,11 +163,14 @@ class MetricPlot(BudgetedPlot):
     """Lines of one metric against step: e.g. train per batch (smoothed), per epoch, val."""
 
     def __init__(self, title: str, budget: RedrawBudget | None = None, *, xlabel: str = "step",
-                 log_y: bool = False, id: str | None = None, classes: str | None = None):
+                 log_y: bool = False, y_range: tuple[float, float] | None = None, id: str | None = None,
+                 classes: str | None = None):
         super().__init__(budget, id=id, classes=classes)
         self.title = title
         self.xlabel = xlabel
         self.log_y = log_y
+        self.y_range = y_range
+        """Fixed y limits (percentages: 0 to 100), or None to follow the data."""
         self.lines: list[PlotLine] = []
         self.drawn_series: dict[str, tuple[list[float], list[float]]] = {}
         """What the last replot handed to plotext, per line label (decimated)."""
@@ -208,6 +211,8 @@ class MetricPlot(BudgetedPlot):
             plt.yscale("log")
         else:
             plt.yscale("linear")
+        if self.y_range is not None:
+            plt.ylim(*self.y_range)
         if not drawn:
             plt.title(f"{self.title} (waiting for data)")
         self.points_drawn = drawn
