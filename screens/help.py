@@ -69,5 +69,9 @@ class HelpScreen(DashScreen):
             "writes a run into the same directory; History lists it as ● live within a second and w opens the "
             "newest live run, growing as it trains. A run whose process died shows as interrupted, with "
             "everything it wrote.\n",
+            f"Telemetry (Devices, and under a run's plots): each TPU chip's duty cycle and HBM from libtpu's "
+            f"metrics service at {self.app.settings.tpu_metrics}, host CPU and memory, sampled every "
+            f"{self.app.settings.telemetry_interval:g} s without TensorFlow; recorded with every live run "
+            "(telemetry.jsonl). A missing value says why.\n",
             f"TensorFlow's native log for this session (the engine's stderr): {log}\n",
         )

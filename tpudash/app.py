@@ -24,6 +24,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -205,7 +206,6 @@ class TpudashApp(App[int]):
         """Live runs in the runs directory at the last look (any writer), newest first."""
         self.telemetry_loop: Any = None
         """The ``SamplingLoop`` behind ``telemetry`` (None until started, or when sampling is off)."""
-        self._telemetry_recorder: Any = None
         self._telemetry_targets: tuple[tuple[Path, ...], dict[str, int]] = ((), {})
 
     # -- properties -----------------------------------------------------------------
@@ -397,7 +397,7 @@ class TpudashApp(App[int]):
         self.set_interval(RUNS_SCAN_SECONDS, self._scan_runs_directory, name="tpudash runs scan")
         self._scan_runs_directory()
         if self.settings.telemetry_interval:
-            self.sample_telemetry()
+            self.start_telemetry()
 
     def _engine_needed(self) -> None:
         """The Devices screen needs the runtime: start the engine unless it was ever started."""
@@ -764,27 +764,35 @@ class TpudashApp(App[int]):
         self.push_screen(RunDetailScreen(newest.run_id))
 
     # -- telemetry ------------------------------------------------------------------------------
-    @work(thread=True, exit_on_error=False, group="telemetry",
-          description="Sample the TPU (libtpu's metrics service) and the host (psutil)")
-    def sample_telemetry(self) -> None:
-        """Sample until the app ends; every live run gets the samples taken while it is live."""
+    def start_telemetry(self) -> None:
+        """Sample until the app ends; every live run gets the samples taken while it is live.
+
+        A thread of its own, not a Textual worker: it runs as long as the app,
+        and ``workers.wait_for_complete()`` (how callers wait for a job's
+        worker) would otherwise never return.
+        """
         from tpudash.cli import telemetry_sampler
         from tpudash.telemetry import SamplingLoop, TelemetryRecorder
 
-        self._telemetry_recorder = recorder = TelemetryRecorder()
+        recorder = TelemetryRecorder()
 
         def on_sample(stamp: float, sample: Any) -> None:
             run_dirs, _ = self._telemetry_targets
             recorder.record(stamp, sample, run_dirs)
             self.post_message(TelemetrySampled(stamp, sample))
 
-        self.telemetry_loop = SamplingLoop(telemetry_sampler(self.settings), self.settings.telemetry_interval,
-                                           on_sample, processes=lambda: self._telemetry_targets[1])
-        try:
-            if not self.exiting:
-                self.telemetry_loop.run()
-        finally:
-            recorder.close()
+        def sample() -> None:
+            # The PCI scan and psutil's first reading happen here, off the UI thread.
+            self.telemetry_loop = loop = SamplingLoop(
+                telemetry_sampler(self.settings), self.settings.telemetry_interval, on_sample,
+                processes=lambda: self._telemetry_targets[1])
+            try:
+                if not self.exiting:  # else on_unmount may have come and gone before the loop existed
+                    loop.run()
+            finally:
+                recorder.close()
+
+        threading.Thread(target=sample, name="tpudash-telemetry", daemon=True).start()
 
     def on_telemetry_sampled(self, message: TelemetrySampled) -> None:
         self.telemetry = (message.stamp, message.sample)

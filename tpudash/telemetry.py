@@ -354,7 +354,7 @@ class SamplingLoop:
         return self
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Ask the loop to end and wait for it (a sample in flight has a deadline of its own)."""
+        """Ask the loop to end; wait for it when ``start`` ran it (a sample in flight has a deadline of its own)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
