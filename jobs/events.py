@@ -130,10 +130,11 @@ class Telemetry:
     """One sample of the accelerator and the host beside a run (``tpudash.telemetry``).
 
     chips: per TPU chip ``{"chip", "duty_cycle_pct", "hbm_used", "hbm_total",
-        "hbm_bandwidth_pct"}`` (a value libtpu does not report is None).
+        "hbm_bandwidth_pct"}`` and ``"tensorcore_util_pct"`` where libtpu's SDK
+        gives it (a value libtpu does not report is None or absent).
     host: ``{"cpu_pct": [per core], "memory_used", "memory_total",
         "processes": {label: resident bytes}}``.
-    unavailable: per source (``tpu``, ``host``) that gave nothing, the reason.
+    unavailable: per source (``tpu``, ``tensorcore``, ``host``) that gave nothing, the reason.
 
     Observers write these to a run's telemetry.jsonl, never to events.jsonl,
     which belongs to the run's own process.

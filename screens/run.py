@@ -413,12 +413,12 @@ class RunView(Vertical):
             self._drawn["telemetry"] = model.telemetry_version
 
     def _sync_telemetry_note(self, model: RunModel) -> None:
-        """Advice when the TPU idles while the run trains; else why the TPU gives no telemetry."""
+        """Why the TPU gives no telemetry now; else advice when it idled while the run trains."""
         note = self.query_one("#telemetry-note", Static)
-        hint = model.idle_accelerator_hint()
         reason = model.telemetry_unavailable.get("tpu") if model.telemetry else None
-        text = (Text.assemble(("input-bound? ", "bold yellow"), (hint, "yellow")) if hint
-                else Text(f"TPU telemetry: {reason}", style="dim") if reason else None)
+        hint = None if reason else model.idle_accelerator_hint()
+        text = (Text(f"TPU telemetry: {reason}", style="dim") if reason
+                else Text.assemble(("input-bound? ", "bold yellow"), (hint, "yellow")) if hint else None)
         if text is None:
             note.display = False
         elif text != self._last_note:

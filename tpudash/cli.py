@@ -415,10 +415,13 @@ ONCE_CPU_WINDOW_SECONDS = 0.25
 def telemetry_sampler(settings):
     """A TelemetrySampler for this host and the configured metrics address."""
     from tpudash.hostcheck import scan_chips
-    from tpudash.telemetry import TelemetrySampler
+    from tpudash.telemetry import TelemetrySampler, TensorCoreProbe, libtpu_installed
 
     chips = scan_chips()
-    return TelemetrySampler(settings.tpu_metrics, chips_on_host=None if chips.scan_error else chips.count)
+    # libtpu's SDK only where it has chips to describe: elsewhere it crashes (see TensorCoreProbe).
+    tensorcore = TensorCoreProbe() if chips.count and libtpu_installed() else None
+    return TelemetrySampler(settings.tpu_metrics, chips_on_host=None if chips.scan_error else chips.count,
+                            tensorcore=tensorcore)
 
 
 class RecordingTelemetry:

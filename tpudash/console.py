@@ -143,7 +143,8 @@ def telemetry_view(sample: Telemetry, history: Iterable[Telemetry] = (), tpu_add
     parts: list = []
     if sample.chips:
         source = f" — libtpu's metrics service at {tpu_address}" if tpu_address else ""
-        chips = table(f"TPU{source}", ("chip", "duty cycle", "HBM used", "HBM BW"))
+        tensorcore = any(chip.get("tensorcore_util_pct") is not None for chip in sample.chips)
+        chips = table(f"TPU{source}", ("chip", "duty cycle", "HBM used", "HBM BW") + (("TensorCore",) if tensorcore else ()))
         for chip in sample.chips:
             number = chip.get("chip")
             used, total = chip.get("hbm_used"), chip.get("hbm_total")
@@ -151,10 +152,13 @@ def telemetry_view(sample: Telemetry, history: Iterable[Telemetry] = (), tpu_add
                         label=format_used_of(used, total))
             trend = [next((item.get("duty_cycle_pct") for item in old.chips if item.get("chip") == number), None)
                      for old in past]
-            bandwidth = chip.get("hbm_bandwidth_pct")
-            row(chips, str(number), meter(chip.get("duty_cycle_pct")), hbm,
-                Text("n/a", style="dim") if bandwidth is None else Text(f"{bandwidth:.0f}%"), trend=trend)
+            percents = [Text("n/a", style="dim") if value is None else Text(f"{value:.0f}%")
+                        for value in [chip.get("hbm_bandwidth_pct")] + ([chip.get("tensorcore_util_pct")]
+                                                                          if tensorcore else [])]
+            row(chips, str(number), meter(chip.get("duty_cycle_pct")), hbm, *percents, trend=trend)
         parts.append(chips)
+        if sample.unavailable.get("tensorcore"):
+            parts.append(Text(f"TensorCore utilisation: {sample.unavailable['tensorcore']}", style="dim"))
     elif sample.unavailable.get("tpu"):
         parts.append(Text.assemble(("TPU  ", "bold"), (sample.unavailable["tpu"], "yellow")))
     host = sample.host

@@ -6,7 +6,8 @@ they also observe a TPU held by another process (the user's notebook):
 - **TPU**, through tpu-info's client for libtpu's RuntimeMetricService (gRPC,
   ``localhost:8431`` by default, the port libtpu serves while a process
   holds the TPU): per chip duty cycle, HBM used and total, HBM bandwidth
-  utilisation. The channel is local (loopback credentials, as tpu-info's
+  utilisation; and TensorCore utilisation where libtpu's SDK offers it,
+  read in a child process (``TensorCoreProbe``). The channel is local (loopback credentials, as tpu-info's
   own), every call has a deadline, and a failed channel is rebuilt at the
   next sample, so sampling resumes as soon as the service is back.
 - **Host**, through psutil: CPU per core, memory, and the resident memory of
@@ -281,8 +282,10 @@ class TelemetrySampler:
 
     def __init__(self, tpu_address: str = DEFAULT_TPU_METRICS_ADDRESS, *, chips_on_host: int | None = None,
                  history: int = HISTORY_SAMPLES, clock: Callable[[], float] = time.time,
-                 tpu: TpuMetricsClient | None = None):
+                 tpu: TpuMetricsClient | None = None, tensorcore: "TensorCoreProbe | None" = None):
+        """``tensorcore``: where TensorCore utilisation comes from (None: not asked; see ``TensorCoreProbe``)."""
         self.tpu = tpu or TpuMetricsClient(tpu_address, chips_on_host=chips_on_host)
+        self.tensorcore = tensorcore
         self._clock = clock
         self.history: deque[tuple[float, Telemetry]] = deque(maxlen=history)
         try:
@@ -297,6 +300,11 @@ class TelemetrySampler:
         chips, reason = self.tpu.read()
         if reason:
             unavailable["tpu"] = reason
+        elif self.tensorcore is not None:
+            per_core, reason = self.tensorcore.read()
+            if reason:
+                unavailable["tensorcore"] = reason
+            add_tensorcore_utilisation(chips, per_core)
         host: dict = {}
         if self.host is not None:
             try:
@@ -311,6 +319,8 @@ class TelemetrySampler:
 
     def close(self) -> None:
         self.tpu.close()
+        if self.tensorcore is not None:
+            self.tensorcore.close()
 
 
 class SamplingLoop:
@@ -479,7 +489,7 @@ def scalars(sample: Telemetry) -> dict[str, float]:
     """A sample as named numbers, for CSV export and plots: ``tpu0_duty_cycle_pct``, ``host_cpu_pct``…"""
     values: dict[str, float] = {}
     for chip in sample.chips:
-        for key in ("duty_cycle_pct", "hbm_used", "hbm_total", "hbm_bandwidth_pct"):
+        for key in ("duty_cycle_pct", "hbm_used", "hbm_total", "hbm_bandwidth_pct", "tensorcore_util_pct"):
             value = _number(chip.get(key))
             if value is not None:
                 values[f"tpu{chip.get('chip')}_{key}"] = value
@@ -494,3 +504,122 @@ def scalars(sample: Telemetry) -> dict[str, float]:
         if _number(rss) is not None:
             values[f"{label}_rss"] = float(rss)
     return values
+
+
+# -- TensorCore utilisation: libtpu's in-process SDK, in a child process ----------------------------
+
+TENSORCORE_PROBE_DEADLINE_SECONDS = 2.0
+
+
+def libtpu_installed() -> bool:
+    """libtpu is importable (found without importing it: importing it is what can abort)."""
+    import importlib.util
+
+    return importlib.util.find_spec("libtpu") is not None
+
+
+class TensorCoreProbe:
+    """TensorCore utilisation per core from libtpu's SDK (``sdk.monitoring.get_metric("tensorcore_util")``).
+
+    The SDK works only inside the importing process, and libtpu can abort or
+    crash that process (measured: on a host without its runtime agent,
+    libtpu 0.0.17's ``get_metric`` raises RuntimeError, then the process dies
+    of SIGSEGV at exit; a libtpu that does not match aborts at import). So a
+    child process does it
+    (``python -m tpudash.telemetry --tensorcore-probe``), answering one JSON
+    line per request; when it dies the reason names the signal, and it is not
+    started again: it would die the same way.
+    """
+
+    def __init__(self, python: str | None = None, environment: Mapping[str, str] | None = None,
+                 deadline: float = TENSORCORE_PROBE_DEADLINE_SECONDS):
+        import sys
+
+        self._command = [python or sys.executable, "-m", "tpudash.telemetry", "--tensorcore-probe"]
+        self._environment = dict(os.environ if environment is None else environment)
+        self.deadline = deadline
+        self._process = None
+        self.failure: str | None = None
+        """Why the probe gave up for good, once it has."""
+
+    def read(self) -> tuple[list[float], str | None]:
+        """(utilisation % per core, None) or ([], why not)."""
+        import select
+        import signal
+        import subprocess
+
+        if self.failure:
+            return [], self.failure
+        if self._process is None:
+            self._process = subprocess.Popen(self._command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.DEVNULL, env=self._environment, text=True)
+        process = self._process
+        try:
+            process.stdin.write("read\n")
+            process.stdin.flush()
+            ready, _, _ = select.select([process.stdout], [], [], self.deadline)
+            line = process.stdout.readline() if ready else None
+        except (BrokenPipeError, OSError):
+            line = ""
+        if line is None:
+            return [], f"libtpu's SDK did not answer within {self.deadline:g} s"
+        if not line:
+            code = process.wait(self.deadline)
+            how = f"died with {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+            self.failure = f"libtpu's SDK {how} reading tensorcore_util (kept out of the dashboard's process)"
+            self._process = None
+            return [], self.failure
+        import json
+
+        answer = json.loads(line)
+        if "error" in answer:
+            return [], f"libtpu's SDK: {answer['error']}"
+        return [float(value) for value in answer["values"]], None
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+
+def add_tensorcore_utilisation(chips: list[dict], per_core: list[float]) -> None:
+    """Each chip's mean TensorCore utilisation, from libtpu's per-core values (cores in chip order)."""
+    if not chips or not per_core or len(per_core) % len(chips):
+        return
+    cores_per_chip = len(per_core) // len(chips)
+    for position, chip in enumerate(chips):
+        cores = per_core[position * cores_per_chip:(position + 1) * cores_per_chip]
+        chip["tensorcore_util_pct"] = sum(cores) / len(cores)
+
+
+def _serve_tensorcore_probe() -> None:
+    """The child's side: import libtpu's SDK once, answer each request line with one JSON line."""
+    import json
+    import sys
+
+    def answer(payload: dict) -> None:
+        sys.stdout.write(json.dumps(payload) + "\n")
+        sys.stdout.flush()
+
+    try:
+        from libtpu import sdk
+        monitoring = getattr(sdk, "tpumonitoring", None) or getattr(sdk, "monitoring")
+    except (ImportError, AttributeError) as error:
+        monitoring, failure = None, f"not available ({type(error).__name__}: {error})"
+    for _ in sys.stdin:
+        if monitoring is None:
+            answer({"error": failure})
+            continue
+        try:
+            values = monitoring.get_metric("tensorcore_util").data()
+            answer({"values": [float(str(value).rstrip("%")) for value in values]})
+        except Exception as error:  # an older SDK, no chips: a reason, and the child lives on
+            answer({"error": f"{type(error).__name__}: {error}"})
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--tensorcore-probe"]:
+        _serve_tensorcore_probe()

@@ -50,8 +50,15 @@ def rendered(widget: Static, width: int = 118) -> str:
 
 
 def duty_line(screen) -> list[float]:
+    """The duty-cycle values the screen's telemetry plot drew last."""
     plot = screen.query_one("#telemetry-plot", MetricPlot)
     return plot.drawn_series.get("TPU duty cycle", ([], []))[1] if plot.display else []
+
+
+def duty_values(model) -> list[float]:
+    """The duty-cycle values the run's model holds (plots redraw on the redraw budget's beat)."""
+    series = model.telemetry.get("TPU duty cycle")
+    return series.points()[1] if series is not None else []
 
 
 async def test_devices_shows_every_chips_duty_cycle_and_hbm_with_the_host(make_app, fake):
@@ -97,8 +104,8 @@ async def test_a_watched_run_gets_telemetry_on_its_time_axis_in_its_record_and_s
             await until(pilot, lambda: detail.loaded)
             assert say("metric 1.0") == "metric 1"
             # Five samples at 12.5%: the idle-TPU advice, and the plot at the scripted value.
-            await until(pilot, lambda: len(duty_line(detail)) >= 5 and detail.view.model.final_metrics)
-            await until(pilot, lambda: detail.query_one("#telemetry-note", Static).display)
+            await until(pilot, lambda: len(duty_values(detail.view.model)) >= 5 and detail.view.model.final_metrics)
+            await until(pilot, lambda: detail.query_one("#telemetry-note", Static).display and duty_line(detail))
             note = str(detail.query_one("#telemetry-note", Static).content)
             assert "input-bound? the TPU was busy 12% of the last 30 s while training" in note
             assert "prefetch(tf.data.AUTOTUNE)" in note
@@ -119,7 +126,7 @@ async def test_a_watched_run_gets_telemetry_on_its_time_axis_in_its_record_and_s
 
             fake.start()
             fake.set(duty={chip: 75.0 for chip in range(4)}, used={chip: 8 * GIB for chip in range(4)})
-            await until(pilot, lambda: duty_line(detail) and duty_line(detail)[-1] == 75.0)
+            await until(pilot, lambda: duty_values(detail.view.model)[-1] == 75.0)
             assert detail.view.model.telemetry_unavailable == {}
 
             assert say("finish done") == "finished"

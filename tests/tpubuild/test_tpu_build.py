@@ -106,3 +106,21 @@ def test_the_dashboards_engine_takes_the_cpu_default_in_its_own_process_when_the
     while exited["type"] != "exited":
         exited = messages.get(timeout=60)
     assert exited["exit"].requested and exited["exit"].returncode == 0
+
+
+def test_the_real_libtpu_sdk_is_asked_in_a_child_and_its_failure_costs_only_tensorcore_utilisation():
+    # Measured: without libtpu's runtime agent, libtpu 0.0.17's
+    # sdk.monitoring.get_metric("tensorcore_util") raises RuntimeError, and the
+    # process that imported the SDK then dies of SIGSEGV at exit. In the
+    # dashboard's process that would be the dashboard; in the probe's child
+    # it is one missing value with the SDK's reason.
+    from tpudash.telemetry import TelemetrySampler, TensorCoreProbe
+
+    from tests.fake_tpu_metrics import FakeTpuMetrics
+
+    with FakeTpuMetrics(chips=4) as fake:
+        sampler = TelemetrySampler(fake.address, tensorcore=TensorCoreProbe())
+        _, sample = sampler.sample()
+        sampler.close()
+    assert sample.unavailable["tensorcore"].startswith("libtpu's SDK: RuntimeError: "), sample.unavailable
+    assert len(sample.chips) == 4 and "tpu" not in sample.unavailable

@@ -29,6 +29,7 @@ from tpudash.telemetry import (
     HostMetrics,
     TelemetryRecorder,
     TelemetrySampler,
+    TensorCoreProbe,
     TpuMetricsClient,
     idle_accelerator_hint,
     parse_metrics_address,
@@ -273,3 +274,32 @@ def test_telemetry_without_a_service_says_why_and_a_bad_address_exits_2(fake):
         completed.stdout.split())
     bad = run_cli("telemetry", "--once", "--tpu-metrics", "10.0.0.1:8431")
     assert bad.returncode == 2 and "--tpu-metrics: '10.0.0.1:8431': 10.0.0.1 is not this host" in bad.stderr
+
+
+def tensorcore_probe(mode: str, values: str = "") -> TensorCoreProbe:
+    environment = dict(os.environ, FAKE_LIBTPU=mode, FAKE_TENSORCORE_UTIL=values,
+                       PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests" / "fake_libtpu"), str(REPO_ROOT)]))
+    return TensorCoreProbe(environment=environment)
+
+
+def test_tensorcore_utilisation_comes_from_libtpus_sdk_in_a_child_and_joins_each_chip(fake):
+    sampler = TelemetrySampler(fake.address, tensorcore=tensorcore_probe("values", "10,30,50,70,20,20,0,100"))
+    for _ in range(2):  # the child stays, answering each sample
+        _, sample = sampler.sample()
+        assert [chip["tensorcore_util_pct"] for chip in sample.chips] == [20.0, 60.0, 20.0, 50.0]
+        assert "tensorcore" not in sample.unavailable
+    assert scalars(sample)["tpu1_tensorcore_util_pct"] == 60.0
+    sampler.close()
+
+
+def test_a_libtpu_that_crashes_reading_tensorcore_util_costs_only_that_value(fake):
+    sampler = TelemetrySampler(fake.address, tensorcore=tensorcore_probe("crash"))
+    for _ in range(2):  # said once, not retried into the same crash
+        _, sample = sampler.sample()
+        assert sample.unavailable["tensorcore"] == (
+            "libtpu's SDK died with SIGSEGV reading tensorcore_util (kept out of the dashboard's process)")
+        assert [chip["duty_cycle_pct"] for chip in sample.chips] == list(DUTY.values())
+    assert sampler.tensorcore._process is None
+    chips, reason = tensorcore_probe("error").read()
+    assert chips == [] and reason == "libtpu's SDK: RuntimeError: metric tensorcore_util is not supported by this libtpu"
+    sampler.close()

@@ -1,0 +1,8 @@
+"""A stand-in for libtpu on PYTHONPATH, for ``tpudash.telemetry.TensorCoreProbe``'s tests.
+
+``FAKE_LIBTPU=values`` serves ``FAKE_TENSORCORE_UTIL`` (comma-separated
+percentages, one per core) as ``sdk.monitoring.get_metric("tensorcore_util")``;
+``FAKE_LIBTPU=crash`` dies of SIGSEGV there, as libtpu 0.0.17 does on a host
+without chips; ``FAKE_LIBTPU=error`` raises RuntimeError, as an SDK without
+the metric does.
+"""
