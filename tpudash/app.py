@@ -815,7 +815,8 @@ class TpudashApp(App[int]):
     @property
     def telemetry_history(self) -> list[Any]:
         """The samples kept so far, oldest first: (time, Telemetry)."""
-        return list(self.telemetry_loop.sampler.history) if self.telemetry_loop is not None else []
+        # deque.copy is one C call: atomic against the sampling thread's appends.
+        return list(self.telemetry_loop.sampler.history.copy()) if self.telemetry_loop is not None else []
 
     # -- the last device check ------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="device-check", description="Find the last matmul check on disk")
