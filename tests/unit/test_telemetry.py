@@ -300,6 +300,8 @@ def test_a_libtpu_that_crashes_reading_tensorcore_util_costs_only_that_value(fak
             "libtpu's SDK died with SIGSEGV reading tensorcore_util (kept out of the dashboard's process)")
         assert [chip["duty_cycle_pct"] for chip in sample.chips] == list(DUTY.values())
     assert sampler.tensorcore._process is None
-    chips, reason = tensorcore_probe("error").read()
-    assert chips == [] and reason == "libtpu's SDK: RuntimeError: metric tensorcore_util is not supported by this libtpu"
     sampler.close()
+    failing = tensorcore_probe("error")
+    chips, reason = failing.read()
+    failing.close()
+    assert chips == [] and reason == "libtpu's SDK: RuntimeError: metric tensorcore_util is not supported by this libtpu"
