@@ -344,13 +344,20 @@ class SamplingLoop:
         self._thread: threading.Thread | None = None
 
     def run(self) -> None:
+        # Fixed deadlines, not a wait after each sample: late wake-ups (the
+        # GIL held by training) would otherwise add up to a slower rate.
+        deadline = time.monotonic()
         try:
             while not self._stop.is_set():
-                started = time.monotonic()
                 self._wake.clear()
                 stamp, sample = self.sampler.sample(self._processes())
                 self._on_sample(stamp, sample)
-                self._wake.wait(max(0.0, self.interval - (time.monotonic() - started)))
+                deadline += self.interval
+                now = time.monotonic()
+                if deadline <= now:  # a slow sample: the next a whole interval on, never a burst
+                    deadline = now + self.interval
+                if self._wake.wait(deadline - now):
+                    deadline = time.monotonic()  # woken to sample at once: the schedule starts again here
         finally:
             self.sampler.close()
 

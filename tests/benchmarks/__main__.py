@@ -39,6 +39,7 @@ BENCHMARKS = {
     "history": "tests.benchmarks.bench_history",
     "pipeline": "tests.benchmarks.bench_pipeline",
     "callback": "tests.benchmarks.bench_callback",
+    "telemetry": "tests.benchmarks.bench_telemetry",
     "overhead": "tests.benchmarks.bench_overhead",
 }
 
