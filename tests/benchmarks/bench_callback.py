@@ -201,20 +201,26 @@ def check_recorded(callback, setup: CallbackSetup) -> dict:
             "recorded_examples_per_second": summary_rate}
 
 
-def run(quick: bool) -> list[Result]:
+def prepare(quick: bool):
+    """(setup, strategy, global batch, data, compiled model, its parameter count) on the 8-replica CPU runtime."""
     import tensorflow as tf
 
-    from tpudash.callbacks import TpudashCallback
     from tpudash.config import Settings
     from tpudash.runtime import get_runtime
 
     setup = QUICK if quick else FULL
-    runtime = get_runtime(Settings())
-    strategy = runtime.strategy
-    replicas = int(strategy.num_replicas_in_sync)
-    global_batch = setup.batch_per_replica * replicas
+    strategy = get_runtime(Settings()).strategy
+    global_batch = setup.batch_per_replica * int(strategy.num_replicas_in_sync)
     data = synthetic_cifar(tf, strategy, global_batch, setup.distinct_batches, setup.seed)
     model, parameters = compiled_model(strategy, setup)
+    return setup, strategy, global_batch, data, model, parameters
+
+
+def run(quick: bool) -> list[Result]:
+    from tpudash.callbacks import TpudashCallback
+
+    setup, strategy, global_batch, data, model, parameters = prepare(quick)
+    replicas = int(strategy.num_replicas_in_sync)
     runs_dir = Path(tempfile.mkdtemp(prefix="tpudash-bench-callback-"))
 
     # Warm-up: trace the train step and fill the cache, on neither side's clock.

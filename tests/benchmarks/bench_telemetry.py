@@ -68,7 +68,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tests.benchmarks import bench_callback
-from tests.benchmarks.bench_callback import QUICK, CallbackSetup, Trial, compiled_model, synthetic_cifar, train
+from tests.benchmarks.bench_callback import CallbackSetup, Trial, train
 from tests.benchmarks.harness import Result
 
 TARGET_RATIO = 0.99
@@ -166,19 +166,11 @@ def check_recorded(path: Path, sampled: Sampled, interval: float, fit_started: f
 
 def run(quick: bool) -> list[Result]:
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: its C core's info lines to stderr
-    import tensorflow as tf
 
     from tests.fake_tpu_metrics import GIB, FakeTpuMetrics
-    from tpudash.config import Settings
-    from tpudash.runtime import get_runtime
 
-    setup = QUICK if quick else FULL
-    runtime = get_runtime(Settings())
-    strategy = runtime.strategy
+    setup, strategy, global_batch, data, model, parameters = bench_callback.prepare(quick)
     replicas = int(strategy.num_replicas_in_sync)
-    global_batch = setup.batch_per_replica * replicas
-    data = synthetic_cifar(tf, strategy, global_batch, setup.distinct_batches, setup.seed)
-    model, parameters = compiled_model(strategy, setup)
     runs_dir = Path(tempfile.mkdtemp(prefix="tpudash-bench-telemetry-"))
     fake = FakeTpuMetrics(chips=CHIPS).start()  # for both sides, through the warm-up as well
     fake.set(duty={chip: 90.0 - 10.0 * chip for chip in range(CHIPS)},
