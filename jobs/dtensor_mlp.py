@@ -1,4 +1,4 @@
-"""The ``dtensor-mlp`` job: seed 002's data-parallel MLP on a DTensor mesh.
+"""The ``dtensor-mlp`` job: the DTensor MNIST example's data-parallel MLP on a DTensor mesh.
 
 A one-dimensional mesh ``[("batch", N)]`` over the runtime's N logical
 devices; every weight is replicated (``UNSHARDED`` on both axes), every
@@ -6,14 +6,14 @@ input batch is split along the batch axis with ``dtensor.pack``, so each
 device trains on its shard and DTensor reduces the gradients: the same
 arithmetic as MirroredStrategy, written with the TensorFlow Core API.
 
-The model is the one the seed meant to build, 784→700→500→10 with ReLU (the
+The model is the one the example meant to build, 784→700→500→10 with ReLU (the
 page overwrites a variable and builds 784→700→10→10 by mistake), with Xavier
-uniform weights from stateless seeds, zero biases and the seed's hand-written
-Adam. One change: the seed's Adam keeps its step count in a Python float,
+uniform weights from stateless seeds, zero biases and the example's hand-written
+Adam. One change: the example's Adam keeps its step count in a Python float,
 which ``tf.function`` freezes at trace time, so its bias correction never
 advances; here the count is a replicated DVariable.
 
-Data come from jobs.datasets (tfds or synthetic), seed defaults: the first
+Data come from jobs.datasets (tfds or synthetic), the example's defaults: the first
 5000 training and test examples, global batch 128, 3 epochs. Reports
 per-batch training loss, per-epoch train and test loss and accuracy.
 """
@@ -32,16 +32,16 @@ PARAMS = (
     Param("dataset", "str", "mnist", "images to classify (flattened into the input layer)", choices=data.DATASET_NAMES),
     Param("source", "str", "tfds", "tfds: the real data; synthetic: a learnable stand-in of the same shapes",
           choices=data.SOURCES),
-    Param("hidden", "ints", (700, 500), "sizes of the hidden ReLU layers (seed 002: 700,500)", minimum=1,
-          maximum=65_536),
+    Param("hidden", "ints", (700, 500), "sizes of the hidden ReLU layers (the DTensor MNIST example: 700,500)",
+          minimum=1, maximum=65_536),
     Param("epochs", "int", 3, "passes over the training examples", minimum=1, maximum=100_000),
     Param("batch_size", "int", 128, "global batch, split over the mesh's batch axis", minimum=1, maximum=1 << 20),
     Param("learning_rate", "float", 0.001, "Adam step size", minimum=0.0, maximum=10.0, minimum_exclusive=True),
-    Param("limit_train", "int", 5000, "use the first N training examples (0 = all; seed: 5000)", minimum=0,
+    Param("limit_train", "int", 5000, "use the first N training examples (0 = all; the example uses 5000)", minimum=0,
           maximum=10_000_000),
-    Param("limit_test", "int", 5000, "use the first N test examples (0 = all; seed: 5000)", minimum=0,
+    Param("limit_test", "int", 5000, "use the first N test examples (0 = all; the example uses 5000)", minimum=0,
           maximum=10_000_000),
-    Param("seed", "int", 22, "seed of the weights and the shuffling (seed 002 uses 22)", minimum=0,
+    Param("seed", "int", 22, "seed of the weights and the shuffling (the example uses 22)", minimum=0,
           maximum=2**31 - 1),
 )
 
@@ -262,7 +262,7 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
 
 
 class DenseLayer:
-    """A dense layer whose weights are DVariables with ``weight_layout`` (seed 002)."""
+    """A dense layer whose weights are DVariables with ``weight_layout``, as in the DTensor MNIST example."""
 
     def __init__(self, dtensor, in_dim: int, out_dim: int, weight_layout, activation, seed: tuple[int, int]):
         import tensorflow as tf
@@ -301,7 +301,7 @@ class MLP:
 
 
 class Adam:
-    """Seed 002's Adam over DVariables, with slots laid out like their variables."""
+    """The DTensor MNIST example's Adam over DVariables, with slots laid out like their variables."""
 
     def __init__(self, dtensor, model_vars, learning_rate=1e-3, beta_1=0.9, beta_2=0.999, epsilon=1e-7):
         import tensorflow as tf
@@ -369,8 +369,8 @@ SPECS = (
         name="dtensor-mlp",
         title="DTensor data-parallel MLP",
         description=(
-            "Seed 002: an MLP 784→700→500→10 trained data-parallel over a DTensor mesh [('batch', N)] of the "
-            "logical devices, replicated weights, batch-sharded inputs, hand-written Adam."
+            "The DTensor MNIST example: an MLP 784→700→500→10 trained data-parallel over a DTensor mesh "
+            "[('batch', N)] of the logical devices, replicated weights, batch-sharded inputs, hand-written Adam."
         ),
         params=PARAMS,
         run=run_dtensor_mlp,

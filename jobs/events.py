@@ -12,12 +12,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, Callable, ClassVar, Union
 
 RUN_STATUSES = ("done", "failed", "cancelled")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SPLITS = ("train", "val", "test")
+# The Stage that says a run's steps have begun: the stages before it were its preparation.
+TRAINING_STAGE = "training"
+# Counts within one stage (examples made, …) are worth a redraw, not a flood.
+STAGE_COUNT_SECONDS = 0.25
 
 
 def to_jsonable(value: Any) -> Any:
@@ -71,6 +76,41 @@ class Progress:
     total: int | None
     unit: str
     type: ClassVar[str] = "progress"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What the run is doing while no step reports progress: making the data, tracing…
+
+    A stage lasts until the next one begins or the run ends; ``done`` of
+    ``total`` when it counts something (examples made), else None. A job
+    whose preparation takes a while names each part, and its last stage
+    (``training``) says the steps have begun, so views can tell how long the
+    run took to get going and where that time went.
+    """
+
+    name: str
+    done: int | None = None
+    total: int | None = None
+    type: ClassVar[str] = "stage"
+
+
+class StageAnnouncer:
+    """Sends a job's ``Stage`` events through ``emit``: each stage once as it begins, and its
+    counts at most every STAGE_COUNT_SECONDS (always the last), however often the job calls."""
+
+    def __init__(self, emit: Callable[[Any], None]):
+        self.emit = emit
+        self.current: str | None = None
+        """The name of the last stage announced, None before any."""
+        self._sent = 0.0
+
+    def __call__(self, name: str, done: int | None = None, total: int | None = None) -> None:
+        now = time.monotonic()
+        if name == self.current and (done is None or (done != total and now - self._sent < STAGE_COUNT_SECONDS)):
+            return
+        self.current, self._sent = name, now
+        self.emit(Stage(name=name, done=done, total=total))
 
 
 @dataclass(frozen=True)
@@ -146,10 +186,10 @@ class Telemetry:
     type: ClassVar[str] = "telemetry"
 
 
-Event = Union[RunStarted, Log, Progress, Metric, ReplicaValues, Table, Artifact, RunFinished, Telemetry]
+Event = Union[RunStarted, Log, Progress, Stage, Metric, ReplicaValues, Table, Artifact, RunFinished, Telemetry]
 EVENT_TYPES: dict[str, type] = {
     cls.type: cls
-    for cls in (RunStarted, Log, Progress, Metric, ReplicaValues, Table, Artifact, RunFinished, Telemetry)
+    for cls in (RunStarted, Log, Progress, Stage, Metric, ReplicaValues, Table, Artifact, RunFinished, Telemetry)
 }
 
 

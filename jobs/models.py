@@ -1,15 +1,16 @@
 """The models the training job can build, by name, and their summary table.
 
-- ``mnist-seed``: seed 004's MNIST CNN (Conv 256-3, Conv 256-3, Flatten,
-  Dense 256, Dense 128, Dense 10 logits).
-- ``cifar-seed``: seed 000's CIFAR-10 CNN (Conv 32/64/128 with max pooling,
-  Dense 64, Dense 10 softmax): 225,034 parameters on 32×32×3 images.
+- ``mnist-cnn``: the MNIST CNN of TensorFlow's "Use TPUs" guide (Conv
+  256-3, Conv 256-3, Flatten, Dense 256, Dense 128, Dense 10 logits).
+- ``cifar-cnn``: the CIFAR-10 CNN of the Colab TPU walkthrough (Conv
+  32/64/128 with max pooling, Dense 64, Dense 10 softmax): 225,034
+  parameters on 32×32×3 images.
 - ``light``: a small CNN per input shape that trains in seconds on a CPU.
 
 Every model takes the dataset's image shape, so any model runs on any
-dataset (the seed figures hold on the seed's own dataset). The last layer is
+dataset (the published figures hold on each model's own dataset). The last layer is
 always float32 so that under a mixed precision policy the loss sees float32
-values (seed 003). Models must be built under ``strategy.scope()`` by the
+values (TensorFlow's mixed precision guide). Models must be built under ``strategy.scope()`` by the
 caller. Nothing here imports tensorflow or keras at module level.
 """
 
@@ -31,7 +32,7 @@ class ModelRecipe:
     build: Callable[[tuple, int], Any]
 
 
-def _mnist_seed(input_shape: tuple, num_classes: int):
+def _mnist_cnn(input_shape: tuple, num_classes: int):
     import keras
 
     layers = keras.layers
@@ -45,11 +46,11 @@ def _mnist_seed(input_shape: tuple, num_classes: int):
             layers.Dense(128, activation="relu"),
             layers.Dense(num_classes, dtype="float32", name="logits"),
         ],
-        name="mnist_seed",
+        name="mnist_cnn",
     )
 
 
-def _cifar_seed(input_shape: tuple, num_classes: int):
+def _cifar_cnn(input_shape: tuple, num_classes: int):
     import keras
 
     layers = keras.layers
@@ -65,7 +66,7 @@ def _cifar_seed(input_shape: tuple, num_classes: int):
             layers.Dense(64, activation="relu"),
             layers.Dense(num_classes, activation="softmax", dtype="float32", name="probabilities"),
         ],
-        name="cifar_seed",
+        name="cifar_cnn",
     )
 
 
@@ -90,8 +91,10 @@ def _light(input_shape: tuple, num_classes: int):
 
 MODELS: dict[str, ModelRecipe] = {
     "light": ModelRecipe("light", "small CNN (Conv 16, Conv 32, Dense 64) that trains in seconds on a CPU", True, _light),
-    "mnist-seed": ModelRecipe("mnist-seed", "seed 004's MNIST CNN (Conv 256-3 ×2, Dense 256, 128, 10)", True, _mnist_seed),
-    "cifar-seed": ModelRecipe("cifar-seed", "seed 000's CIFAR-10 CNN (Conv 32/64/128, Dense 64, 10): 225,034 params", False, _cifar_seed),
+    "mnist-cnn": ModelRecipe("mnist-cnn", "the \"Use TPUs\" guide's MNIST CNN (Conv 256-3 ×2, Dense 256, 128, 10)",
+                             True, _mnist_cnn),
+    "cifar-cnn": ModelRecipe("cifar-cnn", "the Colab TPU walkthrough's CIFAR-10 CNN (Conv 32/64/128, Dense 64, 10): "
+                             "225,034 params", False, _cifar_cnn),
 }
 MODEL_NAMES = tuple(MODELS)
 

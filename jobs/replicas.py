@@ -4,9 +4,9 @@ These run through the session's ``tf.distribute`` strategy, so on a TPU board
 they exercise every core the way training does (``strategy.run`` inside a
 ``tf.function``), and on this CPU every simulated replica.
 
-- ``replica-matmul``: seed 004's ``strategy.run(matmul_fn, args=(a, b))``;
+- ``replica-matmul``: the "Use TPUs" guide's ``strategy.run(matmul_fn, args=(a, b))``;
   every replica must report [[22, 28], [49, 64]].
-- ``replica-dataset``: seed 000's ``experimental_distribute_dataset`` of
+- ``replica-dataset``: the Colab TPU walkthrough's ``experimental_distribute_dataset`` of
   ``range(N).batch(per_replica × replicas)`` through a per-replica function.
 - ``all-reduce``: each replica contributes replica_id + 1; SUM and MEAN in
   replica context and through ``strategy.reduce`` are checked against the
@@ -24,15 +24,15 @@ from jobs.base import JobSpec, Param, ParamError
 from jobs.events import ReplicaValues, Table
 from jobs.matmul import PRINTED_SHAPE_LIMIT, CheckFailed, available_host_bytes, format_gib, format_matrix, relative_tolerance
 
-# Seed 004's inputs ("Use TPUs" guide): the product is [[22, 28], [49, 64]].
-SEED_A = ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
-SEED_B = ((1.0, 2.0), (3.0, 4.0), (5.0, 6.0))
-MATMUL_SOURCES = ("seed", "random")
+# The inputs of TensorFlow's "Use TPUs" guide: the product is [[22, 28], [49, 64]].
+GUIDE_A = ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
+GUIDE_B = ((1.0, 2.0), (3.0, 4.0), (5.0, 6.0))
+MATMUL_SOURCES = ("guide", "random")
 MAX_REPLICA_MATMUL_DIMENSION = 1024
 
 DATASET_FUNCTIONS = ("double", "square", "identity")
 MAX_DATASET_SIZE = 10_000
-# Up to this many elements the summary keeps every output (seed 000 prints them).
+# Up to this many elements the summary keeps every output (the Colab TPU walkthrough prints them).
 SUMMARY_OUTPUT_LIMIT = 1024
 
 BYTES_PER_FLOAT32 = 4
@@ -61,10 +61,10 @@ def _local_values(strategy: Any, distributed: Any) -> list:
 
 
 def _check_replica_matmul_params(params: dict) -> None:
-    if params["source"] == "seed" and (params["m"], params["k"], params["n"]) != (2, 3, 2):
+    if params["source"] == "guide" and (params["m"], params["k"], params["n"]) != (2, 3, 2):
         raise ParamError(
             "source",
-            "m, k and n apply only to source=random; seed 004's a and b are 2×3 and 3×2",
+            "m, k and n apply only to source=random; the guide's a and b are 2×3 and 3×2",
         )
 
 
@@ -74,8 +74,8 @@ def run_replica_matmul(ctx, params: dict) -> dict:
 
     strategy = ctx.runtime.strategy
     devices = replica_devices(ctx.runtime)
-    if params["source"] == "seed":
-        host_a, host_b = np.array(SEED_A, dtype=np.float32), np.array(SEED_B, dtype=np.float32)
+    if params["source"] == "guide":
+        host_a, host_b = np.array(GUIDE_A, dtype=np.float32), np.array(GUIDE_B, dtype=np.float32)
     else:
         generator = np.random.default_rng(params["seed"])
         host_a = generator.standard_normal((params["m"], params["k"]), dtype=np.float32)
@@ -105,16 +105,18 @@ def run_replica_matmul(ctx, params: dict) -> dict:
     for replica, (device, product, error, match) in enumerate(zip(devices, products, errors, matches)):
         rows.append([replica, device, float(f"{error:.3g}"), "pass" if match else "FAIL"])
         if small:
-            ctx.log(f"replica {replica} ({device}): {format_matrix(product)}")
+            # The per-replica product table says it too: a detail for the log pane, not the headless output.
+            ctx.log(f"replica {replica} ({device}): {format_matrix(product)}", "debug")
     if small:
         ctx.emit(ReplicaValues(name="product", values=[product.tolist() for product in products], devices=devices))
-    ctx.emit(ReplicaValues(name="max abs error", values=errors, devices=devices))
+    # The table first: the headless output then leaves out the per-replica errors it already shows.
     ctx.emit(Table(
         title=f"replica-matmul: {reference.shape[0]}×{host_a.shape[1]}·{host_b.shape[0]}×{reference.shape[1]} "
               f"on {len(products)} replicas",
         columns=["replica", "device", "max abs error", "result"],
         rows=rows,
     ))
+    ctx.emit(ReplicaValues(name="max abs error", values=errors, devices=devices))
 
     failed = [device for device, match in zip(devices, matches) if not match]
     summary = {
@@ -141,7 +143,7 @@ def run_replica_matmul(ctx, params: dict) -> dict:
 
 
 def _per_replica_function(tf: Any, name: str):
-    # One tf.function per choice, like seed 000's double_fn.
+    # One tf.function per choice, like the walkthrough's double_fn.
     if name == "double":
         return tf.function(lambda x: x * 2)
     if name == "square":
@@ -358,21 +360,29 @@ def check_all_reduce_memory(params: dict, runtime: Any, available_host: int | No
             f"{format_gib(available)} available; allowed here: at most {most:.0f}",
         )
 
+# m, k, n and seed make the random inputs; the guide's a and b are fixed.
+RANDOM_SOURCE_ONLY = ("source", ("random",))
 
 SPECS = (
     JobSpec(
         name="replica-matmul",
         title="Replica matmul",
         description=(
-            "strategy.run(matmul_fn, args=(a, b)) with the same inputs on every replica (seed 004); "
+            "strategy.run(matmul_fn, args=(a, b)) with the same inputs on every replica (TensorFlow's \"Use TPUs\" "
+            "guide); "
             "every replica must match the reference, [[22, 28], [49, 64]] by default."
         ),
         params=(
-            Param("source", "str", "seed", "seed: seed 004's a and b; random: seeded m×k and k×n", choices=MATMUL_SOURCES),
-            Param("m", "int", 2, "rows of a (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION),
-            Param("k", "int", 3, "columns of a, rows of b (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION),
-            Param("n", "int", 2, "columns of b (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION),
-            Param("seed", "int", 0, "seed of the random inputs", minimum=0, maximum=2**31 - 1),
+            Param("source", "str", "guide", "guide: the a and b of TensorFlow's \"Use TPUs\" guide; random: seeded "
+                  "m×k and k×n", choices=MATMUL_SOURCES),
+            Param("m", "int", 2, "rows of a (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION,
+                  applies_when=RANDOM_SOURCE_ONLY),
+            Param("k", "int", 3, "columns of a, rows of b (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION,
+                  applies_when=RANDOM_SOURCE_ONLY),
+            Param("n", "int", 2, "columns of b (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION,
+                  applies_when=RANDOM_SOURCE_ONLY),
+            Param("seed", "int", 0, "seed of the random inputs (source=random)", minimum=0, maximum=2**31 - 1,
+                  applies_when=RANDOM_SOURCE_ONLY),
         ),
         run=run_replica_matmul,
         key="r",
@@ -383,7 +393,7 @@ SPECS = (
         title="Replica dataset",
         description=(
             "experimental_distribute_dataset(range(n).batch(per_replica × replicas)) through a per-replica "
-            "function (seed 000): each step's inputs and outputs per replica."
+            "function (the Colab TPU walkthrough's double_fn): each step's inputs and outputs per replica."
         ),
         params=(
             Param("n", "int", 16, "elements of tf.data.Dataset.range(n)", minimum=1, maximum=MAX_DATASET_SIZE),

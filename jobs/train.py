@@ -2,8 +2,8 @@
 
 MNIST, Fashion-MNIST or CIFAR-10 through tfds (or a synthetic set of the same
 shapes, jobs.datasets), one of the models in jobs.models built under
-``strategy.scope()``, trained either by Keras ``fit`` or by seed 004's custom
-loop (``distribute_datasets_from_function``, per-replica batches,
+``strategy.scope()``, trained either by Keras ``fit`` or by the custom loop of
+TensorFlow's "Use TPUs" guide (``distribute_datasets_from_function``, per-replica batches,
 ``tf.nn.compute_average_loss``, ``steps_per_execution`` steps per
 ``tf.function`` call through ``tf.range``).
 
@@ -16,23 +16,32 @@ What a run reports (events):
   now. ``step`` is the global step.
 - ``Metric`` ``loss`` / ``accuracy`` per epoch for split ``train`` and ``val``,
   ``examples_per_second`` per epoch (training part only), and ``loss`` /
-  ``accuracy`` for split ``test`` at the end. As in seeds 000 and 004 the
-  validation data is the test split; early stopping restores the best weights,
+  ``accuracy`` for split ``test`` at the end. As in the Colab TPU walkthrough
+  and the "Use TPUs" guide the validation data is the test split; early stopping restores the best weights,
   so the final test figures are those of the best epoch. Both loops validate
   with the same Evaluator rather than Keras's validation.
 - ``Progress`` in ``step`` units within an epoch and ``epoch`` units overall.
+- ``Stage`` while no step reports progress: making or loading the data
+  (examples done/total), building the model, tracing and running the first
+  step (XLA compilation on a TPU), then ``training``; ``evaluating on the test
+  split`` during each validation (the first traces another function) and the
+  final test; ``training`` again when the steps resume after a validation.
+- ``ReplicaValues`` ``val loss per replica`` / ``val accuracy per replica``
+  after every validation: each replica's figures on its own share of the
+  test split (the epoch's val metrics are their example-weighted mean).
 - ``Artifact`` ``tensorboard`` (epoch scalars under run_dir/tensorboard) and
   ``profile`` (a TensorFlow profiler trace of ``profile_steps``, viewable in
   TensorBoard's profile plugin).
-- ``Log`` lines: what is trained on what (synthetic data says so), seed 001's
-  TPU advice, early stopping, profiler results.
+- ``Log`` lines: what is trained on what (synthetic data says so), the Cloud
+  TPU performance guide's advice, early stopping, profiler results.
 
 Off a TPU, ``fit`` with ``steps_per_execution`` > 1 runs its executions with
 the tf-keras loop (see _multi_step_train_function): Keras 3's own fails under
 MirroredStrategy.
 
-Cancel is checked after every execution (and every evaluation batch): the run
-ends within one execution. The global mixed precision policy and op
+Cancel is checked after every execution (and every evaluation batch, and
+every chunk of the data being made or loaded): the run ends within one
+execution. The global mixed precision policy and op
 determinism are restored when the run ends, however it ends.
 """
 
@@ -48,14 +57,27 @@ from typing import Any
 from jobs import datasets as data
 from jobs.base import JobSpec, Param, ParamError
 from jobs.batchmeans import BatchMeans
-from jobs.events import Artifact, Metric, Progress
+from jobs.events import TRAINING_STAGE, Artifact, Metric, Progress, ReplicaValues, StageAnnouncer
 from jobs.models import MODEL_NAMES, MODELS, build_model, parameter_count, summary_table
+from jobs.replicas import replica_devices
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adamw")
 LOOPS = ("fit", "custom")
 TPU_MXU = 128
+# The stages a training run goes through before and between its steps
+# (jobs.events.Stage); the data stage is named after its source.
+STAGE_MODEL = "building the model"
+STAGE_FIRST_STEP = "tracing and running the first step"
+STAGE_TRAINING = TRAINING_STAGE
+STAGE_EVALUATING = "evaluating on the test split"
 TPU_PADDING = 8
+
+
+def data_stage_name(dataset: str, source: str) -> str:
+    """The data stage of a run: where its examples come from."""
+    title = data.DATASETS[dataset].title
+    return f"making synthetic {title}-shaped data" if source == "synthetic" else f"loading {title} from tfds"
 
 
 def parse_profile_steps(text: str) -> tuple[int, int] | None:
@@ -89,8 +111,9 @@ PARAMS = (
     Param("dataset", "str", "mnist", "images to classify", choices=data.DATASET_NAMES),
     Param("source", "str", "tfds", "tfds: the real data (data dir, download); synthetic: a learnable stand-in "
           "of the same shapes, no files needed", choices=data.SOURCES),
-    Param("model", "str", "light", "light: small CPU-friendly CNN; mnist-seed: seed 004's CNN; "
-          "cifar-seed: seed 000's CNN (225,034 params)", choices=MODEL_NAMES),
+    Param("model", "str", "light", "light: small CPU-friendly CNN; mnist-cnn: the MNIST CNN of TensorFlow's "
+          "\"Use TPUs\" guide; cifar-cnn: the Colab TPU walkthrough's CIFAR-10 CNN (225,034 params)",
+          choices=MODEL_NAMES),
     Param("epochs", "int", 5, "passes over the training split", minimum=1, maximum=100_000),
     Param("batch_per_replica", "int", 64, "examples per replica per step; global batch = this × replicas",
           minimum=1, maximum=1 << 20),
@@ -98,9 +121,10 @@ PARAMS = (
     Param("optimizer", "str", "adam", "optimizer", choices=OPTIMIZERS),
     Param("precision", "str", "float32", "Keras dtype policy; the output layer always stays float32",
           choices=PRECISIONS),
-    Param("steps_per_execution", "int", 1, "training steps per tf.function call (seed 004 uses 50 on TPU)",
-          minimum=1, maximum=100_000),
-    Param("loop", "str", "fit", "fit: Keras model.fit; custom: seed 004's custom training loop", choices=LOOPS),
+    Param("steps_per_execution", "int", 1, "training steps per tf.function call (the \"Use TPUs\" guide uses "
+          "50)", minimum=1, maximum=100_000),
+    Param("loop", "str", "fit", "fit: Keras model.fit; custom: the \"Use TPUs\" guide's custom training loop",
+          choices=LOOPS),
     Param("early_stopping_patience", "int", 0, "stop after this many epochs without a better val_loss "
           "(0 = off)", minimum=0, maximum=100_000),
     Param("deterministic", "bool", False, "op determinism (tf.config.experimental.enable_op_determinism) "
@@ -127,7 +151,7 @@ def check_runtime(params: dict, runtime: Any) -> None:
 
 
 def tpu_advice(kind: str, per_replica_batch: int, replicas: int, steps_per_execution: int, precision: str) -> list[str]:
-    """Seed 001's TPU performance pitfalls that these params run into (none off a TPU)."""
+    """The Cloud TPU performance guide's pitfalls that these params run into (none off a TPU)."""
     if kind != "TPU":
         return []
     advice = []
@@ -145,10 +169,11 @@ def tpu_advice(kind: str, per_replica_batch: int, replicas: int, steps_per_execu
     if steps_per_execution == 1:
         advice.append(
             "steps_per_execution is 1: every step is a round trip to the TPU host; "
-            "seed 004 runs ~2× faster with steps_per_execution=50"
+            "TensorFlow's \"Use TPUs\" guide measured ~2× faster steps with steps_per_execution=50"
         )
     if precision == "float32":
-        advice.append("precision float32 on a TPU: mixed_bfloat16 uses the bfloat16 matrix units (seed 003)")
+        advice.append("precision float32 on a TPU: mixed_bfloat16 uses the bfloat16 matrix units "
+                      "(TensorFlow's mixed precision guide)")
     return advice
 
 
@@ -258,11 +283,13 @@ class ProfileWindow:
 class TrainingReporter:
     """Turns what either loop observes into events and TensorBoard scalars."""
 
-    def __init__(self, ctx: Any, plan: TrainingPlan, tensorboard_dir: Path, profile: ProfileWindow | None):
+    def __init__(self, ctx: Any, plan: TrainingPlan, tensorboard_dir: Path, profile: ProfileWindow | None,
+                 stage: StageAnnouncer | None = None):
         import tensorflow as tf
         from tensorflow.core.framework import summary_pb2
 
         self.ctx = ctx
+        self.stage = stage or StageAnnouncer(ctx.emit)
         self.plan = plan
         self.profile = profile
         self.tensorboard_dir = tensorboard_dir
@@ -294,6 +321,10 @@ class TrainingReporter:
         self.epoch_started = time.perf_counter()
 
     def before_execution(self, steps: int) -> None:
+        if self.global_step == 0:
+            self.stage(STAGE_FIRST_STEP)
+        elif self.stage.current != STAGE_TRAINING:
+            self.stage(STAGE_TRAINING)
         if self.profile is not None:
             self.profile.before(self.global_step + 1, self.global_step + steps)
 
@@ -304,6 +335,8 @@ class TrainingReporter:
         values = self.batch_means.since_last(steps_done_in_epoch, running)
         if new_steps <= 0:
             return
+        if self.global_step == 0:
+            self.stage(STAGE_TRAINING)
         self.global_step += new_steps
         self.steps_in_epoch = steps_done_in_epoch
         emit = self.ctx.emit
@@ -380,7 +413,7 @@ def precision_policy(name: str):
 
 @contextlib.contextmanager
 def op_determinism(enabled: bool):
-    """tf.config.experimental.enable_op_determinism for the run (seed 003), undone after."""
+    """tf.config.experimental.enable_op_determinism for the run, undone after."""
     if not enabled:
         yield
         return
@@ -423,6 +456,14 @@ def run_train(ctx: Any, params: dict) -> dict:
     settings = ctx.settings
     with op_determinism(params["deterministic"]), precision_policy(params["precision"]):
         keras.utils.set_random_seed(params["seed"])
+        stage = StageAnnouncer(ctx.emit)
+        data_stage = data_stage_name(params["dataset"], params["source"])
+
+        def data_made(done: int, total: int) -> None:
+            ctx.raise_if_cancelled()
+            stage(data_stage, done, total)
+
+        stage(data_stage)
         splits = data.load_splits(
             params["dataset"],
             params["source"],
@@ -432,6 +473,7 @@ def run_train(ctx: Any, params: dict) -> dict:
             limit_test=params["limit_test"],
             seed=params["seed"],
             log=ctx.log,
+            progress=data_made,
         )
         ctx.raise_if_cancelled()
         # On a TPU every batch needs the same shape; elsewhere the last
@@ -448,6 +490,7 @@ def run_train(ctx: Any, params: dict) -> dict:
             ctx.log(f"steps_per_execution lowered to {plan.steps_per_execution}, the steps in one epoch", "warning")
 
         recipe = MODELS[params["model"]]
+        stage(STAGE_MODEL)
         with strategy.scope():
             model = build_model(params["model"], splits.shape.image_shape, splits.shape.num_classes)
         params_count = parameter_count(model)
@@ -464,7 +507,7 @@ def run_train(ctx: Any, params: dict) -> dict:
         ctx.emit(Artifact(kind="tensorboard", path=str(tensorboard_dir)))
         profile_range = parse_profile_steps(params["profile_steps"])
         profile = ProfileWindow(ctx, profile_range, tensorboard_dir) if profile_range else None
-        reporter = TrainingReporter(ctx, plan, tensorboard_dir, profile)
+        reporter = TrainingReporter(ctx, plan, tensorboard_dir, profile, stage)
         ctx.emit(Progress(done=0, total=plan.epochs, unit="epoch"))
         try:
             if params["loop"] == "fit":
@@ -514,9 +557,12 @@ class Evaluator:
     of Keras's validation, so val figures are computed the same way.
     """
 
-    def __init__(self, ctx, tf, keras, strategy, model, from_logits: bool, dataset):
+    def __init__(self, ctx, tf, keras, strategy, model, from_logits: bool, dataset, stage: StageAnnouncer):
         self.ctx = ctx
+        self.stage = stage
         self.dataset = dataset
+        self.strategy = strategy
+        self.devices = replica_devices(ctx.runtime)
         with strategy.scope():
             self.loss = keras.metrics.Mean(name="loss")
             self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
@@ -534,18 +580,40 @@ class Evaluator:
 
         self.step = step
 
-    def __call__(self) -> dict | None:
-        """One pass over the test split; None if the run was cancelled meanwhile."""
+    def __call__(self, split: str) -> dict | None:
+        """One pass over the test split as ``split`` (val or test); None if the run was cancelled meanwhile.
+
+        What each replica measured on its share goes out as ReplicaValues (val only).
+        """
+        self.stage(STAGE_EVALUATING)
         self.loss.reset_state()
         self.accuracy.reset_state()
         for inputs in self.dataset:
             self.step(inputs)
             if self.ctx.cancelled():
                 return None
+        if split == "val":
+            # The test pass repeats the last validation with the final weights: its per-replica values would too.
+            for name, values in self.per_replica().items():
+                self.ctx.emit(ReplicaValues(name=f"{split} {name} per replica", values=values, devices=self.devices))
         return {"loss": float(self.loss.result()), "accuracy": float(self.accuracy.result())}
 
+    def per_replica(self) -> dict[str, list[float]]:
+        """The last pass's loss and accuracy on each replica's own share of the test split.
 
-def _evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits) -> Evaluator:
+        The metrics' totals and counts are sync-on-read variables: one
+        component per replica, summed only when read as a whole.
+        """
+        shares = {}
+        for name, metric in (("loss", self.loss), ("accuracy", self.accuracy)):
+            totals = self.strategy.experimental_local_results(metric.total.value)
+            counts = self.strategy.experimental_local_results(metric.count.value)
+            shares[name] = [float(total) / float(count) if float(count) else float("nan")
+                            for total, count in zip(totals, counts)]
+        return shares
+
+
+def _evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits, stage: StageAnnouncer) -> Evaluator:
     test = splits.test
     if plan.drop_partial_test_batch:
         # Whole global batches only, so that every replica gets a full batch
@@ -556,7 +624,7 @@ def _evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits) -> Evaluat
         return data.evaluation_pipeline(test, batch_size, plan.drop_partial_test_batch, input_context=input_context)
 
     dataset = distribute(tf, strategy, ctx.runtime.kind, make, plan.global_batch)
-    return Evaluator(ctx, tf, keras, strategy, model, recipe.from_logits, dataset)
+    return Evaluator(ctx, tf, keras, strategy, model, recipe.from_logits, dataset, stage)
 
 
 def distribute(tf, strategy, runtime_kind: str, make, global_batch: int):
@@ -589,7 +657,7 @@ def _train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, split
     else:
         # Keras distributes the global batches itself, as on any TPU or GPU.
         train = data.training_pipeline(splits.train, plan.global_batch, params["seed"])
-    evaluate = _evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits)
+    evaluate = _evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits, reporter.stage)
     callbacks = [_reporting_callback(keras, ctx, reporter, evaluate)]
     early_stopping = None
     if params["early_stopping_patience"]:
@@ -604,7 +672,7 @@ def _train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, split
         ctx.log(early_stopping_text(early_stopping.stopped_epoch + 1, params["early_stopping_patience"],
                                     early_stopping.best, early_stopping.best_weights is not None))
     if not ctx.cancelled():
-        results = evaluate()
+        results = evaluate("test")
         if results is not None:
             reporter.report_test(results)
     return stopped_early
@@ -682,7 +750,7 @@ def _reporting_callback(keras, ctx, reporter, evaluate: Evaluator):
             if ctx.cancelled():
                 return
             reporter.end_training_part()
-            val = evaluate()
+            val = evaluate("val")
             if val is None:
                 self.model.stop_training = True
                 return
@@ -696,7 +764,7 @@ def _reporting_callback(keras, ctx, reporter, evaluate: Evaluator):
 
 
 def _train_with_custom_loop(ctx, tf, keras, strategy, model, recipe, params, plan, splits, reporter) -> bool:
-    """Seed 004's custom training loop, with validation, early stopping and cancel."""
+    """The \"Use TPUs\" guide's custom training loop, with validation, early stopping and cancel."""
     precision = params["precision"]
     with strategy.scope():
         optimizer = make_optimizer(params["optimizer"], params["learning_rate"], precision)
@@ -735,7 +803,7 @@ def _train_with_custom_loop(ctx, tf, keras, strategy, model, recipe, params, pla
         for _ in tf.range(steps):
             strategy.run(step_fn, args=(next(iterator),))
 
-    evaluate = _evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits)
+    evaluate = _evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits, reporter.stage)
     patience = params["early_stopping_patience"]
     best_loss, best_weights, waited = math.inf, None, 0
     stopped_early = False
@@ -754,7 +822,7 @@ def _train_with_custom_loop(ctx, tf, keras, strategy, model, recipe, params, pla
         if ctx.cancelled():
             return False
         reporter.end_training_part()
-        val = evaluate()
+        val = evaluate("val")
         if val is None:
             return False
         reporter.end_epoch({"loss": float(train_loss.result()), "accuracy": float(train_accuracy.result())}, val)
@@ -771,7 +839,7 @@ def _train_with_custom_loop(ctx, tf, keras, strategy, model, recipe, params, pla
                         model.set_weights(best_weights)
                     ctx.log(early_stopping_text(epoch, patience, best_loss, best_weights is not None))
                     break
-    results = evaluate()
+    results = evaluate("test")
     if results is not None:
         reporter.report_test(results)
     return stopped_early
@@ -783,7 +851,8 @@ SPECS = (
         title="Train an image classifier",
         description=(
             "MNIST, Fashion-MNIST or CIFAR-10 (tfds, or a synthetic set of the same shapes) on every replica, "
-            "with Keras fit or seed 004's custom loop; live loss, accuracy, examples/s, TensorBoard, profiler."
+            "with Keras fit or the custom loop of TensorFlow's \"Use TPUs\" guide; live loss, accuracy, "
+            "examples/s, TensorBoard, profiler."
         ),
         params=PARAMS,
         run=run_train,

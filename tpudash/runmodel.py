@@ -22,11 +22,14 @@ from jobs.events import (
     Progress,
     ReplicaValues,
     RunFinished,
+    TRAINING_STAGE,
     RunStarted,
+    Stage,
     Table,
     Telemetry,
     is_finite_number,
 )
+from tpudash.clock import format_seconds
 from tpudash.series import DecimatedSeries, Ema
 from tpudash.telemetry import idle_accelerator_hint, summarize
 
@@ -108,6 +111,74 @@ class ProgressState:
         return min(1.0, self.done / self.total)
 
 
+@dataclass
+class StageSpan:
+    """One stage of a run (jobs.events.Stage): when it began and ended, its counts."""
+
+    name: str
+    began: float
+    ended: float | None = None
+    done: int | None = None
+    total: int | None = None
+
+    def seconds(self, now: float) -> float:
+        return max(0.0, (self.ended if self.ended is not None else now) - self.began)
+
+
+class StageTimeline:
+    """A run's stages in order; the last one lasts until the next begins or the run ends."""
+
+    def __init__(self) -> None:
+        self.spans: list[StageSpan] = []
+
+    def apply(self, event: Stage, now: float) -> None:
+        current = self.spans[-1] if self.spans else None
+        if current is None or current.name != event.name:
+            self.end(now)
+            current = StageSpan(event.name, now)
+            self.spans.append(current)
+        current.done, current.total = event.done, event.total
+
+    def end(self, now: float) -> None:
+        if self.spans and self.spans[-1].ended is None:
+            self.spans[-1].ended = now
+
+    @property
+    def ready(self) -> bool:
+        """True once the run's steps have begun (its TRAINING_STAGE)."""
+        return any(span.name == TRAINING_STAGE for span in self.spans)
+
+    def line(self, now: float, finished: bool) -> str | None:
+        """What the run is doing now, or how long it took to get going; None without stages.
+
+        While it prepares: ``preparing: tracing and running the first step
+        · 4.2s  (making … data 1.5s · building the model 2.8s)``. Once its
+        steps run: ``ready in 10.2s: making … data 1.5s · building the
+        model 2.8s · tracing and running the first step 5.7s``, after a
+        later stage that is not training (evaluating …) with its time.
+        """
+        if not self.spans:
+            return None
+        current = self.spans[-1]
+        names = [span.name for span in self.spans]
+        ready_at = names.index(TRAINING_STAGE) if TRAINING_STAGE in names else None
+        if ready_at is not None:
+            preparation = self.spans[:ready_at]
+        else:
+            preparation = self.spans if finished else self.spans[:-1]
+        spent = " · ".join(f"{span.name} {format_seconds(span.seconds(now))}" for span in preparation)
+        if ready_at is None and finished:
+            return f"ended while preparing: {spent}"
+        counts = f" {current.done:,}/{current.total:,}" if current.done is not None and current.total else ""
+        doing = f"{current.name}{counts} · {format_seconds(current.seconds(now))}"
+        if ready_at is None:
+            return f"preparing: {doing}" + (f"  ({spent})" if spent else "")
+        ready = f"ready in {format_seconds(self.spans[ready_at].began - self.spans[0].began)}: {spent}"
+        if current.name != TRAINING_STAGE and current.ended is None:
+            return f"{doing}   ({ready})"
+        return ready
+
+
 class RunModel:
     """Everything the run view shows about one run, built from its events.
 
@@ -128,6 +199,7 @@ class RunModel:
         self.traceback: str | None = None
         self.problems: list[str] = []
         self.progress: dict[str, ProgressState] = {}
+        self.stages = StageTimeline()
         self.tracks: dict[tuple[str, str, str], MetricTrack] = {}
         self.families: dict[str, list[MetricTrack]] = {}
         self.family_versions: dict[str, int] = {}
@@ -182,6 +254,8 @@ class RunModel:
             self._metric(event)
         elif isinstance(event, Progress):
             self._progress(event, now)
+        elif isinstance(event, Stage):
+            self.stages.apply(event, now)
         elif isinstance(event, Log):
             self.logs.append((event.level, event.text))
             self.logs_total += 1
@@ -207,6 +281,7 @@ class RunModel:
             self.summary = dict(event.summary or {})
             self.error, self.traceback = event.error, event.traceback
             self.finished = now
+            self.stages.end(now)
             if self.started is None:
                 self.started = now
 
@@ -285,6 +360,10 @@ class RunModel:
             self.progress[event.unit] = ProgressState(event.unit, event.done, event.total, now, event.done, now)
         else:
             state.done, state.total, state.last_time = event.done, event.total, now
+
+    def stage_line(self, now: float | None = None) -> str | None:
+        """See ``StageTimeline.line``."""
+        return self.stages.line(time.time() if now is None else now, self.finished_state)
 
     def outcome_line(self) -> str | None:
         """What the run concluded: the summary's ``line`` if it has one, else its last info log."""

@@ -4,8 +4,8 @@ On a TPU host the user's script trains and tpudash only watches, through
 ``tpudash.callbacks.TpudashCallback``. This measures what that callback
 costs the user's ``model.fit``, side by side in one process:
 
-- **the model**: seed 000's CIFAR-10 CNN (``jobs.models.build_model("cifar-seed")``,
-  225,034 parameters) built under the 8-replica CPU runtime's
+- **the model**: the Colab TPU walkthrough's CIFAR-10 CNN
+  (``jobs.models.build_model("cifar-cnn")``, 225,034 parameters) built under the 8-replica CPU runtime's
   ``strategy.scope()`` (the project's TPU stand-in: 8 logical CPU devices
   under a MirroredStrategy) and compiled as ``jobs/train.py`` compiles it
   for ``fit`` (Adam, sparse categorical cross-entropy on probabilities,
@@ -58,7 +58,7 @@ from tests.benchmarks.bench_overhead import cpu_input_options
 from tests.benchmarks.harness import Result
 
 TARGET_RATIO = 0.98
-MODEL = "cifar-seed"
+MODEL = "cifar-cnn"
 IMAGE_SHAPE = (32, 32, 3)
 NUM_CLASSES = 10
 
@@ -116,7 +116,7 @@ def synthetic_cifar(tf, strategy, global_batch: int, batches: int, seed: int):
 
 
 def compiled_model(strategy, setup: CallbackSetup):
-    """Seed 000's CIFAR CNN under ``strategy.scope()``, compiled as the train job compiles it for ``fit``."""
+    """The Colab TPU walkthrough's CIFAR-10 CNN under ``strategy.scope()``, compiled as the train job does for ``fit``."""
     import keras
 
     from jobs.models import MODELS, build_model, parameter_count
@@ -247,7 +247,8 @@ def run(quick: bool) -> list[Result]:
     paired = [side.examples_per_second / base.examples_per_second for side, base in zip(with_callback, without)]
     fit_without = statistics.median(trial.fit_seconds for trial in without)
     fit_with = statistics.median(trial.fit_seconds for trial in with_callback)
-    described = (f"seed 000's CIFAR CNN ({parameters:,} params), synthetic 32×32×3, {replicas} replicas, "
+    described = (f"the Colab TPU walkthrough's CIFAR-10 CNN ({parameters:,} params), synthetic 32×32×3, "
+                 f"{replicas} replicas, "
                  f"global batch {global_batch}, {setup.steps_per_epoch} steps × {setup.epochs - 1} epochs after "
                  f"each fit's first, {setup.trials} trials per side alternated; trials without "
                  f"{min(rates_without):,.0f}–{max(rates_without):,.0f} ex/s, with {min(rates_with):,.0f}–"

@@ -8,7 +8,8 @@ the sampler in the training process itself, competing with it for the GIL
 and the two cores, side by side in one process:
 
 - **the model and the data**: exactly as ``bench_callback`` (whose helpers
-  this imports): seed 000's CIFAR-10 CNN (``jobs.models.build_model("cifar-seed")``)
+  this imports): the Colab TPU walkthrough's CIFAR-10 CNN
+  (``jobs.models.build_model("cifar-cnn")``)
   built under the 8-replica CPU runtime's ``strategy.scope()`` and compiled
   as ``jobs/train.py`` compiles it for ``fit``, traced once by a warm-up
   ``fit`` of one epoch; a synthetic CIFAR-shaped data set, one pipeline per
@@ -209,7 +210,8 @@ def results(trials: dict[str, list[Trial]], sampled: dict[str, list[Sampled]], p
             setup: CallbackSetup, parameters: int, replicas: int, global_batch: int) -> list[Result]:
     rates = {name: [trial.examples_per_second for trial in side] for name, side in trials.items()}
     off = statistics.median(rates["off"])
-    described = (f"seed 000's CIFAR CNN ({parameters:,} params), synthetic 32×32×3, {replicas} replicas, "
+    described = (f"the Colab TPU walkthrough's CIFAR-10 CNN ({parameters:,} params), synthetic 32×32×3, "
+                 f"{replicas} replicas, "
                  f"global batch {global_batch}, {setup.steps_per_epoch} steps × {setup.epochs - 1} epochs after "
                  f"each fit's first, {setup.trials} trials per side in rotated rounds; sampler in the training "
                  f"process (fake libtpu gRPC service, {CHIPS} chips; psutil; recorded); off trials "

@@ -7,7 +7,10 @@ against local sockets only.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -15,6 +18,8 @@ import pytest
 
 from jobs import datasets
 from jobs.datasets import DATASETS, DatasetUnavailable, load_splits, network_reachable
+from tests.conftest import REPO_ROOT
+from tests.unit.test_cli import USER_UNSET
 
 
 @pytest.fixture(autouse=True)
@@ -187,3 +192,42 @@ def test_unknown_dataset_or_source_is_refused_with_the_allowed_names():
         load_splits("imagenet", "synthetic")
     with pytest.raises(ValueError, match="source.*synthetic"):
         load_splits("mnist", "disk")
+
+
+def test_both_splits_are_made_once_in_chunks_reporting_progress():
+    reports = []
+    splits = load_splits("mnist", "synthetic", limit_train=9000, limit_test=100, seed=0,
+                         progress=lambda done, total: reports.append((done, total)))
+    # 9,000 training examples in chunks of 4,096, then the 100 test examples.
+    assert reports == [(4096, 9100), (8192, 9100), (9000, 9100), (9100, 9100)]
+    assert (splits.train_examples, splits.test_examples) == (9000, 100)
+
+
+def test_a_smaller_synthetic_set_is_the_start_of_a_larger_one():
+    # A limit cuts the same data short instead of drawing other data, as it does with tfds.
+    small = as_arrays(load_splits("mnist", "synthetic", limit_train=10, limit_test=10, seed=4).train)
+    large = as_arrays(load_splits("mnist", "synthetic", limit_train=5000, limit_test=10, seed=4).train)
+    assert np.array_equal(small[0], large[0][:10]) and np.array_equal(small[1], large[1][:10])
+
+
+# `tpudash run` as a user types it, in a fresh process whose network probe finds no host.
+OFFLINE_CLI = ("import sys, jobs.datasets as datasets; datasets.network_reachable = lambda hosts, **kw: False; "
+               "from tpudash.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def test_tpudash_run_offline_says_what_to_do_without_tfds_stray_warning(tmp_path):
+    # tfds warns about a "Variant folder … has no dataset_info.json" that does
+    # not exist, right before our own message says what to do.
+    pytest.importorskip("tensorflow_datasets")
+    empty = tmp_path / "data"
+    empty.mkdir()
+    environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
+    result = subprocess.run(
+        [sys.executable, "-c", OFFLINE_CLI, "run", "train", "--set", "source=tfds", "--set", "dataset=mnist",
+         "--data-dir", str(empty)],
+        capture_output=True, text=True, cwd=REPO_ROOT, env=environment, timeout=120,
+    )
+    assert result.returncode == 1
+    output = " ".join((result.stdout + result.stderr).split())
+    assert "DatasetUnavailable" in output and "--data-dir" in output and "source=synthetic" in output
+    assert "dataset_info.json" not in result.stderr + result.stdout

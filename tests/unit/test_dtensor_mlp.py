@@ -1,4 +1,4 @@
-"""The ``dtensor-mlp`` job (seed 002): data parallelism over a DTensor mesh of the 8 logical CPUs."""
+"""The ``dtensor-mlp`` job (the DTensor MNIST example): data parallelism over a DTensor mesh of the 8 logical CPUs."""
 
 from __future__ import annotations
 

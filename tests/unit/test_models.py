@@ -1,4 +1,4 @@
-"""jobs.models: the seed architectures, the light model, mixed precision, the summary table."""
+"""jobs.models: the published architectures, the light model, mixed precision, the summary table."""
 
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ def float32_policy():
     keras.mixed_precision.set_global_policy(previous)
 
 
-def test_cifar_seed_has_the_225034_parameters_of_seed_000():
-    model = build_model("cifar-seed", (32, 32, 3), 10)
+def test_cifar_cnn_has_the_225034_parameters_of_the_colab_walkthrough():
+    model = build_model("cifar-cnn", (32, 32, 3), 10)
     assert parameter_count(model) == 225_034
     assert model.count_params() == 225_034
 
 
-def test_cifar_seed_layers_are_seed_000s():
-    model = build_model("cifar-seed", (32, 32, 3), 10)
+def test_cifar_cnn_layers_are_the_colab_walkthroughs():
+    model = build_model("cifar-cnn", (32, 32, 3), 10)
     described = [(type(layer).__name__, layer.output.shape[1:]) for layer in model.layers]
     assert described == [
         ("Conv2D", (30, 30, 32)), ("MaxPooling2D", (15, 15, 32)),
@@ -39,16 +39,16 @@ def test_cifar_seed_layers_are_seed_000s():
         ("Conv2D", (4, 4, 128)), ("Flatten", (2048,)),
         ("Dense", (64,)), ("Dense", (10,)),
     ]
-    assert not MODELS["cifar-seed"].from_logits  # softmax output, like the seed
+    assert not MODELS["cifar-cnn"].from_logits  # softmax output, like the walkthrough's
 
 
-def test_mnist_seed_layers_are_seed_004s():
-    model = build_model("mnist-seed", (28, 28, 1), 10)
+def test_mnist_cnn_layers_are_the_use_tpus_guides():
+    model = build_model("mnist-cnn", (28, 28, 1), 10)
     convolutions = [(layer.filters, layer.kernel_size) for layer in model.layers if type(layer).__name__ == "Conv2D"]
     dense_units = [layer.units for layer in model.layers if type(layer).__name__ == "Dense"]
     assert convolutions == [(256, (3, 3)), (256, (3, 3))]
     assert dense_units == [256, 128, 10]
-    assert MODELS["mnist-seed"].from_logits  # seed 004 trains with from_logits=True
+    assert MODELS["mnist-cnn"].from_logits  # the guide trains with from_logits=True
 
 
 @pytest.mark.parametrize("input_shape", [(28, 28, 1), (32, 32, 3)])
@@ -70,7 +70,7 @@ def test_output_layer_stays_float32_under_mixed_precision(float32_policy):
 
 
 def test_summary_table_lists_every_layer_and_the_total():
-    model = build_model("cifar-seed", (32, 32, 3), 10)
+    model = build_model("cifar-cnn", (32, 32, 3), 10)
     table = summary_table(model)
     assert table.columns == ["layer (type)", "output shape", "dtype policy", "params"]
     layer_rows, total_row = table.rows[:-1], table.rows[-1]

@@ -1,4 +1,4 @@
-"""Per-replica jobs reproduce the seeds: [[22, 28], [49, 64]], doubled ranges, SUM 36 / MEAN 4.5."""
+"""Per-replica jobs reproduce the published figures: [[22, 28], [49, 64]], doubled ranges, SUM 36 / MEAN 4.5."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def cancel_on_first_progress(run, event):
 # -- replica-matmul -------------------------------------------------------------
 
 
-def test_replica_matmul_defaults_give_seed_004s_product_on_every_replica(run_job, runtime):
+def test_replica_matmul_defaults_give_the_use_tpus_guides_product_on_every_replica(run_job, runtime):
     result = run_job("replica-matmul")
     assert result.status == "done"
     [product] = result.replica_values("product")

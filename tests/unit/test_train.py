@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from jobs import datasets, get_job
-from jobs.base import ParamError
-from jobs.events import Artifact, Metric, Progress
+from jobs.base import JobContext, ParamError
+from jobs.events import Artifact, Metric, Progress, ReplicaValues, Stage
 from jobs.train import TrainingPlan, TrainingReporter, parse_profile_steps, tpu_advice
 
 TINY = dict(source="synthetic", batch_per_replica=4, limit_train=64, limit_test=32, epochs=1)
@@ -67,6 +67,22 @@ def test_trains_through_tfds_on_every_replica(run_job, runtime, dataset, loop, s
     assert title.startswith("model light") and f"{datasets.DATASETS[dataset].title} from tfds" in title
     assert result.summary["synthetic"] is False and result.summary["global_batch"] == 32
     assert result.summary["test_accuracy"] == values(result, "accuracy", "test")[0]
+    # What the run did before its first step, in order, with the data counted.
+    stages = result.of_type(Stage)
+    names = [stage.name for index, stage in enumerate(stages) if index == 0 or stages[index - 1].name != stage.name]
+    title = datasets.DATASETS[dataset].title
+    assert names[:4] == [f"loading {title} from tfds", "building the model", "tracing and running the first step",
+                         "training"]
+    assert names[4:] == ["evaluating on the test split", "training", "evaluating on the test split"]
+    data_counts = [(stage.done, stage.total) for stage in stages if stage.name == names[0] and stage.done]
+    assert data_counts[-1] == (64 + 40, 64 + 40) and {total for _, total in data_counts} == {104}
+    # Each replica's validation on its own share of the test split (40 examples: 5 each).
+    per_replica = {event.name: event for event in result.of_type(ReplicaValues)}
+    val_losses = per_replica["val loss per replica"]
+    assert len(val_losses.values) == 8 and len(set(val_losses.devices)) == 8
+    assert sum(val_losses.values) / 8 == pytest.approx(values(result, "loss", "val")[-1], rel=1e-5)
+    val_accuracies = per_replica["val accuracy per replica"].values
+    assert sum(val_accuracies) / 8 == pytest.approx(values(result, "accuracy", "val")[-1], rel=1e-5)
 
 
 def test_writes_tensorboard_scalars_into_the_run_dir(run_job):
@@ -224,7 +240,7 @@ def test_profile_steps_parse():
     assert parse_profile_steps("7") == (7, 7)
 
 
-def test_tpu_advice_follows_seed_001():
+def test_tpu_advice_follows_the_cloud_tpu_performance_guide():
     advice = tpu_advice("TPU", per_replica_batch=25, replicas=8, steps_per_execution=1, precision="float32")
     assert len(advice) == 4
     assert "global batch 200 is not a multiple of 128" in advice[0]
@@ -247,7 +263,7 @@ def test_an_epoch_is_whole_executions_of_whole_global_batches():
 
 def test_batch_metrics_are_the_mean_of_each_execution_not_the_running_mean(tmp_path):
     events = []
-    ctx = SimpleNamespace(emit=events.append, log=lambda text, level="info": None)
+    ctx = JobContext(runtime=None, emit=events.append, run_dir=tmp_path)
     plan = TrainingPlan.make({"batch_per_replica": 1, "steps_per_execution": 2, "epochs": 1}, 1, 8, 1)
     reporter = TrainingReporter(ctx, plan, tmp_path, profile=None)
     reporter.begin_epoch(1)
