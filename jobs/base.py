@@ -9,17 +9,20 @@ module level: listing jobs has to stay instant.
 
 from __future__ import annotations
 
+import difflib
 import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from jobs.events import Event, Log, Progress
 
 PARAM_KINDS = ("int", "float", "bool", "str", "floats", "ints")
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off")
+# The one set of spellings a bool param accepts, in any case, wherever it is typed.
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
+BOOL_SPELLINGS = ", ".join(f"{true}/{false}" for true, false in zip(TRUE_WORDS, FALSE_WORDS)) + " (any case)"
 
 
 class ParamError(ValueError):
@@ -55,10 +58,20 @@ class Param:
     choices: tuple | None = None
     length: int | None = None
     check: Callable[[Any], str | None] | None = None
+    applies_when: tuple[str, tuple] | None = None
+    """(other param, its values): this one has an effect only while the other holds one of
+    those values (momentum only with optimizer=momentum); forms hide it otherwise. None: always."""
 
     def __post_init__(self):
         if self.kind not in PARAM_KINDS:
             raise ValueError(f"param {self.name}: kind {self.kind!r} is not one of {PARAM_KINDS}")
+
+    def applies(self, values: Mapping[str, Any]) -> bool:
+        """Whether this param has an effect given the other params' ``values`` (typed or as typed)."""
+        if self.applies_when is None:
+            return True
+        other, effective = self.applies_when
+        return values.get(other) in effective
 
     def allowed(self) -> str:
         """A human description of what this param accepts."""
@@ -67,7 +80,7 @@ class Param:
         noun = {
             "int": "an integer",
             "float": "a number",
-            "bool": "true or false",
+            "bool": BOOL_SPELLINGS,
             "str": "text",
             "floats": "comma-separated numbers",
             "ints": "comma-separated integers",
@@ -201,7 +214,8 @@ class JobSpec:
         for name, raw in (overrides or {}).items():
             if name not in known:
                 allowed = ", ".join(known) or "none"
-                raise ParamError(name, f"unknown param for job {self.name!r}; allowed: {allowed}")
+                raise ParamError(name, f"unknown param for job {self.name!r}; allowed: {allowed}"
+                                       f"{did_you_mean(name, known)}")
             values[name] = known[name].parse(raw)
         for param in self.params:
             param.validate(values[param.name])
@@ -228,6 +242,14 @@ class JobSpec:
                 for param in self.params
             ],
         }
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """``"; did you mean 'learning_rate'?"`` when ``word`` is a near miss of one of ``candidates``, else ``""``."""
+    # Case is folded so "M" still points to "m"; the suggestion keeps the real spelling.
+    by_folded = {candidate.casefold(): candidate for candidate in candidates}
+    close = difflib.get_close_matches(word.casefold(), list(by_folded), n=1)
+    return f"; did you mean {by_folded[close[0]]!r}?" if close else ""
 
 
 def parse_assignments(assignments: Sequence[str]) -> dict[str, str]:

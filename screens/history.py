@@ -24,8 +24,9 @@ from textual.widgets import DataTable, Static
 from textual.worker import Worker, WorkerState
 
 from screens.base import DashScreen
-from screens.run import RunView, format_value, status_text
+from screens.run import RunView, format_value
 from tpudash.clock import format_seconds
+from tpudash.console import status_text
 from tpudash.follow import SOURCE_WORDS, RunFollower
 from tpudash.runmodel import RunModel
 from tpudash.records import SOURCE_JOB, RunInfo
@@ -52,9 +53,7 @@ def follow_run(store, run_id: str) -> RunFollower:
 
 def run_status_text(info: RunInfo) -> Text:
     """The status cell: ``● live`` for a run still being written on this host."""
-    if info.live:
-        return Text("● live", style="bold yellow")
-    return status_text(info.status)
+    return status_text("live" if info.live else info.status)
 
 
 def run_duration_text(info: RunInfo) -> str:
@@ -242,10 +241,10 @@ class RunDetailScreen(DashScreen):
         writer = SOURCE_WORDS.get(info.source, info.source)
         pid = f" in pid {info.pid}" if info.pid is not None else ""
         if follower.live:
-            text = Text.assemble(("● live", "bold yellow"), f"  written by {writer}{pid}; this view grows with it")
+            text = Text.assemble(status_text("live"), f"  written by {writer}{pid}; this view grows with it")
         elif model.status == "interrupted":
-            text = Text.assemble(("! ", "bold red"), f"the process writing it ({writer}{pid}) ended without "
-                                 "finishing; everything it wrote is kept")
+            text = Text.assemble(status_text("interrupted"), f": the process writing it ({writer}{pid}) ended "
+                                 "without finishing; everything it wrote is kept")
         elif info.source != SOURCE_JOB:
             text = Text(f"recorded by {writer}{pid}", style="dim")
         else:

@@ -1,12 +1,15 @@
 """Argument parsing and the subcommands of ``tpudash``.
 
-``tpudash`` alone starts the TUI; ``devices``, ``jobs``, ``run``, ``runs``,
-``watch``, ``telemetry`` and ``export`` work headless for notebooks, scripts
-and CI. Global flags (``--tpu``, ``--cpu-devices``, ``--data-dir``,
-``--runs-dir``, ``--tpu-metrics``, ``--telemetry-interval``) are accepted
-before or after the subcommand, and each also comes from a TPUDASH_* variable.
+``tpudash`` alone starts the TUI, in a terminal only: without one (a pipe, a
+file, a notebook cell) it exits 2 at once and points to the headless commands.
+``devices``, ``jobs``, ``run``, ``runs``, ``watch``, ``telemetry`` and
+``export`` work headless for notebooks, scripts and CI. Global flags
+(``--tpu``, ``--cpu-devices``, ``--data-dir``, ``--runs-dir``,
+``--tpu-metrics``, ``--telemetry-interval``) are accepted before or after the
+subcommand, and each also comes from a TPUDASH_* variable.
 ``run`` and ``watch`` record telemetry with the run while it is live.
-Exit codes: 0 done, 1 job failed, 2 bad input, 130 cancelled.
+Exit codes: 0 done, 1 job failed, 2 bad input (also: no terminal for the
+dashboard, a runs directory that does not exist for ``runs``), 130 cancelled.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
+from jobs.base import BOOL_SPELLINGS
 from tpudash import __version__
 
 EXIT_DONE = 0
@@ -31,6 +35,19 @@ GLOBAL_FLAGS = ("tpu", "cpu_devices", "data_dir", "runs_dir", "tpu_metrics", "te
 # The dashboard's own: how long its engine may idle, how long a cancel may take.
 DASHBOARD_FLAGS = ("release_after", "cancel_grace")
 PATH_FLAGS = ("data_dir", "runs_dir")
+# What each subcommand does: its help in `tpudash --help`, and the list shown
+# when the dashboard has no terminal.
+COMMANDS = {
+    "devices": ("tpudash devices", "detect the accelerator and describe its devices"),
+    "jobs": ("tpudash jobs", "list the jobs and their params"),
+    "run": ("tpudash run JOB", "run a job headless (tpudash run JOB --help: its params)"),
+    "runs": ("tpudash runs", "list recorded runs"),
+    "watch": ("tpudash watch [RUN]", "follow a run as it grows (default: the newest live run)"),
+    "telemetry": ("tpudash telemetry", "TPU duty cycle and HBM, host CPU and memory, every interval"),
+    "export": ("tpudash export RUN", "export a run's metrics and telemetry"),
+}
+# Set in every Colab runtime (CPU, GPU and TPU): cheap to read, no import needed.
+COLAB_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_TPU_ADDR")
 
 
 class BadInput(Exception):
@@ -84,24 +101,33 @@ def build_parser() -> argparse.ArgumentParser:
                                 "(default 2) [TPUDASH_CANCEL_GRACE]")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    devices = commands.add_parser("devices", parents=[flags], help="detect the accelerator and describe its devices")
+    devices = commands.add_parser("devices", parents=[flags], help=COMMANDS["devices"][1])
     devices.add_argument("--json", action="store_true", help="print the description as JSON")
 
-    jobs = commands.add_parser("jobs", parents=[flags], help="list the jobs and their params")
+    jobs = commands.add_parser("jobs", parents=[flags], help=COMMANDS["jobs"][1])
     jobs.add_argument("--json", action="store_true", help="print the job list as JSON")
 
-    run = commands.add_parser("run", parents=[flags], help="run a job headless",
-                              description="Run a job headless. Params: `tpudash jobs` lists them.")
-    run.add_argument("job", help="job name, e.g. matmul, gradient-descent, train")
+    # Its own --help: with a job named, the help lists that job's params.
+    run = commands.add_parser("run", parents=[flags], help=COMMANDS["run"][1], add_help=False,
+                              description="Run a job headless. `tpudash run JOB --help` lists the job's params "
+                                          "(name, default, what is allowed); `tpudash jobs` lists every job.",
+                              epilog=f"Booleans: {BOOL_SPELLINGS}.")
+    run.add_argument("-h", "--help", action="store_true", help="show this help, and the params of JOB if given")
+    run.add_argument("job", nargs="?", help="job name, e.g. matmul, gradient-descent, train")
     run.add_argument("--set", dest="assignments", action="append", default=[], metavar="NAME=VALUE",
                      help="set a param (repeatable)")
     run.add_argument("--json", action="store_true", help="print one JSON event per line instead of the live display")
+    run.set_defaults(run_parser=run)  # for its usage line in errors and help
 
-    runs = commands.add_parser("runs", parents=[flags], help="list recorded runs")
+    runs = commands.add_parser(
+        "runs", parents=[flags], help=COMMANDS["runs"][1],
+        description="List the runs in the runs directory (--runs-dir, else TPUDASH_RUNS_DIR, else "
+                    "$XDG_DATA_HOME/tpudash/runs). A directory that does not exist is an error (exit 2); "
+                    "an empty one lists nothing (exit 0).")
     runs.add_argument("--json", action="store_true", help="print the runs as JSON")
 
     watch = commands.add_parser(
-        "watch", parents=[flags], help="follow a run as it grows (default: the newest live run)",
+        "watch", parents=[flags], help=COMMANDS["watch"][1],
         description="Follow a run headless, printed as `tpudash run` prints it: a tpudash job, or your own "
                     "training with TpudashCallback or tpudash.record. Exits when the run ends, with the exit "
                     "code of its status (done 0, failed 1, cancelled 130; interrupted, when the process "
@@ -111,14 +137,14 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--json", action="store_true", help="print one JSON event per line instead of the live display")
 
     telemetry = commands.add_parser(
-        "telemetry", parents=[flags], help="TPU duty cycle and HBM, host CPU and memory, every interval",
+        "telemetry", parents=[flags], help=COMMANDS["telemetry"][1],
         description="Sample the TPU (libtpu's metrics service, through tpu-info's client) and the host (psutil) "
                     "without touching TensorFlow, so it also sees a TPU another process holds. Until Ctrl-C, "
                     "or once with --once. A source that answers nothing says why.")
     telemetry.add_argument("--once", action="store_true", help="take one sample, print it and exit")
     telemetry.add_argument("--json", action="store_true", help="print each sample as one JSON object per line")
 
-    export = commands.add_parser("export", parents=[flags], help="export a run's metrics and telemetry")
+    export = commands.add_parser("export", parents=[flags], help=COMMANDS["export"][1])
     export.add_argument("run_id", metavar="RUN", help="run id (a unique prefix is enough)")
     export.add_argument("--format", choices=("csv", "json"), default="csv", help="output format (default csv)")
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of standard output")
@@ -153,6 +179,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     global _restartable
     _restartable = argv is None
     args = build_parser().parse_args(argv)
+    if args.command is None:
+        # Before anything heavy is imported: without a terminal the dashboard
+        # would only write escape codes into a file or a pipe.
+        not_terminals = streams_not_terminals()
+        if not_terminals:
+            print(no_terminal_message(not_terminals, on_colab(os.environ)), file=sys.stderr)
+            return EXIT_BAD_INPUT
     try:
         settings = load_settings(args)
         if args.command is None:
@@ -175,6 +208,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CANCELLED
     finally:
         _release_native_stderr()
+
+
+def streams_not_terminals() -> list[str]:
+    """Which of standard input, output and error are not a terminal.
+
+    The dashboard reads keys from standard input and draws on standard error
+    (Textual's choice); standard output not being a terminal means the user
+    asked for text they can pipe, which the headless commands give.
+    """
+    names = []
+    streams = (("standard input", sys.stdin), ("standard output", sys.stdout), ("standard error", sys.stderr))
+    for name, stream in streams:
+        try:
+            terminal = stream is not None and stream.isatty()
+        except (AttributeError, OSError, ValueError):  # closed, or not a real file
+            terminal = False
+        if not terminal:
+            names.append(name)
+    return names
+
+
+def on_colab(environ: Mapping[str, str]) -> bool:
+    return any(environ.get(variable) is not None for variable in COLAB_VARIABLES)
+
+
+def no_terminal_message(not_terminals: Sequence[str], colab: bool) -> str:
+    """Why the dashboard does not start, and what works instead."""
+    what = not_terminals[-1] if len(not_terminals) == 1 else f"{', '.join(not_terminals[:-1])} and {not_terminals[-1]}"
+    verb = "is" if len(not_terminals) == 1 else "are"
+    width = max(len(usage) for usage, _ in COMMANDS.values())
+    lines = [f"tpudash: error: the dashboard needs a terminal, and {what} {verb} not one "
+             "(a pipe, a file or a notebook cell).",
+             "These commands work without one:"]
+    lines += [f"  {usage.ljust(width)}  {what_it_does}" for usage, what_it_does in COMMANDS.values()]
+    if colab:
+        lines.append("On Colab, open its terminal (the terminal icon at the bottom left, or Tools → Terminal) "
+                     "and run tpudash there.")
+    return "\n".join(lines)
 
 
 _native_stderr = None
@@ -279,14 +350,21 @@ def command_jobs(args, settings) -> int:
 
 
 def command_run(args, settings) -> int:
-    from jobs import UnknownJobError, get_job
-    from jobs.base import ParamError, parse_assignments
+    from jobs import UnknownJobError, get_job, registry
+    from jobs.base import ParamError, did_you_mean, parse_assignments
     from tpudash.config import SettingsError
 
+    if args.job is None and not args.help:
+        args.run_parser.error("the following arguments are required: job")
     try:
-        spec = get_job(args.job)
+        spec = None if args.job is None else get_job(args.job)
+    except UnknownJobError as error:
+        raise BadInput(f"{error}{did_you_mean(args.job, registry())}") from None
+    if args.help:
+        return show_run_help(args.run_parser, spec)
+    try:
         params = spec.resolve(parse_assignments(args.assignments))
-    except (UnknownJobError, ParamError) as error:
+    except ParamError as error:
         raise BadInput(str(error)) from None
     try:
         runs_dir = settings.check_runs_dir()
@@ -299,6 +377,22 @@ def command_run(args, settings) -> int:
         except ParamError as error:
             raise BadInput(str(error)) from None
     return execute_headless(spec, params, runtime, settings, runs_dir, as_json=args.json)
+
+
+def show_run_help(run_parser: argparse.ArgumentParser, spec) -> int:
+    """``tpudash run [JOB] --help``: the command's help, then the job's params."""
+    from rich.console import Console
+
+    from jobs import registry
+    from tpudash.console import render_job
+
+    run_parser.print_help()
+    print()
+    if spec is None:
+        print(f"jobs: {', '.join(registry())}")
+    else:
+        render_job(spec, Console(highlight=False))
+    return EXIT_DONE
 
 
 def execute_headless(spec, params, runtime, settings, runs_dir: Path, as_json: bool) -> int:
@@ -351,6 +445,10 @@ def command_runs(args, settings) -> int:
     from tpudash.records import RunStore
 
     runs_dir = readable_runs_dir(settings)
+    if not runs_dir.exists():
+        raise BadInput(f"{runs_dir_source(args)}: {runs_dir} does not exist, so it holds no runs; "
+                       "choose the runs directory with --runs-dir DIR or TPUDASH_RUNS_DIR "
+                       "(default $XDG_DATA_HOME/tpudash/runs; a run creates it)")
     runs = RunStore(runs_dir).list_runs()
     if args.json:
         print(json.dumps([run.to_dict() for run in runs], indent=2, default=str))
@@ -359,9 +457,20 @@ def command_runs(args, settings) -> int:
     return EXIT_DONE
 
 
+def runs_dir_source(args) -> str:
+    """Where the runs directory came from, named as the user would set it."""
+    if getattr(args, "runs_dir", None) is not None:
+        return "--runs-dir"
+    if os.environ.get("TPUDASH_RUNS_DIR"):
+        return "TPUDASH_RUNS_DIR"
+    return "the default runs directory"
+
+
 def command_watch(args, settings) -> int:
     """Print a run's events as they are written; the exit code of how it ended."""
-    from tpudash.console import ConsoleSink, JsonLinesSink
+    from rich.text import Text
+
+    from tpudash.console import ConsoleSink, JsonLinesSink, status_text
     from tpudash.follow import POLL_SECONDS, RunFollower, newest_live_run
     from tpudash.records import STATUS_INTERRUPTED, STATUS_RUNNING, RunStore
 
@@ -404,7 +513,11 @@ def command_watch(args, settings) -> int:
     model = follower.model
     if model.status == STATUS_INTERRUPTED:
         writer = f"pid {follower.info.pid}" if follower.info.pid is not None else "its process"
-        sink.notice(f"{follower.info.run_id}: {writer} ended without finishing the run: interrupted")
+        if args.json:
+            sink.notice(f"{follower.info.run_id}: {writer} ended without finishing the run: interrupted")
+        else:  # the ending line `run` prints, with why
+            sink.console.print(Text.assemble(status_text(STATUS_INTERRUPTED), f": {writer} ended without "
+                                             f"finishing {follower.info.run_id}"))
     return EXIT_BY_STATUS.get(model.status, EXIT_FAILED)
 
 

@@ -18,9 +18,12 @@ import sys
 import threading
 import time
 from datetime import datetime
-from typing import IO, Callable, Iterable
+from typing import IO, Callable, Iterable, Mapping
 
+from rich import box
 from rich.console import Console, Group
+from rich.measure import Measurement
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table as RichTable
 from rich.text import Text
@@ -34,23 +37,70 @@ from jobs.events import (
     ReplicaValues,
     RunFinished,
     RunStarted,
+    TRAINING_STAGE,
+    Stage,
     Table,
     Telemetry,
     dumps,
 )
+from tpudash.runmodel import StageTimeline
 
 LEVEL_STYLES = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold red"}
-STATUS_STYLES = {"done": "bold green", "failed": "bold red", "cancelled": "bold yellow",
-                 "interrupted": "bold magenta", "running": "cyan"}
+# Each status's glyph and colour, the one table for the CLI and the dashboard
+# (the run view, History). "live": still being written by a process on this host.
+STATUS_GLYPHS = {
+    "queued": ("◌", "dim"),
+    "running": ("▶", "bold cyan"),
+    "live": ("●", "bold yellow"),
+    "done": ("✓", "bold green"),
+    "failed": ("✗", "bold red"),
+    "cancelled": ("■", "bold magenta"),
+    "interrupted": ("!", "bold bright_blue"),
+}
+UNKNOWN_STATUS_GLYPH = ("?", "")
 
 
-def format_value(value) -> str:
-    """Numbers compact, matrices and lists as nested brackets."""
+def status_text(status: str) -> Text:
+    """``✓ done`` in the status's colour, as every front end shows a run's status."""
+    glyph, style = STATUS_GLYPHS.get(status, UNKNOWN_STATUS_GLYPH)
+    return Text(f"{glyph} {status}", style=style)
+
+
+def short_device_names(names: Iterable[str]) -> dict[str, str]:
+    """Each device name shortened to what tells it apart from the others.
+
+    ``/job:localhost/replica:0/task:0/device:CPU:3`` → ``CPU:3``; devices of
+    several tasks keep the task (``task:1/TPU:0``). Other text is kept as it is.
+    """
+    segments = {name: [part.removeprefix("device:") for part in name.strip("/").split("/")] for name in names}
+    for kept in range(1, max(map(len, segments.values()), default=0) + 1):
+        short = {name: "/".join(parts[-kept:]) for name, parts in segments.items()}
+        if len(set(short.values())) == len(short):
+            return short
+    return {name: name for name in segments}
+
+
+def format_value(value, device_names: Mapping[str, str] | None = None) -> str:
+    """Numbers compact, matrices and lists as nested brackets, mappings as ``key=value, …``.
+
+    ``device_names`` (from ``short_device_names``) shortens device names
+    wherever they appear as text or as keys.
+    """
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, list):
-        return "[" + ", ".join(format_value(item) for item in value) + "]"
+        return "[" + ", ".join(format_value(item, device_names) for item in value) + "]"
+    if isinstance(value, dict):
+        return ", ".join(f"{format_value(key, device_names)}={format_value(item, device_names)}"
+                         for key, item in value.items())
+    if isinstance(value, str) and device_names:
+        return device_names.get(value, value)
     return str(value)
+
+
+def column_key(name: str) -> str:
+    """A name as it compares with a column title: ``gflops`` is ``GFLOP/s``, ``median_ms`` is ``median ms``."""
+    return "".join(character for character in name.casefold() if character.isalnum())
 
 
 def format_seconds(seconds: float | None) -> str:
@@ -87,6 +137,10 @@ SPARK_LEVELS = "▁▂▃▄▅▆▇█"
 # Sized so a telemetry table fits an 80-column terminal.
 METER_WIDTH = 10
 SPARK_WIDTH = 16
+# Wide enough that rich measures a table without squeezing it.
+UNLIMITED_WIDTH = 10_000
+# The narrowest a column whose words are broken may get.
+MIN_FOLDED_WIDTH = 4
 
 
 def percent_style(percent: float) -> str:
@@ -223,6 +277,13 @@ class JsonLinesSink:
         pass
 
 
+class CountColumn(MofNCompleteColumn):
+    """``3/10``, and nothing for a task that counts nothing (a stage such as building the model)."""
+
+    def render(self, task) -> Text:
+        return Text("") if task.total is None else super().render(task)
+
+
 class ConsoleSink:
     """The human view of one headless run."""
 
@@ -236,7 +297,7 @@ class ConsoleSink:
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
+            CountColumn(),
             TextColumn("{task.fields[unit]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
@@ -245,9 +306,17 @@ class ConsoleSink:
             transient=True,
         )
         self._tasks: dict[str, int] = {}
+        self._stages = StageTimeline()
+        self._replicas_printed: set[str] = set()
+        self._replicas_updated: dict[str, ReplicaValues] = {}
+        self._stage_task: int | None = None
         self._latest: dict[str, float] = {}
         self._started = False
         self._lock = threading.Lock()
+        self._devices: dict[str, None] = {}
+        """Every device named in this run's tables, in order: they all get short names together."""
+        self._per_device_shown: list[tuple[frozenset[str], frozenset[str]]] = []
+        """(devices, column keys) of each per-device table printed, so no value is printed twice."""
 
     def _output_went_away(self) -> None:
         self.console.quiet = True
@@ -270,9 +339,9 @@ class ConsoleSink:
 
     def __call__(self, run, event: Event, timestamp: float | None = None) -> None:
         with self._lock:
-            self._render(event)
+            self._render(event, time.time() if timestamp is None else timestamp)
 
-    def _render(self, event: Event) -> None:
+    def _render(self, event: Event, now: float) -> None:
         if isinstance(event, RunStarted):
             runtime = event.runtime
             simulated = " (simulated replicas)" if runtime.get("simulated") else ""
@@ -283,9 +352,13 @@ class ConsoleSink:
             self._progress.start()
             self._started = True
         elif isinstance(event, Log):
+            if event.level == "debug":
+                return  # detail a result table repeats (matmul's per-device lines); --json and the dashboard keep it
             style = LEVEL_STYLES.get(event.level, "")
             prefix = "" if event.level == "info" else f"{event.level}: "
             self.console.print(f"{prefix}{event.text}", style=style or None, markup=False, highlight=False)
+        elif isinstance(event, Stage):
+            self._show_stage(event, now)
         elif isinstance(event, ProgressEvent):
             task = self._tasks.get(event.unit)
             if task is None:
@@ -300,25 +373,82 @@ class ConsoleSink:
             if event.split == "test":
                 self.console.print(f"test {event.name}: {event.value:.6g}", highlight=False)
         elif isinstance(event, Table):
-            self.console.print(rich_table(event.title, event.columns, event.rows))
+            self._print_result_table(event)
         elif isinstance(event, ReplicaValues):
-            table = RichTable(title=event.name, title_justify="left")
-            table.add_column("replica", justify="right")
-            table.add_column("device")
-            table.add_column("value")
-            for index, (device, value) in enumerate(zip(event.devices, event.values)):
-                table.add_row(str(index), str(device), format_value(value))
-            self.console.print(table)
+            if event.name in self._replicas_printed:
+                # Values a run keeps updating (each epoch's validation) print once more, at its end.
+                self._replicas_updated[event.name] = event
+            else:
+                self._replicas_printed.add(event.name)
+                self._print_replica_values(event)
         elif isinstance(event, Artifact):
             self.console.print(f"[dim]{event.kind}:[/] {event.path}")
         elif isinstance(event, RunFinished):
             self._stop_progress()
-            style = STATUS_STYLES.get(event.status, "bold")
-            self.console.print(f"[{style}]■ {event.status}[/]")
+            for update in self._replicas_updated.values():
+                self._print_replica_values(update)
+            self.console.print(status_text(event.status))
             if event.error:
                 self.console.print(f"error: {event.error}", style="red", markup=False)
-            if event.summary:
-                self.console.print(summary_table(event.summary))
+            self._print_summary(event.summary)
+
+    def _short_names(self, devices: Iterable) -> dict[str, str]:
+        self._devices.update(dict.fromkeys(str(device) for device in devices))
+        return short_device_names(self._devices)
+
+    def _shown_per_device(self, name: str, devices: Iterable) -> bool:
+        """Whether a printed table already has a ``name`` column for each of ``devices``."""
+        wanted = {str(device) for device in devices}
+        return bool(wanted) and any(column_key(name) in keys and wanted <= shown
+                                    for shown, keys in self._per_device_shown)
+
+    def _print_result_table(self, event: Table) -> None:
+        keys = [column_key(str(column)) for column in event.columns]
+        device_column = keys.index("device") if "device" in keys else None
+        names = None
+        if device_column is not None:
+            devices = [str(row[device_column]) for row in event.rows]
+            names = self._short_names(devices)
+            self._per_device_shown.append((frozenset(devices), frozenset(keys)))
+        self.console.print(rich_table(event.title, event.columns, event.rows, names))
+
+    def _print_replica_values(self, event: ReplicaValues) -> None:
+        # A job's result table often has the same per-device numbers (matmul's GFLOP/s).
+        if self._shown_per_device(event.name, event.devices):
+            return
+        names = self._short_names(event.devices)
+        table = RichTable(title=event.name, title_justify="left")
+        table.add_column("replica", justify="right")
+        table.add_column("device", no_wrap=True)
+        table.add_column("value")
+        for index, (device, value) in enumerate(zip(event.devices, event.values)):
+            table.add_row(str(index), names.get(str(device), str(device)), format_value(value))
+        self.console.print(table)
+
+    def _print_summary(self, summary: dict) -> None:
+        """The summary without the per-device values a table has shown; device names as in the tables."""
+        shown = {key for key, value in summary.items()
+                 if isinstance(value, dict) and self._shown_per_device(key, value)}
+        remaining = {key: value for key, value in summary.items() if key not in shown}
+        if remaining:
+            self.console.print(summary_table(remaining, short_device_names(self._devices)))
+
+    def _show_stage(self, event: Stage, now: float) -> None:
+        """A live line for the stage under way; the preparation's breakdown once the steps begin."""
+        was_ready = self._stages.ready
+        began = not self._stages.spans or self._stages.spans[-1].name != event.name
+        self._stages.apply(event, now)
+        if began and self._stage_task is not None:
+            # A task of its own per stage: its clock starts with the stage.
+            self._progress.remove_task(self._stage_task)
+            self._stage_task = None
+        if event.name == TRAINING_STAGE:
+            if not was_ready:
+                self.console.print(self._stages.line(now, finished=False), style="dim", highlight=False)
+            return
+        if self._stage_task is None:
+            self._stage_task = self._progress.add_task(event.name, total=event.total, unit="", metrics="")
+        self._progress.update(self._stage_task, completed=event.done or 0, total=event.total)
 
     def _epoch_line(self) -> str:
         return "  ".join(f"{name} {value:.4g}" for name, value in self._latest.items())
@@ -333,14 +463,16 @@ class ConsoleSink:
             self._stop_progress()
 
 
-def rich_table(title: str, columns: Iterable, rows: Iterable) -> RichTable:
+def rich_table(title: str, columns: Iterable, rows: Iterable,
+               device_names: Mapping[str, str] | None = None) -> RichTable:
+    """A job's result table; ``device_names`` shortens device names (a device column never wraps)."""
     table = RichTable(title=title, title_justify="left")
     for column in columns:
-        table.add_column(str(column))
+        table.add_column(str(column), no_wrap=column_key(str(column)) == "device")
     for row in rows:
         cells = []
         for cell in row:
-            text = format_value(cell)
+            text = format_value(cell, device_names)
             if text in ("PASS", "pass", "True"):
                 text = f"[green]{text}[/]"
             elif text in ("FAIL", "fail", "False"):
@@ -350,13 +482,72 @@ def rich_table(title: str, columns: Iterable, rows: Iterable) -> RichTable:
     return table
 
 
-def summary_table(summary: dict) -> RichTable:
+def summary_table(summary: dict, device_names: Mapping[str, str] | None = None) -> RichTable:
     table = RichTable(title="summary", title_justify="left", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")
     for key, value in summary.items():
-        table.add_row(str(key), format_value(value))
+        empty = isinstance(value, (list, dict)) and not value
+        table.add_row(str(key), "none" if empty else format_value(value, device_names))
     return table
+
+
+def fit_columns(table: RichTable, width: int, console: Console, fold: bool = False) -> bool:
+    """Size ``table``'s columns to fit ``width`` without cutting a word; False when it cannot.
+
+    rich shrinks the widest columns first and cuts what no longer fits
+    ("20261123-09…"); here every column keeps at least its longest word and
+    the room left is shared in proportion to what each column could still use.
+    ``fold``: when even that is too wide, break the long words of the columns
+    that may wrap; a ``no_wrap`` column (an id) is never broken.
+    """
+    unlimited = console.options.update_width(UNLIMITED_WIDTH)
+    spans = []
+    for column in table.columns:
+        measured = [Measurement.get(console, unlimited, cell) for cell in (column.header, *column.cells)]
+        low, high = max(low for low, _ in measured), max(high for _, high in measured)
+        spans.append((max(low, column.min_width or 0), max(high, column.min_width or 0)))
+    _, right, _, left = table.padding
+    borders = (len(spans) + 1 if table.show_edge else len(spans) - 1) if table.box else 0
+    padding = (left + right) * len(spans) - (0 if table.pad_edge else left + right)
+    room = width - borders - padding
+    least, most = sum(low for low, _ in spans), sum(high for _, high in spans)
+    if most <= room:
+        return True
+    if least <= room:
+        widths = [low + (high - low) * (room - least) // (most - least) for low, high in spans]
+    else:
+        kept = sum(low for (low, _), column in zip(spans, table.columns) if column.no_wrap)
+        folded = least - kept
+        if not fold or room - kept < MIN_FOLDED_WIDTH * (len(spans) - sum(column.no_wrap for column in table.columns)):
+            return False
+        widths = [low if column.no_wrap else max(MIN_FOLDED_WIDTH, low * (room - kept) // folded)
+                  for (low, _), column in zip(spans, table.columns)]
+    for column, column_width in zip(table.columns, widths):
+        column.width = column_width
+        if not column.no_wrap:
+            column.overflow = "fold"
+    return True
+
+
+def print_fitted(console: Console, build: Callable[[tuple[str, ...]], RichTable],
+                 optional: Iterable[Iterable[str]]) -> None:
+    """Print ``build(left_out)`` at the console's width without cutting a word.
+
+    Each group of ``optional`` columns is left out in turn until the table
+    fits; if it still does not, the long words of wrapping columns are broken.
+    """
+    left_out: tuple[str, ...] = ()
+    table = build(left_out)
+    for group in optional:
+        if fit_columns(table, console.width, console):
+            break
+        left_out += tuple(group)
+        table = build(left_out)
+    else:
+        if not fit_columns(table, console.width, console):
+            fit_columns(table, console.width, console, fold=True)
+    console.print(table)
 
 
 def render_host(host_check: dict, console: Console | None = None) -> None:
@@ -387,26 +578,50 @@ def render_devices(description, console: Console | None = None) -> None:
         console.print(f"[dim]not {kind}:[/] {reason}")
     for note in description.notes:
         console.print(f"[dim]note:[/] {note}")
+    # A narrow terminal loses job, replica and task first: the name holds them.
+    print_fitted(console, lambda left_out: devices_table(description, left_out), [("job", "replica", "task")])
+
+
+def devices_table(description, leave_out: Iterable[str] = ()) -> RichTable:
+    """The logical devices; a name is what ``tf.device`` takes, so it is never cut."""
+    columns = [column for column in ("index", "name", "type", "job", "replica", "task", "memory")
+               if column not in leave_out]
     table = RichTable(title="logical devices", title_justify="left")
-    for column in ("index", "name", "type", "job", "replica", "task", "memory"):
-        table.add_column(column)
+    for column in columns:
+        table.add_column(column, no_wrap=column == "name")
     for device in description.devices:
-        memory = "-" if not device.memory else ", ".join(f"{key} {value}" for key, value in device.memory.items())
-        table.add_row(str(device.index), device.name, device.device_type, str(device.job or "-"),
-                      str(device.replica if device.replica is not None else "-"),
-                      str(device.task if device.task is not None else "-"), memory)
-    console.print(table)
+        cells = {
+            "index": str(device.index),
+            "name": device.name,
+            "type": device.device_type,
+            "job": str(device.job or "-"),
+            "replica": str(device.replica if device.replica is not None else "-"),
+            "task": str(device.task if device.task is not None else "-"),
+            "memory": ", ".join(f"{key} {value}" for key, value in device.memory.items()) if device.memory else "-",
+        }
+        table.add_row(*(cells[column] for column in columns))
+    return table
 
 
 def render_jobs(specs, console: Console | None = None) -> None:
     console = console or Console()
     for spec in specs:
-        key = f" [dim](key {spec.key})[/]" if spec.key else ""
-        console.print(f"[bold]{spec.name}[/]{key} — {spec.title}")
-        console.print(f"  {spec.description}", style="dim", markup=False)
-        for param in spec.params:
-            console.print(f"  --set {param.name}={param.format(param.default)}  [dim]{param.allowed()}. {param.help}[/]",
-                          highlight=False)
+        render_job(spec, console)
+
+
+def render_job(spec, console: Console) -> None:
+    """A job's name, title, description and every param: ``--set name=default``, what it allows, what it does."""
+    key = f" [dim](key {spec.key})[/]" if spec.key else ""
+    console.print(f"[bold]{spec.name}[/]{key} — {spec.title}")
+    console.print(Padding(Text(spec.description, style="dim"), (0, 0, 0, 2)))
+    params = RichTable.grid(padding=(0, 2), pad_edge=True)
+    params.add_column(no_wrap=True)
+    params.add_column(overflow="fold")
+    for param in spec.params:
+        params.add_row(f"--set {param.name}={param.format(param.default)}",
+                       Text.assemble(param.allowed(), (f". {param.help}" if param.help else "", "dim")))
+    console.print(params)
+
 
 
 def render_runs(runs, runs_dir, console: Console | None = None) -> None:
@@ -414,17 +629,38 @@ def render_runs(runs, runs_dir, console: Console | None = None) -> None:
     if not runs:
         console.print(f"no runs yet in {runs_dir}")
         return
-    table = RichTable(title=f"runs in {runs_dir}", title_justify="left")
-    for column in ("run", "job", "started", "duration", "status", "final metrics"):
-        table.add_column(column)
-    for run in runs:
-        started = datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M:%S") if run.started else "-"
-        metrics = "  ".join(f"{name} {value:.4g}" for name, value in list(run.final_metrics.items())[:4]
-                            if isinstance(value, (int, float)))
-        status = f"[{STATUS_STYLES.get(run.status, '')}]{'live' if run.live else run.status}[/]"
+    # A narrow terminal loses the job, then the start: the run id holds both (the start in UTC).
+    print_fitted(console, lambda left_out: runs_table(runs, runs_dir, left_out), [("job",), ("started",)])
+
+
+def runs_table(runs, runs_dir, leave_out: Iterable[str] = ()) -> RichTable:
+    """The runs as a table whose run ids are never cut: ``tpudash export`` and ``watch`` need them whole."""
+    columns = [column for column in ("run", "job", "started", "duration", "status", "final metrics")
+               if column not in leave_out]
+    # Rules under the header only, as `kubectl get` lists: room for whole ids.
+    table = RichTable(title=f"runs in {runs_dir}", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                      pad_edge=False)
+    statuses = [status_text("live" if run.live else run.status) for run in runs]
+    for column in columns:
+        if column == "run":
+            table.add_column(column, no_wrap=True, min_width=max(len(run.run_id) for run in runs))
+        elif column == "status":  # the glyph stays beside its word
+            table.add_column(column, min_width=max(status.cell_len for status in statuses))
+        else:
+            table.add_column(column, no_wrap=column == "duration")
+    for run, status in zip(runs, statuses):
         if run.live:
-            status += f" [dim](pid {run.pid}; tpudash watch {run.run_id[:22]})[/]"
+            status.append(f" (pid {run.pid}; follow it with tpudash watch)", style="dim")
         if run.problems:
-            status += f" [red](! {len(run.problems)} problems)[/]"
-        table.add_row(run.run_id, run.job, started, format_seconds(run.duration), status, metrics)
-    console.print(table)
+            status.append(f" (! {len(run.problems)} problems)", style="red")
+        cells = {
+            "run": run.run_id,
+            "job": run.job,
+            "started": datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M:%S") if run.started else "-",
+            "duration": format_seconds(run.duration),
+            "status": status,
+            "final metrics": "  ".join(f"{name} {value:.4g}" for name, value in list(run.final_metrics.items())[:4]
+                                       if isinstance(value, (int, float))),
+        }
+        table.add_row(*(cells[column] for column in columns))
+    return table

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
+from jobs import get_job
+from jobs.events import Metric, RunFinished
 from tests.conftest import REPO_ROOT
 from tpudash import cli
+from tpudash.records import RunStore, new_run_id
 
 
 # What a user's shell on this machine would not have: TPU settings, and the
@@ -64,6 +69,7 @@ def test_explicit_unreachable_tpu_address_exits_2_after_the_timeout():
 
 def test_global_flags_work_before_and_after_the_subcommand(isolated_runs_dir, tmp_path, capsys):
     other = tmp_path / "elsewhere"
+    other.mkdir()
     assert cli.main(["runs", "--runs-dir", str(other)]) == 0
     assert str(other) in capsys.readouterr().out
     assert cli.main(["--runs-dir", str(other), "runs", "--json"]) == 0
@@ -124,7 +130,7 @@ def test_run_json_prints_one_event_per_line_then_runs_lists_and_exports_it(isola
     assert cli.main(["export", run_id[:20], "-o", str(output)]) == 0
     header, *rows = output.read_text().splitlines()
     assert header == "time,name,split,step,epoch,value"
-    assert sum(1 for row in rows if ",loss," in row) == 20
+    assert sum(1 for row in rows if ",loss," in row) == 21  # the start (step 0), then each of the 20 steps
 
 
 def test_human_output_shows_the_result_and_exit_code_of_a_failed_check(capsys):
@@ -171,3 +177,195 @@ def test_the_keras_callback_imports_no_textual_and_no_screens():
             "print(sorted(m for m in ('textual', 'screens', 'tpudash.app') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+# -- the dashboard needs a terminal ----------------------------------------------------------
+
+# Started anyway, the dashboard would run until killed; this bounds the test.
+NO_TERMINAL_TIMEOUT = 30
+COLAB_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_TPU_ADDR")
+
+
+@pytest.mark.parametrize("output", ["file", "pipe", "closed-pipe"])
+def test_the_dashboard_without_a_terminal_exits_2_at_once_pointing_to_the_headless_commands(output, tmp_path):
+    """A notebook cell's `!tpudash`, `tpudash > file`, `tpudash | head`: a message, never escape codes."""
+    environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET + COLAB_VARIABLES}
+    output_file = tmp_path / "out.txt"
+    if output == "file":
+        stdout = open(output_file, "w")
+    elif output == "pipe":
+        stdout = subprocess.PIPE
+    else:
+        reader, stdout = os.pipe()
+        os.close(reader)  # the reader went away before tpudash wrote anything
+    started = time.monotonic()
+    try:
+        result = subprocess.run([sys.executable, "-m", "tpudash"], stdin=subprocess.DEVNULL, stdout=stdout,
+                                stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=environment,
+                                timeout=NO_TERMINAL_TIMEOUT)
+    finally:
+        if output == "file":
+            stdout.close()
+        elif output == "closed-pipe":
+            os.close(stdout)
+    elapsed = time.monotonic() - started
+
+    assert result.returncode == 2, result.stderr
+    assert elapsed < 10
+    assert result.stderr.startswith("tpudash: error: the dashboard needs a terminal, and standard input, "
+                                    "standard output and standard error are not one")
+    for command in ("tpudash devices", "tpudash run JOB", "tpudash runs", "tpudash watch", "tpudash telemetry"):
+        assert command in result.stderr
+    assert "Colab" not in result.stderr
+    assert (result.stdout or "") == ""
+    if output == "file":
+        assert output_file.read_text() == ""
+
+
+def test_on_colab_the_no_terminal_message_points_to_colabs_terminal(monkeypatch, capsys):
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20261120-060000_RC00")
+    monkeypatch.setattr(cli, "command_tui", lambda settings: pytest.fail("the dashboard started without a terminal"))
+    assert cli.main([]) == 2
+    captured = capsys.readouterr()
+    assert "On Colab, open its terminal" in captured.err and "run tpudash there" in captured.err
+    assert "serve" not in captured.err and "colab.show" not in captured.err
+    assert captured.out == ""
+
+
+def test_without_a_terminal_the_dashboard_exits_before_textual_or_tensorflow_is_imported():
+    code = ("import sys; from tpudash.cli import main; code = main([]); "
+            "print(code, sorted(m for m in ('textual', 'tensorflow', 'tpudash.app') if m in sys.modules), "
+            "file=sys.stderr)")
+    result = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                            cwd=REPO_ROOT, timeout=NO_TERMINAL_TIMEOUT)
+    assert result.stderr.splitlines()[-1] == "2 []", result.stderr
+
+
+# -- 80 columns ----------------------------------------------------------------------------
+
+
+def test_runs_at_80_columns_shows_every_run_id_whole(isolated_runs_dir, monkeypatch, capsys):
+    store = RunStore(isolated_runs_dir)
+    finals = {"gradient-descent": {"loss": 0.0022596875205636024}, "replica-matmul": {},
+              "train": {"loss": 0.31, "accuracy": 0.91, "val_loss": 0.42, "val_accuracy": 0.88}}
+    run_ids = []
+    for job, metrics in finals.items():
+        run_ids.append(new_run_id(job))
+        recorder = store.create(run_ids[-1], job, {}, {"kind": "CPU"})
+        for name, value in metrics.items():
+            recorder.record(Metric(name, value, step=0))
+        recorder.record(RunFinished(status="done"))
+    monkeypatch.setenv("COLUMNS", "80")
+
+    assert cli.main(["runs"]) == 0
+    out = capsys.readouterr().out
+
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out
+    for run_id in run_ids:
+        assert run_id in out
+    assert "val_accuracy 0.88" in out
+
+
+def test_the_matmul_table_at_80_columns_names_each_device_briefly_and_distinctly(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(["run", "matmul", "--set", "m=32", "--set", "k=32", "--set", "n=32", "--set", "repeats=1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if re.match(r"│ CPU:\d ", line)]
+    assert [row.split()[1] for row in rows] == [f"CPU:{index}" for index in range(8)]
+    assert all(len(line) <= 80 for line in out.splitlines())
+    assert "/device:…" not in out
+
+
+# -- each fact once ------------------------------------------------------------------------
+
+
+def test_headless_matmul_prints_each_devices_result_once_and_no_python_dicts(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert cli.main(["run", "matmul", "--set", "m=32", "--set", "k=32", "--set", "n=32", "--set", "devices=0-3"]) == 0
+    out = capsys.readouterr().out
+
+    for index in range(4):
+        # Its table row; the summary's fastest/slowest device and the closing line name a device, not a result.
+        mentions = [line for line in out.splitlines()
+                    if re.search(rf"\bCPU:{index}\b", line) and not re.search("fastest|slowest", line)]
+        assert len(mentions) == 1, mentions
+        assert "pass" in mentions[0]
+    assert "{'" not in out and "':" not in out
+    assert "✓ done" in out
+
+
+# -- help, and the mistakes users make -------------------------------------------------------
+
+
+def test_run_job_help_lists_that_jobs_params_with_defaults_and_what_is_allowed(capsys):
+    assert cli.main(["run", "train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: tpudash run" in out
+    for param in get_job("train").params:
+        assert f"--set {param.name}={param.format(param.default)}" in out
+    compact = " ".join(out.split())  # rich wraps the descriptions to the terminal
+    assert "--set epochs=5 an integer >= 1 and <= 100000. passes over the training split" in compact
+    assert "one of float32, mixed_bfloat16, mixed_float16" in compact
+    assert "--set deterministic=false true/false, yes/no, on/off, 1/0 (any case)." in compact
+    assert "Booleans: true/false, yes/no, on/off, 1/0 (any case)." in compact
+
+
+def test_run_help_without_a_job_lists_the_jobs_and_run_without_one_is_still_an_error(capsys):
+    assert cli.main(["run", "--help"]) == 0
+    assert "jobs: matmul, replica-matmul" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run"])
+    assert exited.value.code == 2
+    assert "the following arguments are required: job" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "fragments"), [
+    (["run", "matmull"], ["unknown job 'matmull'; allowed: matmul, ", "; did you mean 'matmul'?"]),
+    (["run", "grad-descent", "--help"], ["unknown job 'grad-descent'", "; did you mean 'gradient-descent'?"]),
+    (["run", "gradient-descent", "--set", "lerning_rate=0.1"],
+     ["lerning_rate: unknown param for job 'gradient-descent'", "; did you mean 'learning_rate'?"]),
+    (["run", "train", "--set", "deterministic=y"], ["deterministic: 'y' is not true/false, yes/no, on/off, 1/0 (any case)"]),
+])
+def test_a_mistyped_job_or_param_name_gets_a_suggestion(argv, fragments, isolated_runs_dir, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    for fragment in fragments:
+        assert fragment in err
+    assert run_dirs(isolated_runs_dir) == []
+
+
+def test_runs_on_a_directory_that_does_not_exist_says_so_and_how_it_was_chosen(tmp_path, monkeypatch, capsys):
+    missing = tmp_path / "no-such-runs"
+    assert cli.main(["runs", "--runs-dir", str(missing)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"tpudash: error: --runs-dir: {missing} does not exist, so it holds no runs; choose the "
+                            "runs directory with --runs-dir DIR or TPUDASH_RUNS_DIR (default "
+                            "$XDG_DATA_HOME/tpudash/runs; a run creates it)\n")
+    assert captured.out == ""
+    monkeypatch.setenv("TPUDASH_RUNS_DIR", str(missing))
+    assert cli.main(["runs", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"tpudash: error: TPUDASH_RUNS_DIR: {missing} does not exist")
+    assert captured.out == ""
+    assert not missing.exists()
+
+    missing.mkdir()  # empty, but there: nothing to list, no error
+    assert cli.main(["runs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert cli.main(["runs"]) == 0
+    assert f"no runs yet in {missing}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_watch_ends_a_run_whose_writer_died_with_the_interrupted_glyph(isolated_runs_dir, monkeypatch, capsys):
+    import tpudash.records
+
+    run_id = new_run_id("fit")
+    recorder = RunStore(isolated_runs_dir).create(run_id, "fit", {}, {"kind": "CPU"})
+    recorder.record(Metric("loss", 0.5, step=0))
+    recorder.close()  # no finish: as if its process had been killed
+    monkeypatch.setattr(tpudash.records, "process_alive", lambda pid, start_ticks: False)
+
+    assert cli.main(["watch", run_id, "--telemetry-interval", "0"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"! interrupted: pid {os.getpid()} ended without finishing {run_id}" in out

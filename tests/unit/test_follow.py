@@ -145,7 +145,7 @@ def test_watch_prints_a_run_as_tpudash_run_does_and_refuses_what_it_cannot_follo
     printed = run_watch(run.run_id[:20])
     out, err = printed.communicate(timeout=TIMEOUT)
     assert printed.returncode == 0, err
-    assert f"▶ finished-loop  run {run.run_id}" in out and "■ done" in out and "epoch 1/1  loss 0.25" in out
+    assert f"▶ finished-loop  run {run.run_id}" in out and "✓ done" in out and "epoch 1/1  loss 0.25" in out
 
     nothing = run_watch()
     _, err = nothing.communicate(timeout=TIMEOUT)

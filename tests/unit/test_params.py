@@ -51,7 +51,7 @@ def test_text_overrides_are_converted_like_the_cli_types_them():
         ("optimizer", "rmsprop", "allowed: one of sgd, momentum, adam"),
         ("start", "1", "needs 2 values, got 1"),
         ("start", "1,x", "not comma-separated numbers"),
-        ("deterministic", "maybe", "not true or false"),
+        ("deterministic", "maybe", "not true/false, yes/no, on/off, 1/0 (any case)"),
     ],
 )
 def test_bad_values_name_the_field_and_what_is_allowed(name, value, expected):
@@ -95,3 +95,30 @@ def test_describe_shows_defaults_as_the_user_would_type_them():
     assert start["allowed"] == "comma-separated numbers (2 of them)"
     optimizer = next(param for param in described["params"] if param["name"] == "optimizer")
     assert optimizer["choices"] == ["sgd", "momentum", "adam"]
+
+
+@pytest.mark.parametrize(("spelling", "expected"), [
+    ("true", True), ("True", True), ("YES", True), ("on", True), ("1", True),
+    ("false", False), ("No", False), ("OFF", False), ("0", False),
+])
+def test_a_bool_takes_the_documented_spellings_in_any_case(spelling, expected):
+    assert _spec().resolve({"deterministic": spelling})["deterministic"] is expected
+
+
+@pytest.mark.parametrize("spelling", ["y", "n", "t", "enabled", "2", "yess"])
+def test_any_other_bool_spelling_is_refused_naming_every_accepted_one(spelling):
+    with pytest.raises(ParamError) as caught:
+        _spec().resolve({"deterministic": spelling})
+    assert str(caught.value) == f"deterministic: {spelling!r} is not true/false, yes/no, on/off, 1/0 (any case)"
+
+
+def test_a_mistyped_param_name_gets_the_closest_one_suggested():
+    with pytest.raises(ParamError) as caught:
+        _spec().resolve({"lerning_rate": "0.1"})
+    assert str(caught.value).endswith("; did you mean 'learning_rate'?")
+    with pytest.raises(ParamError) as caught:
+        _spec().resolve({"Optimiser": "adam"})
+    assert str(caught.value).endswith("; did you mean 'optimizer'?")
+    with pytest.raises(ParamError) as caught:
+        _spec().resolve({"colour": "red"})
+    assert "did you mean" not in str(caught.value)

@@ -96,7 +96,7 @@ BAD_INPUTS = [
     pytest.param(["run", "replica-dataset", "--set", "fn=cube"], {}, ["fn: 'cube' is not allowed; allowed: one of double, square, identity"], id="unknown-fn"),
     pytest.param(["run", "gradient-descent", "--set", "objective=cubic"], {}, ["objective: 'cubic' is not allowed; allowed: one of quadratic, rosenbrock"], id="unknown-objective"),
     pytest.param(["run", "gradient-descent", "--set", "optimizer=rmsprop"], {}, ["optimizer: 'rmsprop' is not allowed; allowed: one of sgd, momentum, adam"], id="unknown-optimizer"),
-    pytest.param(["run", "replica-matmul", "--set", "source=file"], {}, ["source: 'file' is not allowed; allowed: one of seed, random"], id="unknown-source"),
+    pytest.param(["run", "replica-matmul", "--set", "source=file"], {}, ["source: 'file' is not allowed; allowed: one of guide, random"], id="unknown-source"),
     # combinations and what depends on this session's devices
     pytest.param(["run", "replica-matmul", "--set", "m=5"], {}, ["source: m, k and n apply only to source=random"], id="combination"),
     pytest.param(["run", "matmul", "--set", "devices=0,x"], {}, ["devices: 'x' is not a device index or range like 0-3"], id="bad-device-list"),
@@ -114,7 +114,7 @@ BAD_INPUTS = [
     pytest.param(["run", "train", "--set", "precision=float64"], {}, ["precision: 'float64' is not allowed; allowed: one of float32, mixed_bfloat16, mixed_float16"], id="train-unknown-precision", marks=needs_job("train")),
     pytest.param(["run", "train", "--set", "batch_per_replica=0"], {}, ["batch_per_replica: 0 is out of range; allowed: an integer >= 1"], id="train-zero-batch", marks=needs_job("train")),
     pytest.param(["run", "train", "--set", "learning_rate=nan"], {}, ["learning_rate: nan is not a finite number"], id="train-nan-learning-rate", marks=needs_job("train")),
-    pytest.param(["run", "train", "--set", "deterministic=maybe"], {}, ["deterministic: 'maybe' is not true or false"], id="train-not-a-bool", marks=needs_job("train")),
+    pytest.param(["run", "train", "--set", "deterministic=maybe"], {}, ["deterministic: 'maybe' is not true/false, yes/no, on/off, 1/0 (any case)"], id="train-not-a-bool", marks=needs_job("train")),
     pytest.param(["run", "train", "--set", "limit_train=10"], {}, ["limit_train: 10 is fewer than one global batch (64 per replica × 8 replicas = 512)"], id="train-limit-below-one-batch", marks=needs_job("train")),
     pytest.param(["run", "train", "--set", "profile_steps=10-5"], {}, ["profile_steps: '10-5' is not a step range", "allowed: empty (no profiling), N, or N-M"], id="train-backwards-profile-range", marks=needs_job("train")),
     pytest.param(["run", "dtensor-mlp", "--set", "hidden=0"], {}, ["hidden: 0 is out of range; allowed: comma-separated integers >= 1"], id="dtensor-zero-layer", marks=needs_job("dtensor-mlp")),
@@ -318,7 +318,7 @@ def test_the_dtensor_mlp_counts_the_replicated_weights_and_adam_state(runtime):
 
     spec = get_job("dtensor-mlp")
     assert parameter_count(784, (700, 500), 10) == 784 * 700 + 700 + 700 * 500 + 500 + 500 * 10 + 10
-    spec.check_runtime(spec.resolve({}), runtime)  # seed 002's 784→700→500→10
+    spec.check_runtime(spec.resolve({}), runtime)  # the DTensor MNIST example's 784→700→500→10
     with pytest.raises(ParamError) as raised:
         check_memory(spec.resolve({"hidden": "4096,4096"}), runtime, available_host=GIB)
     assert raised.value.field == "hidden"
