@@ -1,13 +1,13 @@
 """Gradient descent on one device: does autodiff plus an optimizer work there?
 
-Seed 000's experiment: minimise x0² + x1² from [1, 4] with Keras SGD
+The Colab TPU walkthrough's experiment: minimise x0² + x1² from [1, 4] with Keras SGD
 (learning rate 0.1), 20 steps of a ``tf.function`` training step whose
 variable lives on the first device. With the defaults the job prints exactly
-the seed's line, ``0.0022596875205636024 @ [0.01152921 0.04611686]``. The
+the walkthrough's line, ``0.0022596875205636024 @ [0.01152921 0.04611686]``. The
 objective (or Rosenbrock's valley), the optimizer, the learning rate, the
-number of steps, the start point and the device can all be changed; after
-every step the job reports the loss and the point (x0, x1), so the path from
-the start can be plotted.
+number of steps, the start point and the device can all be changed. The job
+reports the loss and the point (x0, x1) at the start (step 0) and after every
+step, so the path can be plotted from where it began.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Diverged(RuntimeError):
 
 
 def quadratic(params):
-    """Seed 000's objective, x0² + x1², written exactly as the seed does."""
+    """The walkthrough's objective, x0² + x1², written exactly as it does."""
     loss = params[0] ** 2 + params[1] ** 2
     return loss
 
@@ -59,7 +59,7 @@ def run(ctx, params: dict) -> dict:
     device = ctx.runtime.logical_devices[params["device"]]
     steps = params["steps"]
 
-    # Seed 000's training step, unchanged: the printed digits depend on it.
+    # The walkthrough's training step, unchanged: the printed digits depend on it.
     @tf.function
     def training_step(params: tf.Variable) -> None:
         with tf.GradientTape() as t:
@@ -70,7 +70,7 @@ def run(ctx, params: dict) -> dict:
     tensor = tf.constant(list(params["start"]), dtype=tf.float32)
 
     def report(step: int, variable) -> None:
-        """Metrics for the point after ``step`` updates; the start is in the params."""
+        """Metrics for the point after ``step`` updates (step 0: the start, so the path begins there)."""
         loss = float(objective(variable))
         x0, x1 = (float(value) for value in variable.numpy())
         if not all(math.isfinite(value) for value in (loss, x0, x1)):
@@ -87,13 +87,14 @@ def run(ctx, params: dict) -> dict:
     with tf.device(device.name):
         variable = tf.Variable(tensor, trainable=True)
         ctx.progress(0, steps, "step")
+        report(0, variable)
         for step in range(1, steps + 1):
             ctx.raise_if_cancelled()
             training_step(variable)
             report(step, variable)
             ctx.progress(step, steps, "step")
 
-    # Formatted outside the device scope, as the seed prints it.
+    # Formatted outside the device scope, as the walkthrough prints it.
     line = f"{objective(variable)} @ {variable.numpy()}"
     ctx.log(line)
     return {
@@ -112,7 +113,7 @@ SPECS = (
         title="Gradient descent",
         description=(
             "Minimise x0² + x1² (or Rosenbrock) on one device with a Keras optimizer in a tf.function "
-            "step (seed 000); loss and (x0, x1) per step. Defaults print 0.0022596875205636024 @ "
+            "step (the Colab TPU walkthrough); loss and (x0, x1) per step. Defaults print 0.0022596875205636024 @ "
             "[0.01152921 0.04611686]."
         ),
         params=(
@@ -120,7 +121,8 @@ SPECS = (
                   choices=OBJECTIVES),
             Param("optimizer", "str", "sgd", "sgd, momentum (SGD with momentum) or adam", choices=OPTIMIZERS),
             Param("learning_rate", "float", 0.1, "step size", minimum=0.0, minimum_exclusive=True, maximum=100.0),
-            Param("momentum", "float", 0.9, "momentum of optimizer=momentum", minimum=0.0, maximum=0.999),
+            Param("momentum", "float", 0.9, "momentum of optimizer=momentum", minimum=0.0, maximum=0.999,
+                  applies_when=("optimizer", ("momentum",))),
             Param("steps", "int", 20, "optimizer steps", minimum=1, maximum=100_000),
             Param("start", "floats", (1.0, 4.0), "starting point x0,x1", length=2),
             Param("device", "int", 0, "index of the logical device to run on", minimum=0),

@@ -12,7 +12,8 @@ from textual.widgets import Static
 from screens.base import DashScreen
 
 SCREEN_KEYS = (
-    ("Jobs", "↑/↓ pick a job · tab through the form · enter launch · escape back to the list"),
+    ("Jobs", "↑/↓ pick a job · enter open its form · tab through the form · enter launch · escape back to the list "
+             "(in a form, letters are typing: the keys above wait until escape)"),
     ("Run view", "[ / ] previous / next run of this session · x cancel the run shown (queued or running) · "
                  "c cancel the running job · tabs: Plots, Replicas, Results, Log"),
     ("History", "enter open (a live run keeps growing) · space mark · o overlay two marked runs' loss · "
@@ -34,7 +35,7 @@ class HelpScreen(DashScreen):
             yield Static(self._guarantees(), id="help-guarantees")
 
     def _keys(self) -> RichTable:
-        table = RichTable(title="Keys (anywhere, except while typing in a field)", title_justify="left",
+        table = RichTable(title="Keys (anywhere, except in a form)", title_justify="left",
                           show_header=False, box=None, padding=(0, 2))
         for binding in self.app.BINDINGS:
             key = binding.key_display or self.app.get_key_display(binding)

@@ -1,8 +1,10 @@
 """The Jobs screen: every registered job, and a form generated from its params.
 
 Moving through the list shows the highlighted job's form (defaults filled,
-help text, choices as selects, switches for booleans). Fields are checked as
-the user types and marked with what is wrong and what is allowed; ``enter``
+help text, choices as selects, switches for booleans); ``enter`` on the list
+(or a click) puts the cursor in the form, and there typing is only typing:
+no letter reaches the app's keys. Fields are checked as the user types and
+marked with what is wrong and what is allowed; ``enter`` in the form
 launches only when every field, the rules across fields and (once the
 runtime is known) the runtime checks pass. Forms keep what was typed while
 the app runs. The bottom line shows the accelerator lane and its queue.
@@ -34,7 +36,8 @@ class JobsScreen(DashScreen):
 
     BINDINGS = [
         # Priority, so enter launches from any field of the form; it steps
-        # aside (check_action) while a select's list is open so enter picks.
+        # aside (check_action) on the job list, so enter opens the form, and
+        # while a select's list is open, so enter picks.
         Binding("enter", "launch", "Launch", id="jobs.launch", priority=True),
         Binding("escape", "focus_list", "Job list", id="jobs.list", show=False),
     ]
@@ -61,7 +64,8 @@ class JobsScreen(DashScreen):
         job_list = self.query_one("#job-list", OptionList)
         if job_list.option_count:
             job_list.highlighted = 0
-        job_list.focus()
+        # At once, not at the next turn (focus()): t or the palette may put the cursor in a form right after.
+        self.set_focus(job_list)
 
     # -- the forms ----------------------------------------------------------------
     def form_for(self, name: str) -> ParamForm:
@@ -87,25 +91,42 @@ class JobsScreen(DashScreen):
             self.form_for(event.option_id)
             self.query_one("#forms", ContentSwitcher).current = form_id(event.option_id)
 
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        # A click on a job selects it: show its form and put the cursor in it.
+    async def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        # Enter or a click on a job: show its form and put the cursor in it.
         if event.option_list.id == "job-list" and event.option_id:
             event.stop()
-            self.select_job(event.option_id, focus_form=True)
+            await self.open_form(event.option_id)
 
-    def select_job(self, name: str, focus_form: bool = False) -> None:
-        """Show job ``name``'s form (the ``t`` key and the palette come here)."""
+    def select_job(self, name: str) -> ParamForm | None:
+        """Show job ``name``'s form, the cursor staying on the job list."""
+        form = self._show_form(name)
+        if form is not None:
+            self.query_one("#job-list", OptionList).focus()
+        return form
+
+    async def open_form(self, name: str) -> None:
+        """Show job ``name``'s form with the cursor in its first field (enter on the list, ``t``, the palette).
+
+        Returns once the cursor is there, so a key typed right after it lands in the form.
+        """
+        form = self._show_form(name)
+        if form is None:
+            return
+        building = self._forms_being_built.get(form.id)
+        if building is not None:
+            await building  # its fields exist once it is built
+        if form.is_mounted and self.current_form is form:
+            form.focus_first()
+
+    def _show_form(self, name: str) -> ParamForm | None:
         if name not in self.app.job_specs:
             self.app.notify(f"job {name!r} is not installed", severity="error")
-            return
+            return None
         job_list = self.query_one("#job-list", OptionList)
         job_list.highlighted = job_list.get_option_index(name)
         form = self.form_for(name)
         self.query_one("#forms", ContentSwitcher).current = form_id(name)
-        if focus_form and form.fields:
-            self.call_after_refresh(form.fields[0].input.focus)
-        else:
-            job_list.focus()
+        return form
 
     def _runtime_changed(self, runtime) -> None:
         for form in self.query(ParamForm):
@@ -116,7 +137,7 @@ class JobsScreen(DashScreen):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "launch":
             focused = self.focused
-            if isinstance(focused, SelectOverlay):
+            if isinstance(focused, SelectOverlay) or (focused is not None and focused.id == "job-list"):
                 return False
             if isinstance(focused, Button) and not focused.has_class("launch"):
                 return False

@@ -23,23 +23,17 @@ from textual.widgets.option_list import Option
 
 from screens.base import DashScreen
 from tpudash.clock import display_beat, format_seconds
+from tpudash.console import status_text  # one glyph and colour per status, the same as the CLI's
 from tpudash.runmodel import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
 from tpudash.widgets import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
 
+# A plot flatter than this shows little but its axes: plots then go side by side, even at
+# 80 columns, as long as each stays this wide.
+MIN_PLOT_ROWS = 10
+MIN_PLOT_COLUMNS = 26
+# Below this the run view keeps its rows for the run's own plots; Devices still shows telemetry.
+TELEMETRY_MIN_HEIGHT = 30
 TELEMETRY_COLORS = {"TPU duty cycle": "green", "HBM used": "magenta", "host CPU": "cyan", "host memory": "gray"}
-STATUS_STYLES = {
-    "queued": ("◌", "dim"),
-    "running": ("●", "bold yellow"),
-    "done": ("✓", "bold green"),
-    "failed": ("✗", "bold red"),
-    "cancelled": ("■", "bold magenta"),
-    "interrupted": ("!", "bold red"),
-}
-
-
-def status_text(status: str) -> Text:
-    symbol, style = STATUS_STYLES.get(status, ("?", ""))
-    return Text(f"{symbol} {status}", style=style)
 
 
 def format_value(value: Any, width: int = 60) -> str:
@@ -110,20 +104,24 @@ class RunTabs(TabbedContent):
 class RunView(Vertical):
     """Draws one RunModel: header, error, progress, and tabs of plots, replicas, results, log."""
 
+    # A scoped rule is prefixed with "RunView", so one about the screen's height could never match.
+    SCOPED_CSS = False
     DEFAULT_CSS = """
     RunView { height: 1fr; }
     RunView #run-title { height: 1; padding: 0 1; }
     RunView #run-params { height: auto; max-height: 2; padding: 0 1; color: $text-muted; }
-    RunView #run-error { height: auto; max-height: 3; padding: 0 1; display: none; }
+    RunView #run-error { height: auto; max-height: 50%; padding: 0 1; display: none; }
     RunView #run-outcome { height: auto; max-height: 2; padding: 0 1; display: none; }
     RunView #run-progress { height: auto; padding: 0 1; }
+    RunView #run-stage { height: auto; max-height: 2; padding: 0 1; color: $text-muted; display: none; }
     RunView #run-tabs { height: 1fr; }
     RunView TabPane { padding: 0; }
     RunView #plots { height: 1fr; grid-gutter: 0 1; }
     RunView #plots-empty { color: $text-muted; padding: 1; }
     RunView #telemetry-note { height: auto; max-height: 4; padding: 0 1; display: none; }
     RunView #telemetry-plot { height: 10; min-height: 10; display: none; }
-    RunView #replica-plot { height: 1fr; min-height: 8; }
+    RunView #replica-note { height: auto; padding: 1; color: $text-muted; }
+    RunView #replica-plot { height: 1fr; min-height: 8; display: none; }
     RunView #replica-table { height: auto; max-height: 12; }
     RunView #results { height: 1fr; }
     RunView .result-title { margin: 1 0 0 0; }
@@ -131,6 +129,10 @@ class RunView(Vertical):
     RunView .result-table { height: auto; max-height: 24; }
     RunView #run-summary { height: auto; }
     RunView #run-log { height: 1fr; }
+    /* On a short terminal the plots need the rows: the params and the outcome keep one line. */
+    Screen.-short RunView #run-params, Screen.-short RunView #run-outcome {
+        max-height: 1; text-wrap: nowrap; text-overflow: ellipsis;
+    }
     """
 
     def __init__(self, model: RunModel | None = None, budget: RedrawBudget | None = None, *, id: str | None = None):
@@ -150,6 +152,7 @@ class RunView(Vertical):
         self._beat = 0
         self._ended_shown = False
         self._last_note: Text | None = None
+        self._stage_shown: str | None = None
         self._ready = False
 
     def compose(self) -> ComposeResult:
@@ -158,6 +161,7 @@ class RunView(Vertical):
         yield Static("", id="run-error", markup=False)
         yield Static("", id="run-outcome", markup=False)
         yield Vertical(id="run-progress")
+        yield Static("", id="run-stage", markup=False)
         with RunTabs(id="run-tabs"):
             with TabPane("Plots", id="tab-plots"):
                 yield Static("No metrics yet.", id="plots-empty")
@@ -166,6 +170,7 @@ class RunView(Vertical):
                 yield MetricPlot("accelerator and host (%)", self.budget, xlabel="seconds since the run started",
                                  y_range=(0, 100), id="telemetry-plot")
             with TabPane("Replicas", id="tab-replicas"):
+                yield Static("", id="replica-note", markup=False)
                 yield ReplicaBarPlot(self.budget, id="replica-plot")
                 yield DataTable(id="replica-table", zebra_stripes=True, cursor_type="row")
             with TabPane("Results", id="tab-results"):
@@ -198,6 +203,8 @@ class RunView(Vertical):
         for row in self._progress_rows.values():
             row.remove()
         self._progress_rows.clear()
+        self._stage_shown = None
+        self.query_one("#run-stage", Static).display = False
         for plot in list(self._plots.values()) + ([self._path_plot] if self._path_plot else []):
             plot.remove()
         self._plots.clear()
@@ -236,6 +243,7 @@ class RunView(Vertical):
         if model is None:
             return
         self._sync_progress(model)
+        self._sync_stage(model)
         self._sync_log(model)
         self._sync_tables(model)
         self._sync_replicas(model)
@@ -308,6 +316,15 @@ class RunView(Vertical):
                 container.mount(row)
             row.show(state, model.finished_state)
 
+    def _sync_stage(self, model: RunModel) -> None:
+        text = model.stage_line()
+        if text == self._stage_shown:
+            return
+        self._stage_shown = text
+        line = self.query_one("#run-stage", Static)
+        line.update(text or "")
+        line.display = text is not None
+
     def _sync_log(self, model: RunModel) -> None:
         if model.logs_total == self._logs_written and not (model.traceback and not self._ended_shown):
             return
@@ -356,9 +373,14 @@ class RunView(Vertical):
         return table
 
     def _sync_replicas(self, model: RunModel) -> None:
-        if self._replica_drawn == model.replica_version:
+        # The status too: a run that ends without values says so instead of "waiting".
+        if self._replica_drawn == (model.replica_version, model.status):
             return
-        self._replica_drawn = model.replica_version
+        self._replica_drawn = (model.replica_version, model.status)
+        note = replica_note(model)
+        self.query_one("#replica-note", Static).update(note or "")
+        self.query_one("#replica-note", Static).display = note is not None
+        self.query_one("#replica-plot", ReplicaBarPlot).display = note is None
         table = self.query_one("#replica-table", DataTable)
         table.clear(columns=True)
         replicas = list(model.replicas.values())
@@ -403,10 +425,15 @@ class RunView(Vertical):
         self.query_one("#plots-empty", Static).display = not (self._plots or self._path_plot)
         self._layout_plots()
 
+    @property
+    def telemetry_fits(self) -> bool:
+        """Whether the view is tall enough for the telemetry plot as well as the run's own plots."""
+        return self.size.height >= TELEMETRY_MIN_HEIGHT
+
     def _sync_telemetry_plot(self, model: RunModel) -> None:
         """Telemetry on the run's time axis, under the metrics: duty cycle, HBM, host CPU and memory."""
         plot = self.query_one("#telemetry-plot", MetricPlot)
-        plot.display = bool(model.telemetry)
+        plot.display = bool(model.telemetry) and self.telemetry_fits
         if model.telemetry and self._drawn.get("telemetry") != model.telemetry_version:
             plot.set_lines([PlotLine(label, model.telemetry[label], color=TELEMETRY_COLORS.get(label))
                             for label, _ in TELEMETRY_LINES if label in model.telemetry])
@@ -417,6 +444,8 @@ class RunView(Vertical):
         note = self.query_one("#telemetry-note", Static)
         reason = model.telemetry_unavailable.get("tpu") if model.telemetry else None
         hint = None if reason else model.idle_accelerator_hint()
+        if not self.telemetry_fits:
+            reason = None  # it explains a plot that is not shown
         text = (Text(f"TPU telemetry: {reason}", style="dim") if reason
                 else Text.assemble(("input-bound? ", "bold yellow"), (hint, "yellow")) if hint else None)
         if text is None:
@@ -427,21 +456,26 @@ class RunView(Vertical):
         self._last_note = text
 
     def on_resize(self) -> None:
+        if self.model is not None:
+            self._sync_telemetry_plot(self.model)
+            self._sync_telemetry_note(self.model)
         self._layout_plots()
 
     def _layout_plots(self) -> None:
+        """Every plot whole in the space there is: side by side when wide, or when stacked ones would be too flat."""
         grid = self.query_one("#plots", Grid)
         count = len(self._plots) + (1 if self._path_plot else 0)
         if not count:
             return
         below = 10 if self.query_one("#telemetry-plot", MetricPlot).display else 0
-        width, height = self.size.width, max(self.size.height - 8 - below, 8)
-        columns = 2 if width >= 100 and count > 1 else 1
-        rows = math.ceil(count / columns)
-        row_height = max(height // rows, 10)
+        height = grid.size.height or max(self.size.height - 8 - below, 8)
+        most_columns = max(1, min(count, self.size.width // MIN_PLOT_COLUMNS))
+        columns = 2 if count > 1 and self.size.width >= 100 else 1
+        while columns < most_columns and height // math.ceil(count / columns) < MIN_PLOT_ROWS:
+            columns += 1
         grid.styles.grid_size_columns = columns
-        grid.styles.grid_size_rows = rows
-        grid.styles.grid_rows = str(row_height)
+        grid.styles.grid_size_rows = math.ceil(count / columns)
+        grid.styles.grid_rows = "1fr"
 
     # -- what tests and the History screen read -----------------------------------
     def plot_for(self, family: str) -> MetricPlot | None:
@@ -450,6 +484,32 @@ class RunView(Vertical):
     @property
     def path_plot(self) -> PathPlot | None:
         return self._path_plot
+
+
+def replica_note(model: RunModel) -> str | None:
+    """What the Replicas tab says instead of a chart, or None when the latest numbers make one.
+
+    A chart of nothing but zeros is an empty box (plotext draws −1 to 1):
+    the sentence says it better. A run that ended without values says why.
+    """
+    if model.latest_numeric_replica:
+        event = model.replicas[model.latest_numeric_replica]
+        if any(value != 0 for value in event.values):
+            return None
+        count = len(event.values)
+        return f"{event.name} is exactly 0 on {f'all {count} replicas' if count > 1 else 'the one replica'}."
+    if model.replicas:
+        return "No numbers to chart per replica; the table below lists each replica's values."
+    if not model.finished_state:
+        return "Per-replica values: waiting for data."
+    why = {
+        "done": f"{model.job or 'the job'} does not report values per replica; its results are under Plots "
+                "and Results",
+        "failed": "it failed before reporting any (the error is above; the traceback is in Log)",
+        "cancelled": "it was cancelled before reporting any",
+        "interrupted": "its process ended before reporting any",
+    }.get(model.status, f"it ended ({model.status}) without reporting any")
+    return f"This run reported no per-replica values: {why}."
 
 
 def short_device(name: str) -> str:

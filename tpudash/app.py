@@ -92,6 +92,10 @@ class TpudashApp(App[int]):
     DEFAULT_MODE = "devices"
     COMMANDS = App.COMMANDS | {TpudashCommands}
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (110, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]
+    # The keys design.md makes a contract (tests outside the project drive
+    # them): the keys line shows every one of them, even at 80 columns.
+    CONTRACT_KEYS = frozenset({"d", "j", "h", "question_mark", "q", "m", "r", "g", "t", "c", "enter", "ctrl+p"})
     BINDINGS = [
         Binding("d", "show('devices')", "Devices", id="tpudash.devices",
                 tooltip="the runtime, strategy, topology and logical devices"),
@@ -103,7 +107,7 @@ class TpudashApp(App[int]):
                 tooltip="run the matmul check on every device (default params)"),
         Binding("r", "launch_job('replica-matmul')", "Replicas", id="tpudash.replica_matmul",
                 tooltip="run strategy.run(matmul) on every replica (default params)"),
-        Binding("g", "launch_job('gradient-descent')", "Grad.desc", id="tpudash.gradient_descent",
+        Binding("g", "launch_job('gradient-descent')", "Gradient", id="tpudash.gradient_descent",
                 tooltip="run the gradient descent example (default params)"),
         Binding("t", "open_form('train')", "Train", id="tpudash.train", tooltip="open the train form; enter launches"),
         Binding("c", "cancel_job", "Cancel", id="tpudash.cancel", tooltip="cancel the running job"),
@@ -622,9 +626,9 @@ class TpudashApp(App[int]):
 
     async def action_open_form(self, name: str) -> None:
         await self.action_show("jobs")
-        select_job = getattr(self.screen, "select_job", None)
-        if select_job is not None:
-            select_job(name)
+        open_form = getattr(self.screen, "open_form", None)
+        if open_form is not None:
+            await open_form(name)
 
     def action_cancel_job(self) -> None:
         """Cancel the job on the lane; else the last one queued."""
@@ -707,6 +711,10 @@ class TpudashApp(App[int]):
             return  # nothing launched yet
         live = lane.current
         waiting = len(lane.waiting)
+        if live is not None and self.quitting:
+            # Quit was confirmed: the job is being cancelled and the app exits once it is recorded.
+            self.lane_status = f"stopping: cancelling {live.job}…"
+            return
         if live is not None:
             model = live.model
             clock = format_seconds(model.elapsed(), precise=False)
@@ -715,6 +723,8 @@ class TpudashApp(App[int]):
         else:
             last = next((item for item in reversed(self.live_runs.values()) if item.model.finished_state), None)
             text = f"last: {last.model.job} {last.model.status} ({format_seconds(last.model.elapsed())})" if last else "idle"
+            if last is not None and last.model.error:
+                text += f": {last.model.error}"
         if waiting:
             text += f" · {waiting} queued"
         self.lane_status = text

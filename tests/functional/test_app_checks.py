@@ -1,10 +1,11 @@
-"""The quick keys: m runs the matmul check, g runs gradient descent; the run view shows their results."""
+"""The quick keys: m runs the matmul check, r replica-matmul, g gradient descent; the run view shows their results."""
 
 from __future__ import annotations
 
+import pytest
 from textual.widgets import DataTable, Static
 
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
 from screens.run import RunScreen
 from tpudash.widgets import PathPlot, ReplicaBarPlot
 
@@ -28,6 +29,7 @@ async def test_m_runs_the_matmul_check_and_shows_a_passing_row_per_device_and_a_
         assert all(row[4] == "pass" for row in rows)
         chart = view.query_one("#replica-plot", ReplicaBarPlot)
         assert len(chart.values) == 8 and all(value > 0 for value in chart.values)
+        assert chart.display and not view.query_one("#replica-note", Static).display
         assert chart.title == "gflops"
         # The Devices screen now shows the verdict per device.
         await pilot.press("d")
@@ -53,3 +55,44 @@ async def test_g_runs_gradient_descent_and_shows_the_seed_figure(make_app):
         assert loss_plot is not None and loss_plot.points_drawn == steps
         path = view.query_one(PathPlot)
         assert path.points_drawn == steps
+        # The path starts where the descent started, not one step in.
+        assert path.markers["start"] == (1.0, 4.0)
+        assert path.markers["end"] == pytest.approx((0.01152921, 0.04611686))
+
+
+async def test_r_shows_a_sentence_not_an_empty_chart_when_every_replica_is_exact(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("r")
+        live = shown_live(app)
+        await run_settled(pilot, live)
+        assert live.model.status == "done"
+        errors = live.model.replicas["max abs error"].values
+        assert len(errors) == 8 and all(error == 0 for error in errors)  # small integers on CPU: exact
+        view = app.screen.view
+        await pilot.click("#--content-tab-tab-replicas")  # as a user picks the tab: the view keeps it
+        await until(pilot, lambda: view.query_one("#run-tabs").active == "tab-replicas")
+        note = view.query_one("#replica-note", Static)
+        assert note.display and note.region.area
+        assert str(note.content) == "max abs error is exactly 0 on all 8 replicas."
+        assert not view.query_one("#replica-plot", ReplicaBarPlot).display
+
+
+async def test_a_run_that_ends_without_per_replica_values_says_why(make_app, job_gate):
+    job_gate.release.set()
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        live = app.launch_by_name("test-steps")
+        await run_settled(pilot, live)
+        await pilot.press("v")
+        view = app.screen.view
+        await pilot.click("#--content-tab-tab-replicas")  # as a user picks the tab: the view keeps it
+        await until(pilot, lambda: view.query_one("#run-tabs").active == "tab-replicas")
+        assert live.model.status == "done" and not live.model.replicas
+        note = view.query_one("#replica-note", Static)
+        assert note.display and note.region.area
+        assert str(note.content).startswith("This run reported no per-replica values: test-steps does not report")
+        assert "waiting" not in str(note.content)
+        assert not view.query_one("#replica-plot", ReplicaBarPlot).display

@@ -114,7 +114,7 @@ async def test_without_tensorflow_the_app_works_and_refuses_launches_with_the_in
         assert not app.live_runs and app.current_mode == "jobs"
         assert app.screen.query_one("#job-list").option_count == len(app.job_specs)
 
-        await pilot.press("h")
+        await pilot.press("escape", "h")  # out of the form, where letters are typing
         await app.workers.wait_for_complete()
         history = app.screen.query_one("#history-table", DataTable)
         await until(pilot, lambda: history.row_count == 1)

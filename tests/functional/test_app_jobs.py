@@ -1,10 +1,10 @@
-"""The Jobs screen: forms generated from params, checked as the user types; enter launches."""
+"""The Jobs screen: forms generated from params, checked as the user types; enter on the list opens a form, in it launches."""
 
 from __future__ import annotations
 
-from textual.widgets import OptionList, Select
+from textual.widgets import Button, OptionList, Select
 
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into, until
 from screens.jobs import JobsScreen
 from tpudash.widgets import ParamForm
 
@@ -139,3 +139,81 @@ async def test_every_bad_value_the_cli_refuses_is_marked_in_the_form_and_launche
             typed.append(case_id)
         assert not isolated_runs_dir.exists() or not any(isolated_runs_dir.iterdir())
     assert len(typed) >= 30, typed
+
+
+async def test_letters_typed_anywhere_in_a_form_never_act_as_the_apps_keys(make_app, job_gate):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        live = app.launch_by_name("test-steps", {"steps": "1000"})
+        await until(pilot, lambda: job_gate.reached.is_set())
+        await pilot.press("j")
+        assert isinstance(app.screen, JobsScreen)
+        # One tab from the job list, then "abc": c must not cancel the run.
+        await pilot.press("tab", *"abc")
+        form = app.screen.current_form
+        assert app.focused is not None and form in app.focused.ancestors_with_self
+        assert live.cancel_requested_at is None and not app.live_runs[live.run_id].settled.is_set()
+        # Every kind of widget in a form: a field, a select, a switch, a button.
+        app.screen.select_job("train")
+        await pilot.pause()
+        form = app.screen.current_form
+        targets = [form.field("epochs").input, form.field("optimizer").input, form.field("deterministic").input,
+                   form.query_one(".launch", Button)]
+        for target in targets:
+            target.focus()
+            await pilot.press(*"cqdmrgth?")
+            assert isinstance(app.screen, JobsScreen), type(target)  # no screen switch, no quit dialog
+            assert app.focused is target
+        assert live.cancel_requested_at is None and live.model.status == "running"
+        assert list(app.live_runs) == [live.run_id], "a letter launched a job"
+        job_gate.release.set()
+        await run_settled(pilot, live)
+
+
+async def test_enter_on_the_job_list_opens_the_form_and_launches_nothing(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("j", "down")
+        job_list = app.screen.query_one("#job-list", OptionList)
+        assert app.focused is job_list
+        await pilot.press("enter")
+        form = app.screen.current_form
+        await until(pilot, lambda: app.focused is form.fields[0].input)
+        assert form.spec.name == "replica-matmul"
+        assert not app.live_runs and not app.busy
+        # Launching happens from the form.
+        await pilot.press("enter")
+        live = shown_live(app)
+        assert live is not None and live.model.job == "replica-matmul"
+        await run_settled(pilot, live)
+
+
+async def test_a_param_that_has_no_effect_is_hidden_until_it_applies(make_app):
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await pilot.press("j")
+        app.screen.select_job("gradient-descent")
+        await pilot.pause()
+        form: ParamForm = app.screen.current_form
+        momentum = form.field("momentum")
+        assert form.field("optimizer").input.value == "sgd"
+        assert not momentum.display and not momentum.region.area
+        form.set_value("optimizer", "momentum")
+        await pilot.pause()
+        assert momentum.display and momentum.region.area
+        form.set_value("optimizer", "adam")
+        await pilot.pause()
+        assert not momentum.region.area
+        # The same declaration drives every job: replica-matmul's shape and seed are for random inputs only.
+        app.screen.select_job("replica-matmul")
+        await pilot.pause()
+        form = app.screen.current_form
+        shape = [form.field(name) for name in ("m", "k", "n", "seed")]
+        assert form.field("source").input.value == "guide"
+        assert not any(field.region.area for field in shape)
+        form.set_value("source", "random")
+        await pilot.pause()
+        assert all(field.region.area for field in shape)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import pytest
 from textual.command import CommandList, CommandPalette
 from textual.widgets import RichLog
 
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
+from jobs.base import JobSpec
+from tests.functional.conftest import RUN_TIMEOUT, SIZE, run_settled, runtime_ready, shown_live, until
 from screens.dialogs import ConfirmScreen
 from screens.history import RunDetailScreen
 from screens.jobs import JobsScreen
@@ -143,7 +145,7 @@ async def test_resizing_during_a_run_keeps_the_plots(make_app, job_gate):
 
 async def test_the_keys_line_shows_each_screens_keys_and_a_click_presses_one(make_app):
     app = make_app()
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(200, 40)) as pilot:
         await runtime_ready(pilot)
         keys_line = app.screen.query_one(KeyBar)
         devices_line = str(keys_line.render())
@@ -156,15 +158,58 @@ async def test_the_keys_line_shows_each_screens_keys_and_a_click_presses_one(mak
         start = history_line.index(" j Jobs")
         await pilot.click(KeyBar, offset=(start + 2, 0))
         await until(pilot, lambda: app.current_mode == "jobs")
-        assert "⏎ Launch" in str(app.screen.query_one(KeyBar).render())
+        # On the job list enter opens the form; in the form it launches.
+        assert "⏎ Launch" not in str(app.screen.query_one(KeyBar).render())
+        await pilot.press("enter")
+        await until(pilot, lambda: "⏎ Launch" in str(app.screen.query_one(KeyBar).render()))
 
 
 async def test_the_palette_key_stays_at_the_right_edge_on_a_narrow_terminal(make_app):
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:
         await runtime_ready(pilot)
-        line = str(app.screen.query_one(KeyBar).render())
-        assert len(line) == 80 and line.rstrip().endswith("^p palette")
-        assert line.startswith(" d Devices")
+        keys_line = app.screen.query_one(KeyBar)
+        line = str(keys_line.render())
+        assert len(line) == 80 and line.rstrip().endswith("^p")
+        assert keys_line.spans[-1] == (78, 80, "ctrl+p")
         await pilot.click(KeyBar, offset=(78, 0))
         await until(pilot, lambda: isinstance(app.screen, CommandPalette))
+
+
+def _slow_to_stop_job(may_stop: threading.Event) -> JobSpec:
+    """Runs until cancelled, then takes until ``may_stop`` to wind down (a long step, a trace)."""
+
+    def run(ctx, params):
+        while not ctx.cancel_event.wait(0.05):
+            pass
+        may_stop.wait(RUN_TIMEOUT)
+        ctx.raise_if_cancelled()
+        return {}
+
+    return JobSpec(name="test-slow-stop", title="Test slow stop", description="Winds down slowly when cancelled.",
+                   params=(), run=run)
+
+
+async def test_confirming_quit_during_a_run_shows_at_once_that_it_is_stopping(make_app, test_specs):
+    may_stop = threading.Event()
+    app = make_app(job_specs={**test_specs, "test-slow-stop": _slow_to_stop_job(may_stop)})
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await runtime_ready(pilot)
+            live = app.launch_by_name("test-slow-stop")
+            await until(pilot, lambda: live.model.status == "running")
+            bar = app.screen.query_one(SessionBar)
+            assert "test-slow-stop ● running" in str(bar.content)
+            await pilot.press("q")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("y")
+            # The job is still winding down and the app still up, and the header says so.
+            await until(pilot, lambda: "stopping: cancelling test-slow-stop…" in str(app.screen.query_one(SessionBar).content),
+                        timeout=10)
+            assert app.is_running and not live.settled.is_set()
+            assert "running" not in str(app.screen.query_one(SessionBar).content)
+            may_stop.set()
+            await app.quit_worker.wait()
+    finally:
+        may_stop.set()
+    assert app.return_code == 0

@@ -4,10 +4,10 @@ Each test starts the real ``tpudash`` console script on a pseudo-terminal
 (120×40, xterm-256color) with its runs directory in the test's temporary
 directory, and reads the terminal in a thread so the app never blocks on
 output. It drives the app with keys as a user would: the palette opens the
-gradient-descent form, the steps field gets a count no test waits for, enter
-launches. Once the run's record says it is running and stepping, the signal
-goes to the process. Every wait is on something the app writes (the screen,
-the run's files), never a fixed sleep.
+gradient-descent form with the cursor in it, the steps field gets a count no
+test waits for, enter launches. Once the run's record says it is running and
+stepping, the signal goes to the process. Every wait is on something the app
+writes (the screen, the run's files), never a fixed sleep.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import termios
 import threading
 import time
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -88,22 +89,20 @@ class ScreenGrid:
     def line(self, row: int) -> str:
         return "".join(char for char, _ in self.cells[row])
 
-    def field(self, name: str) -> tuple[str, bool] | None:
-        """A form field's shown value, and whether it has focus (its border is drawn unlike the other fields')."""
-        inputs = {}  # row of each field's text line -> (text, style of its left border)
+    def field(self, name: str, names: Sequence[str]) -> tuple[str, bool] | None:
+        """Field ``name``'s shown value, and whether it has focus (its name is drawn unlike the names of
+        the other fields in ``names``). A form's line is the job list's border, its name, its value."""
+        labels = {}  # name -> (value, style of the name's first cell)
         for row in range(ROWS):
             line = self.line(row)
-            for match in re.finditer("▊([^▎]*)▎", line):
-                text = match.group(1).strip()
-                if text.strip("▔▁"):  # not a field's top or bottom edge
-                    inputs[row] = (text, self.cells[row][match.start()][1])
-        label = next((row for row in range(ROWS) if f"{name}  (" in self.line(row)), None)
-        row = next((row for row in sorted(inputs) if label is not None and row > label), None)
-        if row is None:
+            for match in re.finditer(r"│ (\w+) +(\S+)", line):
+                if match.group(1) in names:
+                    labels[match.group(1)] = (match.group(2), self.cells[row][match.start(1)][1])
+        if name not in labels:
             return None
-        text, style = inputs[row]
-        others = [other_style for other_row, (_, other_style) in inputs.items() if other_row != row]
-        return text, bool(others) and all(other_style != style for other_style in others)
+        value, style = labels[name]
+        others = [other_style for other, (_, other_style) in labels.items() if other != name]
+        return value, bool(others) and all(other_style != style for other_style in others)
 
 
 class TerminalSession:
@@ -229,14 +228,19 @@ def launch_an_endless_descent(session: TerminalSession, runs_dir: Path) -> Path:
     session.wait_for_text(f"{get_job('gradient-descent').title}: set params, then enter to launch", since=mark)
     mark = session.type(ENTER)
     session.wait_for_text("learning_rate", since=mark)
-    # From the job list: the form itself, then one stop per param up to steps.
-    # Typing waits until steps has the focus: keys typed ahead of a focus
-    # move go to the widget that had it.
-    params = [param.name for param in get_job("gradient-descent").params]
-    session.type(TAB * (2 + params.index("steps")))
-    session.wait_for(lambda: session.screen.field("steps") == ("20", True), "the steps field to have the focus")
+    # The form opens with the cursor in its first field; one stop per field
+    # shown (momentum waits for optimizer=momentum) up to steps. Typing waits
+    # until steps has the focus: keys typed ahead of a focus move go to the
+    # widget that had it.
+    spec = get_job("gradient-descent")
+    shown = [param.name for param in spec.params if param.applies(spec.defaults())]
+    session.wait_for(lambda: session.screen.field(shown[0], shown) is not None
+                     and session.screen.field(shown[0], shown)[1], "the form's first field to have the focus")
+    session.type(TAB * shown.index("steps"))
+    session.wait_for(lambda: session.screen.field("steps", shown) == ("20", True), "the steps field to have the focus")
     session.type(ENDLESS_STEPS.encode())
-    session.wait_for(lambda: session.screen.field("steps") == (ENDLESS_STEPS, True), f"steps to read {ENDLESS_STEPS}")
+    session.wait_for(lambda: session.screen.field("steps", shown) == (ENDLESS_STEPS, True),
+                     f"steps to read {ENDLESS_STEPS}")
     session.type(ENTER)
     run_dir = None
 

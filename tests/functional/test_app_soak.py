@@ -46,10 +46,11 @@ from jobs.events import Metric
 from screens.devices import DevicesScreen
 from screens.dialogs import ConfirmScreen
 from screens.jobs import JobsScreen
-from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, shown_live
+from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, shown_live, until
 from screens import MODE_SCREENS
 from tpudash.app import MAX_WAITING_RUNS, TICK_SECONDS, TpudashApp
 from tpudash.records import RunStore
+from tpudash.widgets import ParamForm
 
 # A thousand keep the default run under its time budget; TPUDASH_SOAK_KEYS=5000 soaks longer.
 RANDOM_KEYS = int(os.environ.get("TPUDASH_SOAK_KEYS", "1000"))
@@ -237,7 +238,10 @@ class KeySoak:
 
     @property
     def typing_into_a_field(self) -> bool:
-        return isinstance(self.app.focused, (Input, SelectOverlay))
+        """Focus is in a form (a field, a select, a switch, its buttons): letters are typing there, not keys."""
+        focused = self.app.focused
+        return focused is not None and (isinstance(focused, (Input, SelectOverlay))
+                                        or any(isinstance(node, ParamForm) for node in focused.ancestors))
 
     # -- steps ------------------------------------------------------------------------
     async def random_batch(self) -> None:
@@ -435,7 +439,7 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
           f"{soak.quit_dialogs_declined} quit dialogs declined, {soak.palette_visits} palette visits")
 
 
-async def test_enter_typed_right_after_moving_to_another_job_launches_that_job(make_app):
+async def test_enter_typed_right_after_moving_to_another_job_opens_that_form_and_enter_there_launches(make_app):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
@@ -455,6 +459,9 @@ async def test_enter_typed_right_after_moving_to_another_job_launches_that_job(m
         await pilot.pause()
         assert app._exception is None, f"enter on the half-built {next_form.spec.name} form: {app._exception!r}"
         assert [message for _, severity, message in app.notices if severity == "error"] == []
+        await until(pilot, lambda: app.focused is next_form.fields[0].input)
+        assert not app.live_runs
+        soak_post(app, "enter")
+        await until(pilot, lambda: shown_live(app) is not None)
         await run_settled(pilot, shown_live(app))
         assert shown_live(app).model.job == next_form.spec.name
-

@@ -1,4 +1,4 @@
-"""Gradient descent reproduces seed 000's printed line and reports its path per step."""
+"""Gradient descent reproduces the Colab TPU walkthrough's printed line and reports its path per step."""
 
 from __future__ import annotations
 
@@ -9,31 +9,33 @@ from jobs.base import ParamError
 from jobs.events import Progress
 from tpudash import cli
 
-SEED_LINE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
+WALKTHROUGH_LINE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
 
 
 def run_dirs(runs_dir):
     return [path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith(".")] if runs_dir.exists() else []
 
 
-def test_defaults_print_seed_000s_line_exactly(run_job):
+def test_defaults_print_the_walkthroughs_line_exactly(run_job):
     result = run_job("gradient-descent")
     assert result.status == "done"
-    assert SEED_LINE in result.logs()
-    assert result.summary["line"] == SEED_LINE
+    assert WALKTHROUGH_LINE in result.logs()
+    assert result.summary["line"] == WALKTHROUGH_LINE
     assert result.summary["loss"] == pytest.approx(0.0022596875205636024, rel=1e-12)
     assert result.summary["x"] == pytest.approx([0.01152921, 0.04611686], rel=1e-6)
 
 
-def test_each_step_reports_loss_and_the_point_it_reached(run_job):
+def test_the_start_and_each_step_report_loss_and_the_point(run_job):
     result = run_job("gradient-descent")
     losses = result.metrics("loss")
     x0, x1 = result.metrics("x0"), result.metrics("x1")
-    assert [metric.step for metric in losses] == list(range(1, 21))
+    assert [metric.step for metric in losses] == list(range(0, 21))
     assert result.summary["start"] == [1.0, 4.0]
+    # Step 0 is the start itself, so a plotted path begins at [1, 4].
+    assert (x0[0].step, x0[0].value, x1[0].value, losses[0].value) == (0, 1.0, 4.0, 17.0)
     # SGD on x0² + x1² with lr 0.1 shrinks the point by 0.8 each step.
-    assert x0[0].value == pytest.approx(0.8) and x1[0].value == pytest.approx(3.2)
-    assert losses[0].value == pytest.approx(0.8**2 * 17)
+    assert x0[1].value == pytest.approx(0.8) and x1[1].value == pytest.approx(3.2)
+    assert losses[1].value == pytest.approx(0.8**2 * 17)
     assert all(later.value < earlier.value for earlier, later in zip(losses, losses[1:]))
     assert (losses[-1].value, [x0[-1].value, x1[-1].value]) == (result.summary["loss"], result.summary["x"])
     assert [event.done for event in result.of_type(Progress)] == list(range(21))
@@ -44,7 +46,9 @@ def test_the_device_start_and_optimizer_can_be_changed(run_job, runtime):
     assert result.status == "done"
     assert result.summary["device"] == runtime.device_names[6]
     assert result.summary["start"] == [-2.0, 0.5]
-    assert result.summary["loss"] < result.metrics("loss")[0].value < 2.0**2 + 0.5**2
+    losses = result.metrics("loss")
+    assert losses[0].value == pytest.approx(2.0**2 + 0.5**2)
+    assert result.summary["loss"] < losses[1].value < losses[0].value
 
 
 def test_momentum_goes_further_than_plain_sgd_in_few_steps(run_job):
@@ -57,7 +61,9 @@ def test_rosenbrock_descends_with_a_small_step(run_job):
     result = run_job("gradient-descent", objective="rosenbrock", start="-1,1", learning_rate=0.001, steps=50)
     assert result.status == "done"
     starting_loss = (1 - -1) ** 2 + 100 * (1 - (-1) ** 2) ** 2
-    assert result.summary["loss"] < result.metrics("loss")[0].value < starting_loss
+    losses = result.metrics("loss")
+    assert losses[0].value == pytest.approx(starting_loss)
+    assert result.summary["loss"] < losses[1].value < starting_loss
 
 
 def test_divergence_fails_the_run_with_advice_and_plots_no_infinity(run_job):
@@ -101,11 +107,18 @@ def test_cancel_between_steps_is_recorded_as_cancelled(run_job, store):
     result = run_job("gradient-descent", on_event=cancel_after_step_3)
     assert result.status == "cancelled"
     assert store.load(result.run.run_id).info.status == "cancelled"
-    assert [metric.step for metric in result.metrics("loss")] == [1, 2, 3]
-    assert SEED_LINE not in result.logs()
+    assert [metric.step for metric in result.metrics("loss")] == [0, 1, 2, 3]
+    assert WALKTHROUGH_LINE not in result.logs()
 
 
 def test_cancel_on_the_first_progress_event(run_job):
     result = run_job("gradient-descent", on_event=lambda run, event: run.cancel_event.set() if isinstance(event, Progress) else None)
     assert result.status == "cancelled"
-    assert result.metrics("loss") == []
+    # Only the start is reported: no step was taken.
+    assert [metric.step for metric in result.metrics("loss")] == [0]
+
+
+def test_momentum_applies_only_with_the_momentum_optimizer():
+    momentum = get_job("gradient-descent").param("momentum")
+    assert momentum.applies({"optimizer": "momentum"})
+    assert not momentum.applies({"optimizer": "sgd"}) and not momentum.applies({"optimizer": "adam"})
