@@ -118,6 +118,21 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry.add_argument("--once", action="store_true", help="take one sample, print it and exit")
     telemetry.add_argument("--json", action="store_true", help="print each sample as one JSON object per line")
 
+    serve = commands.add_parser(
+        "serve", parents=[flags], help="the dashboard in a web browser (one dashboard per tab)",
+        description="Serve the dashboard to web browsers through textual-serve: every browser tab runs its own "
+                    "dashboard with these settings. Listens on 127.0.0.1 unless told otherwise; remote machines: "
+                    "ssh -L 8000:localhost:8000 HOST. Ctrl-C stops the server and every dashboard it started.")
+    serve.add_argument("--host", metavar="ADDRESS",
+                       help="address to listen on (default 127.0.0.1); one that is not loopback also needs --public")
+    serve.add_argument("--port", metavar="PORT", help="port to listen on (default 8000; 0: any free port)")
+    serve.add_argument("--public", action="store_true",
+                       help="allow listening beyond loopback (alone: every interface); anyone who reaches the "
+                            "port can launch jobs on this machine")
+    serve.add_argument("--allow-any-host-header", action="store_true",
+                       help="behind a proxy that rewrites the Host header (Colab's): accept any; otherwise a "
+                            "loopback server answers only to localhost names, against DNS rebinding")
+
     export = commands.add_parser("export", parents=[flags], help="export a run's metrics and telemetry")
     export.add_argument("run_id", metavar="RUN", help="run id (a unique prefix is enough)")
     export.add_argument("--format", choices=("csv", "json"), default="csv", help="output format (default csv)")
@@ -165,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "export": command_export,
             "watch": command_watch,
             "telemetry": command_telemetry,
+            "serve": command_serve,
         }[args.command]
         return handler(args, settings)
     except BadInput as error:
@@ -528,6 +544,13 @@ def command_export(args, settings) -> int:
     else:
         sys.stdout.write(text)
     return EXIT_DONE
+
+
+def command_serve(args, settings) -> int:
+    """The dashboard in a web browser: tpudash/serve.py."""
+    from tpudash.serve import command_serve as serve
+
+    return serve(args, settings)
 
 
 if __name__ == "__main__":
