@@ -187,23 +187,47 @@ def _descendants(pid: int) -> list:
         return []
 
 
-def _end_processes(processes: list, grace: float) -> list:
-    """Wait up to ``grace`` for ``processes`` to exit, then SIGTERM, then SIGKILL. Returns what was ended."""
+def _running(processes: list) -> list:
+    """Those still running; a zombie has ended (the engine's new parent may reap it late, or never)."""
     import psutil
 
-    _, alive = psutil.wait_procs(processes, timeout=grace)
+    running = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+        except psutil.Error:
+            pass
+    return running
+
+
+def _wait_until_ended(processes: list, timeout: float) -> list:
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    alive = _running(processes)
+    while alive and time.monotonic() < deadline:
+        psutil.wait_procs(alive, timeout=0.1)
+        alive = _running(alive)
+    return alive
+
+
+def _end_processes(processes: list, grace: float) -> list:
+    """Wait up to ``grace`` for ``processes`` to exit, then SIGTERM, then SIGKILL. Returns what had to be ended."""
+    import psutil
+
+    alive = _wait_until_ended(processes, grace)
     for process in alive:
         try:
             process.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(alive, timeout=2.0)
-    for process in alive:
+    for process in _wait_until_ended(alive, 2.0):
         try:
             process.kill()
         except psutil.Error:
             pass
-    psutil.wait_procs(alive, timeout=2.0)
+    _wait_until_ended(alive, 2.0)
     return alive
 
 
