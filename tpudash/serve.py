@@ -290,6 +290,7 @@ class _PollSession:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     closed: bool = False
     last_seen: float = field(default_factory=time.monotonic)
+    reads_waiting: int = 0
 
     def push(self, kind: bytes, payload: bytes) -> None:
         # One frame: b"B" (terminal bytes) or b"S" (a JSON string), 4-byte length, payload.
@@ -315,6 +316,7 @@ class DashboardServer:
         self.websockets: set = set()
         self.poll_sessions: dict[str, _PollSession] = {}
         self.quit_grace = float(getattr(settings, "cancel_grace", 2.0)) + QUIT_MARGIN_SECONDS
+        self.poll_abandoned_seconds = POLL_ABANDONED_SECONDS
         self.url: str | None = None
         self._stop: asyncio.Event | None = None
 
@@ -460,11 +462,16 @@ class DashboardServer:
         from aiohttp import web
 
         session = self._poll_session(request)
-        if not session.frames and not session.closed:
-            try:
-                await asyncio.wait_for(session.ready.wait(), POLL_WAIT_SECONDS)
-            except asyncio.TimeoutError:
-                pass
+        session.reads_waiting += 1
+        try:
+            if not session.frames and not session.closed:
+                try:
+                    await asyncio.wait_for(session.ready.wait(), POLL_WAIT_SECONDS)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            session.reads_waiting -= 1
+            session.last_seen = time.monotonic()
         frames, session.frames = session.frames, []
         session.ready.clear()
         if not frames and session.closed:
@@ -496,11 +503,12 @@ class DashboardServer:
             self.services.discard(session.service)
 
     async def _reap_abandoned_polls(self) -> None:
+        """A polling page asks again as soon as a read returns; one that stopped asking was closed."""
         while True:
-            await asyncio.sleep(POLL_WAIT_SECONDS)
+            await asyncio.sleep(min(POLL_WAIT_SECONDS, self.poll_abandoned_seconds / 2))
             now = time.monotonic()
             for session_id, session in list(self.poll_sessions.items()):
-                if now - session.last_seen > POLL_ABANDONED_SECONDS:
+                if not session.reads_waiting and now - session.last_seen > self.poll_abandoned_seconds:
                     await self._end_poll_session(session_id)
 
     # -- running and stopping ------------------------------------------------
@@ -513,12 +521,13 @@ class DashboardServer:
         if self._stop is not None:
             self._stop.set()
 
-    async def serve(self, on_listening: Callable[[str], None] | None = None) -> int:
+    async def serve(self, on_listening: Callable[[str], None] | None = None, handle_signals: bool = True) -> int:
+        """Serve until SIGINT, SIGTERM or ``request_stop()``; ``on_listening(url)`` once it listens."""
         from aiohttp import web
 
         loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM) if handle_signals else ():
             try:
                 loop.add_signal_handler(signum, self._stop.set)
             except (RuntimeError, ValueError, NotImplementedError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import os
 import signal
 import socket
 
@@ -206,3 +207,38 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
         assert "stopping 1 dashboard" in server.log()
     finally:
         server.stop()
+
+
+async def test_a_polling_page_that_stops_asking_has_its_dashboard_ended(tmp_path):
+    import aiohttp
+
+    from tests.serve_process import USER_UNSET
+    from tpudash.config import Settings
+    from tpudash.serve import DashboardServer
+
+    settings = Settings.load({"runs_dir": str(tmp_path / "runs")})
+    server = DashboardServer(settings, port=0, environ={key: value for key, value in os.environ.items()
+                                                         if key not in USER_UNSET})
+    server.poll_abandoned_seconds = 1.0
+    listening = asyncio.get_running_loop().create_future()
+    serving = asyncio.create_task(server.serve(on_listening=listening.set_result, handle_signals=False))
+    try:
+        url = await asyncio.wait_for(listening, 30)
+        async with aiohttp.ClientSession() as http_session:
+            opened = await http_session.post(f"{url}poll/{server.token}/open?width=100&height=30")
+            session_id = (await opened.json())["session"]
+
+            async def from_polling() -> bytes:
+                response = await http_session.post(f"{url}poll/{server.token}/read?session={session_id}")
+                return await response.read()
+
+            await _read_until(from_polling, DASHBOARD_TEXT, 60)
+        # The tab is gone: nobody asks any more.
+        (service,) = server.services
+        family = [psutil.Process(service.pid), *_family(service.pid)]
+        await asyncio.to_thread(wait_for, lambda: all(_gone(process) for process in family), 30,
+                                "the abandoned dashboard to end")
+        assert server.poll_sessions == {} and server.services == set()
+    finally:
+        server.request_stop()
+        await asyncio.wait_for(serving, 30)
