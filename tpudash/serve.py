@@ -243,14 +243,13 @@ def _dashboard_service_class():
             super().__init__(" ".join(dashboard_command()), *args, **kwargs)
             self.environment = environment
             self.quit_grace = quit_grace
-            self.stopped = asyncio.Event()
 
         async def _open_app_process(self, width: int = 80, height: int = 24):
-            # textual-serve's variables (the web driver, colours, size) over
-            # this process's environment; the TPUDASH_* ones are the server's settings.
-            environment = {key: value for key, value in self._build_environment(width=width, height=height).items()
-                           if not key.startswith("TPUDASH_")}
-            environment.update({key: value for key, value in self.environment.items() if key.startswith("TPUDASH_")})
+            # The server's environment with its settings as TPUDASH_* variables,
+            # and over it what textual-serve sets (the web driver, colours, size).
+            environment = dict(self.environment)
+            environment.update({key: value for key, value in self._build_environment(width=width, height=height).items()
+                                if os.environ.get(key) != value})
             # No shell (textual-serve's default): paths with spaces need no
             # quoting, and the pid is the dashboard's own.
             self._process = process = await asyncio.create_subprocess_exec(
@@ -273,10 +272,10 @@ def _dashboard_service_class():
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(None, _end_processes, family, self.quit_grace)
             try:
+                # Its output ends with the process; a pipe some grandchild still holds may not.
                 await asyncio.wait_for(task, 5.0)
-            except (asyncio.TimeoutError, asyncio.CancelledError):
-                task.cancel()
-            self.stopped.set()
+            except asyncio.TimeoutError:
+                pass  # wait_for has cancelled the relay
 
     return DashboardService
 
