@@ -45,6 +45,7 @@ COMMANDS = {
     "watch": ("tpudash watch [RUN]", "follow a run as it grows (default: the newest live run)"),
     "telemetry": ("tpudash telemetry", "TPU duty cycle and HBM, host CPU and memory, every interval"),
     "export": ("tpudash export RUN", "export a run's metrics and telemetry"),
+    "serve": ("tpudash serve", "the dashboard in a web browser (one dashboard per tab)"),
 }
 # Set in every Colab runtime (CPU, GPU and TPU): cheap to read, no import needed.
 COLAB_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_TPU_ADDR")
@@ -144,6 +145,21 @@ def build_parser() -> argparse.ArgumentParser:
     telemetry.add_argument("--once", action="store_true", help="take one sample, print it and exit")
     telemetry.add_argument("--json", action="store_true", help="print each sample as one JSON object per line")
 
+    serve = commands.add_parser(
+        "serve", parents=[flags], help=COMMANDS["serve"][1],
+        description="Serve the dashboard to web browsers through textual-serve: every browser tab runs its own "
+                    "dashboard with these settings. Listens on 127.0.0.1 unless told otherwise; remote machines: "
+                    "ssh -L 8000:localhost:8000 HOST. Ctrl-C stops the server and every dashboard it started.")
+    serve.add_argument("--host", metavar="ADDRESS",
+                       help="address to listen on (default 127.0.0.1); one that is not loopback also needs --public")
+    serve.add_argument("--port", metavar="PORT", help="port to listen on (default 8000; 0: any free port)")
+    serve.add_argument("--public", action="store_true",
+                       help="allow listening beyond loopback (alone: every interface); anyone who reaches the "
+                            "port can launch jobs on this machine")
+    serve.add_argument("--allow-any-host-header", action="store_true",
+                       help="behind a proxy that rewrites the Host header (Colab's): accept any; otherwise a "
+                            "loopback server answers only to localhost names, against DNS rebinding")
+
     export = commands.add_parser("export", parents=[flags], help=COMMANDS["export"][1])
     export.add_argument("run_id", metavar="RUN", help="run id (a unique prefix is enough)")
     export.add_argument("--format", choices=("csv", "json"), default="csv", help="output format (default csv)")
@@ -181,8 +197,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command is None:
         # Before anything heavy is imported: without a terminal the dashboard
-        # would only write escape codes into a file or a pipe.
-        not_terminals = streams_not_terminals()
+        # would only write escape codes into a file or a pipe. A dashboard
+        # served to a browser tab talks through pipes by design.
+        from tpudash.serve import is_served
+
+        not_terminals = [] if is_served() else streams_not_terminals()
         if not_terminals:
             print(no_terminal_message(not_terminals, on_colab(os.environ)), file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -198,6 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "export": command_export,
             "watch": command_watch,
             "telemetry": command_telemetry,
+            "serve": command_serve,
         }[args.command]
         return handler(args, settings)
     except BadInput as error:
@@ -244,7 +264,8 @@ def no_terminal_message(not_terminals: Sequence[str], colab: bool) -> str:
     lines += [f"  {usage.ljust(width)}  {what_it_does}" for usage, what_it_does in COMMANDS.values()]
     if colab:
         lines.append("On Colab, open its terminal (the terminal icon at the bottom left, or Tools → Terminal) "
-                     "and run tpudash there.")
+                     "and run tpudash there, or show the dashboard in a cell: "
+                     "from tpudash import colab; colab.show()")
     return "\n".join(lines)
 
 
@@ -641,6 +662,13 @@ def command_export(args, settings) -> int:
     else:
         sys.stdout.write(text)
     return EXIT_DONE
+
+
+def command_serve(args, settings) -> int:
+    """The dashboard in a web browser: tpudash/serve.py."""
+    from tpudash.serve import command_serve as serve
+
+    return serve(args, settings)
 
 
 if __name__ == "__main__":

@@ -84,3 +84,27 @@ def test_without_tensorflow_history_jobs_and_the_dashboard_work(base_install, tm
 
     first_frame = first_frame_seconds(str(base_install), runs_dir=str(runs_dir), cwd=str(tmp_path))
     assert first_frame > 0
+
+
+def test_the_base_install_serves_the_dashboard_page(base_install, tmp_path):
+    # The page and textual-serve's scripts come from the installed package, not the checkout.
+    import urllib.request
+
+    from tests.serve_process import URL_LINE, wait_for
+
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen([str(base_install), "-m", "tpudash", "serve", "--port", "0"], cwd=tmp_path,
+                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  env={"PATH": "/usr/bin:/bin", "TPUDASH_RUNS_DIR": str(tmp_path / "runs"),
+                                       "HOME": str(tmp_path)})
+    try:
+        url = wait_for(lambda: URL_LINE.search(log_path.read_text()) or server.poll() is not None, 60,
+                       "tpudash serve to listen")
+        assert server.poll() is None, log_path.read_text()
+        page = urllib.request.urlopen(url.group(1), timeout=10).read().decode()
+        assert 'src="static/js/textual.js"' in page
+        assert urllib.request.urlopen(url.group(1) + "static/js/textual.js", timeout=10).status == 200
+    finally:
+        server.terminate()
+        assert server.wait(30) == 0

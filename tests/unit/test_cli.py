@@ -228,8 +228,16 @@ def test_on_colab_the_no_terminal_message_points_to_colabs_terminal(monkeypatch,
     assert cli.main([]) == 2
     captured = capsys.readouterr()
     assert "On Colab, open its terminal" in captured.err and "run tpudash there" in captured.err
-    assert "serve" not in captured.err and "colab.show" not in captured.err
+    assert "from tpudash import colab; colab.show()" in captured.err
     assert captured.out == ""
+
+
+def test_a_dashboard_served_to_a_browser_tab_starts_on_its_pipes(monkeypatch):
+    # textual-serve starts every tab's dashboard under Textual's web driver, on pipes.
+    monkeypatch.setenv("TEXTUAL_DRIVER", "textual.drivers.web_driver:WebDriver")
+    started = []
+    monkeypatch.setattr(cli, "command_tui", lambda settings: started.append(settings) or 0)
+    assert cli.main([]) == 0 and len(started) == 1
 
 
 def test_without_a_terminal_the_dashboard_exits_before_textual_or_tensorflow_is_imported():

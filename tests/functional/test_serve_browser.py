@@ -1,0 +1,151 @@
+"""``tpudash serve`` in a real browser: Debian's chromium, headless, driven by playwright.
+
+The page is opened as a user opens it; the dashboard's first frame must
+arrive, keys typed into the page must reach the dashboard (``g`` runs
+gradient descent and its run is recorded done; ``h`` opens History), over
+the WebSocket and over the HTTP polling transport Colab needs. A screenshot
+is kept. Skipped, with the reason, where chromium (``apt-get install
+chromium``; .ci/run installs it) or playwright is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.serve_process import start_server
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+FIRST_FRAME_TIMEOUT_MS = 60_000
+RUN_DONE_TIMEOUT_S = 240.0  # the engine imports TensorFlow first, on a loaded 2-core machine
+LEAD_SCREENSHOT = Path("/tmp/serve_screenshot.png")
+DASHBOARD_TEXT = "tpudash"  # the header's title
+
+# Runs in the page before any of its scripts: records, against the page's own
+# clock (milliseconds since navigation started), when the dashboard's text
+# first arrives, and keeps the text the terminal was sent — over the native
+# WebSocket, or in the polling transport's read responses.
+RECORDER = """
+(() => {
+  const seen = {text: "", firstTextAt: null, connectedAt: null};
+  window.__tpudash = seen;
+  const decoder = new TextDecoder();
+  const record = (bytes) => {
+    seen.text = (seen.text + decoder.decode(bytes, {stream: true})).slice(-400000);
+    if (seen.firstTextAt === null && seen.text.includes("%s")) seen.firstTextAt = performance.now();
+  };
+  const NativeWebSocket = window.WebSocket;
+  window.WebSocket = class extends NativeWebSocket {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("open", () => { seen.connectedAt = performance.now(); });
+      this.addEventListener("message", (event) => {
+        if (event.data instanceof ArrayBuffer) record(new Uint8Array(event.data));
+      });
+    }
+  };
+  const nativeFetch = window.fetch;
+  window.fetch = async (...args) => {
+    const response = await nativeFetch(...args);
+    if (String(args[0]).includes("/open?")) seen.connectedAt = performance.now();
+    if (String(args[0]).includes("/read?")) {
+      const body = new Uint8Array(await response.clone().arrayBuffer());
+      for (let at = 0; at + 5 <= body.length;) {
+        const size = ((body[at + 1] << 24) | (body[at + 2] << 16) | (body[at + 3] << 8) | body[at + 4]) >>> 0;
+        if (body[at] === 66) record(body.slice(at + 5, at + 5 + size));
+        at += 5 + size;
+      }
+    }
+    return response;
+  };
+})();
+""" % DASHBOARD_TEXT
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install '.[test]')")
+    if not Path(CHROMIUM).exists():
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    with sync_playwright() as playwright:
+        # --no-sandbox: CI runs as root, where chromium's sandbox refuses to start.
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    server = start_server(root)
+    yield server, root / "runs"
+    server.stop()
+
+
+def open_dashboard(browser, url: str):
+    """A new tab on ``url``; returns the page and the first frame's time (ms since navigation started).
+
+    Also prints when the page had its connection to the server: the rest is
+    the dashboard process starting.
+    """
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.add_init_script(RECORDER)
+    page.goto(url)
+    # textual.js marks the body once terminal bytes have been written to xterm.js.
+    page.wait_for_function("() => window.__tpudash.firstTextAt !== null "
+                           "&& document.body.classList.contains('-first-byte')", timeout=FIRST_FRAME_TIMEOUT_MS)
+    first_frame_ms, connected_ms = page.evaluate("[window.__tpudash.firstTextAt, window.__tpudash.connectedAt]")
+    print(f"\n{url}: first frame {first_frame_ms:.0f} ms after navigation started "
+          f"(connected at {connected_ms:.0f} ms)")
+    return page, first_frame_ms
+
+
+def finished_runs(runs_dir: Path, job: str) -> list[dict]:
+    runs = []
+    for record in runs_dir.glob("*/run.json"):
+        try:
+            run = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue  # replaced atomically, but may not exist yet
+        if run.get("job") == job and run.get("status") not in (None, "running"):
+            runs.append(run)
+    return runs
+
+
+def test_the_dashboard_in_a_browser_runs_gradient_descent_from_a_key(browser, served, tmp_path):
+    server, runs_dir = served
+    page, _ = open_dashboard(browser, server.url + "?transport=websocket")
+    # A click gives the page the keyboard (on an empty part of the Devices screen).
+    page.mouse.click(1000, 700)
+    page.keyboard.press("g")
+    deadline = time.monotonic() + RUN_DONE_TIMEOUT_S
+    while not (runs := finished_runs(runs_dir, "gradient-descent")):
+        assert time.monotonic() < deadline, f"no gradient-descent run finished in {runs_dir}: {server.log()}"
+        page.wait_for_timeout(200)  # lets the page go on drawing while the run goes
+    assert [run["status"] for run in runs] == ["done"]
+    # The page has been sent the finished run (its result in the run view,
+    # the notification) before the picture is taken.
+    page.wait_for_function("() => window.__tpudash.text.includes('0.0022596875205636024') "
+                           "&& window.__tpudash.text.includes('Run finished')", timeout=30_000)
+    screenshot = tmp_path / "serve_screenshot.png"
+    page.screenshot(path=str(screenshot))
+    shutil.copyfile(screenshot, LEAD_SCREENSHOT)
+    print(f"screenshot: {screenshot} (also {LEAD_SCREENSHOT})")
+    page.close()
+
+
+def test_the_dashboard_over_http_polling_answers_keys(browser, served):
+    server, runs_dir = served
+    page, _ = open_dashboard(browser, server.url + "?transport=poll")
+    page.mouse.click(1000, 700)
+    page.keyboard.press("h")
+    # History's title names the runs directory.
+    page.wait_for_function(f"() => window.__tpudash.text.includes({json.dumps(str(runs_dir))})", timeout=30_000)
+    page.close()

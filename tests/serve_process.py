@@ -1,0 +1,87 @@
+"""``tpudash serve`` in a child process for tests: start it, find its URL, read its page, watch its processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import REPO_ROOT
+
+START_TIMEOUT = 60.0
+URL_LINE = re.compile(r"tpudash serve: (http://\S+)")
+TOKEN = re.compile(r'const token = "([^"]+)"')
+# What a user's shell on this machine would not have (see tests/unit/test_cli.py).
+USER_UNSET = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_LOAD_LIBRARY", "TPU_SKIP_MDS_QUERY")
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rstrip("/").rsplit(":", 1)[1])
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def token(self) -> str:
+        page = urllib.request.urlopen(self.url, timeout=10).read().decode()
+        return TOKEN.search(page).group(1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_server(tmp_path: Path, *args: str, env: dict | None = None) -> ServerProcess:
+    """``python -m tpudash --runs-dir <tmp>/runs serve --port 0 ARGS``, once it listens."""
+    environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
+    environment.update(env or {})
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        # Output to a file, not a pipe nobody drains: the server copies each
+        # ended dashboard's stderr to its standard output.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tpudash", "--runs-dir", str(tmp_path / "runs"), "serve", "--port", "0", *args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=environment)
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+        match = URL_LINE.search(text)
+        if match:
+            return ServerProcess(process, match.group(1), log_path)
+        if process.poll() is not None:
+            raise AssertionError(f"tpudash serve exited with {process.returncode}: {text}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"tpudash serve did not listen within {START_TIMEOUT:g} s: {text}")
+        try:
+            process.wait(0.05)  # returns at once if it dies
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def wait_for(condition, timeout: float, what: str, interval: float = 0.1):
+    """Poll ``condition`` until it returns something true, or fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,111 @@
+"""``tpudash.colab.show()``: the real function, with Colab's output module provided at its seam.
+
+Inside Colab it starts ``tpudash serve`` once, on a free port, and hands
+that port to ``google.colab.output.serve_kernel_port_as_iframe``; outside
+Colab it prints the URL. The fake module records the call; the server it
+names is real and is asked for the page.
+"""
+
+from __future__ import annotations
+
+import http.client
+import subprocess
+import sys
+import types
+
+import psutil
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tpudash import colab
+
+
+@pytest.fixture(autouse=True)
+def stop_the_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("TPUDASH_RUNS_DIR", str(tmp_path / "runs"))
+    yield
+    colab.stop()
+
+
+@pytest.fixture
+def in_colab(monkeypatch):
+    calls = []
+    output = types.ModuleType("google.colab.output")
+    output.serve_kernel_port_as_iframe = lambda port, **options: calls.append((port, options))
+    package = types.ModuleType("google.colab")
+    package.output = output
+    monkeypatch.setitem(sys.modules, "google.colab", package)
+    monkeypatch.setitem(sys.modules, "google.colab.output", output)
+    return calls
+
+
+@pytest.fixture
+def outside_colab(monkeypatch):
+    # None in sys.modules makes the import fail, as on a machine without Colab.
+    monkeypatch.setitem(sys.modules, "google.colab", None)
+
+
+def _get(port: int, host: str) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.putrequest("GET", "/", skip_host=True)
+        connection.putheader("Host", host)
+        connection.endheaders()
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_show_in_colab_serves_the_dashboard_port_as_an_iframe_once(in_colab):
+    colab.show(height=480)
+    assert len(in_colab) == 1
+    port, options = in_colab[0]
+    assert options == {"path": "/", "height": "480"}
+    # Colab's proxy reaches the kernel's port under a host name of its own.
+    status, page = _get(port, "abc-8000-colab.googleusercontent.com")
+    assert status == 200 and b"static/js/textual.js" in page
+    server = psutil.Process(colab._server.process.pid)
+    assert server.cmdline()[-4:] == ["serve", "--port", "0", "--allow-any-host-header"]
+
+    colab.show()
+    assert [call[0] for call in in_colab] == [port, port]
+    assert colab._server.process.pid == server.pid
+
+
+def test_show_outside_colab_prints_the_url_and_stop_ends_the_server(outside_colab, capsys):
+    colab.show(tpu="none", cpu_devices=2)
+    out = capsys.readouterr().out
+    url = colab.url()
+    assert url is not None and f"the dashboard is at {url}" in out
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    assert _get(port, f"127.0.0.1:{port}")[0] == 200
+    # Not behind Colab's proxy: the loopback server answers to loopback names only.
+    assert _get(port, "attacker.example")[0] == 403
+    server = colab._server.process
+    assert psutil.Process(server.pid).cmdline()[2:] == ["tpudash", "--tpu", "none", "--cpu-devices", "2", "serve",
+                                                         "--port", "0"]
+    colab.stop()
+    assert server.poll() == 0 and colab.url() is None
+
+
+def test_show_with_other_options_replaces_the_server(outside_colab, capsys):
+    colab.show()
+    first = colab._server.process
+    colab.show(cpu_devices=2)
+    assert first.poll() == 0 and colab._server.process.pid != first.pid
+
+
+@pytest.mark.parametrize("height, why", [(50, "50 is out of range"), ("600", "'600' is not a whole number"),
+                                         (True, "True is not a whole number")])
+def test_a_bad_height_is_refused_naming_it(height, why, outside_colab):
+    with pytest.raises(ValueError, match=f"height: {why}"):
+        colab.show(height=height)
+    assert colab._server is None
+
+
+def test_importing_tpudash_colab_loads_neither_tensorflow_nor_textual_nor_the_web_server():
+    code = ("import sys, tpudash.colab; print(sorted(m for m in ('tensorflow', 'textual', 'aiohttp', "
+            "'textual_serve') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert result.stdout.strip() == "[]", result.stderr

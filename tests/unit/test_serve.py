@@ -1,0 +1,244 @@
+"""``tpudash serve``: bad flags, loopback by default, what a page can reach, and stopping leaves nothing behind.
+
+The server runs as a user starts it (``python -m tpudash serve``); its
+dashboards are reached the way the page reaches them, over its WebSocket
+and over its HTTP polling transport, with aiohttp's client. The real
+browser is in tests/functional/test_serve_browser.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import os
+import signal
+import socket
+
+import psutil
+import pytest
+
+from tests.serve_process import start_server, wait_for
+from tpudash import cli
+from tpudash.serve import WEB_DRIVER, is_served
+
+DASHBOARD_TEXT = b"tpudash"  # the header's title, in the first frame
+
+
+@pytest.mark.parametrize("port, why", [("abc", "is not an integer"), ("65536", "is out of range"),
+                                       ("-1", "is out of range"), ("", "is not an integer")])
+def test_a_bad_port_exits_2_naming_the_flag(port, why, tmp_path, capsys):
+    assert cli.main(["--runs-dir", str(tmp_path), "serve", "--port", port]) == 2
+    error = capsys.readouterr().err
+    assert f"--port: {port!r} {why}" in error or f"--port: {port} {why}" in error
+    assert "allowed: 1 to 65535, or 0 for any free port" in error
+
+
+def test_a_port_in_use_exits_2_naming_the_flag(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["--runs-dir", str(tmp_path), "serve", "--port", str(port)]) == 2
+    error = capsys.readouterr().err
+    assert f"--port: cannot listen on 127.0.0.1:{port}" in error and "--port 0 for any free port" in error
+
+
+@pytest.mark.parametrize("host, why", [
+    ("0.0.0.0", "0.0.0.0 is not a loopback address"),
+    ("", "is empty"),
+])
+def test_a_host_beyond_loopback_needs_public_and_a_bad_host_exits_2(host, why, tmp_path, capsys):
+    assert cli.main(["--runs-dir", str(tmp_path), "serve", "--host", host]) == 2
+    error = capsys.readouterr().err
+    assert f"--host: {why}" in error
+    if host:
+        assert "add --public" in error and "ssh -L 8000:localhost:8000" in error
+
+
+def test_the_default_bind_is_loopback_only(tmp_path):
+    server = start_server(tmp_path)
+    try:
+        assert server.url.startswith("http://127.0.0.1:")
+        listening = [connection.laddr for connection in psutil.Process(server.process.pid).net_connections("inet")
+                     if connection.status == psutil.CONN_LISTEN]
+        assert listening and {address.ip for address in listening} == {"127.0.0.1"}
+        assert "warning" not in server.log()
+    finally:
+        server.stop()
+    assert server.process.returncode == 0
+
+
+def test_public_listens_on_every_interface_and_warns(tmp_path):
+    server = start_server(tmp_path, "--public")
+    try:
+        listening = [connection.laddr for connection in psutil.Process(server.process.pid).net_connections("inet")
+                     if connection.status == psutil.CONN_LISTEN]
+        assert {address.ip for address in listening} == {"0.0.0.0"}
+        assert "warning: listening on 0.0.0.0" in server.log()
+        assert "Anyone who can reach this port gets a dashboard that launches jobs" in server.log()
+    finally:
+        server.stop()
+
+
+def _get(port: int, path: str, host: str | None = None) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.putrequest("GET", path, skip_host=host is not None)
+        if host is not None:
+            connection.putheader("Host", host)
+        connection.endheaders()
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_a_page_reaches_the_dashboard_and_nothing_of_the_runs_directory(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "run.json").write_text("SECRET-RUN-RECORD")
+    server = start_server(tmp_path)
+    try:
+        status, page = _get(server.port, "/")
+        assert status == 200 and b"static/js/textual.js" in page
+        assert _get(server.port, "/static/js/textual.js")[0] == 200
+        for path in ["/run.json", "/runs/run.json", f"{runs}/run.json", "/static/", "/static/css/",
+                     "/static/../run.json", "/static/%2e%2e/%2e%2e/run.json", f"/static/{'../' * 12}{runs}/run.json",
+                     f"/static/{'%2e%2e/' * 12}{str(runs).lstrip('/')}/run.json", "/download/run.json",
+                     "/ws/not-the-token", "/poll/not-the-token/read"]:
+            status, body = _get(server.port, path)
+            assert status in (403, 404, 405), (path, status)
+            assert b"SECRET-RUN-RECORD" not in body
+        # Another site open in the same browser cannot learn the token, nor
+        # reach the page under its own name (DNS rebinding).
+        assert _get(server.port, "/", host="attacker.example")[0] == 403
+        assert _get(server.port, "/", host=f"localhost:{server.port}")[0] == 200
+    finally:
+        server.stop()
+
+
+def test_is_served_names_textual_serves_web_driver():
+    assert is_served({"TEXTUAL_DRIVER": WEB_DRIVER})
+    assert not is_served({})
+    assert not is_served({"TEXTUAL_DRIVER": "textual.drivers.linux_driver:LinuxDriver"})
+
+
+async def _read_until(receive, text: bytes, timeout: float) -> bytes:
+    async def read() -> bytes:
+        seen = b""
+        while text not in seen:
+            seen += await receive()
+        return seen
+
+    return await asyncio.wait_for(read(), timeout)
+
+
+def _family(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _engines(processes: list[psutil.Process]) -> list[psutil.Process]:
+    engines = []
+    for process in processes:
+        try:
+            if "tpudash.engine" in process.cmdline():
+                engines.append(process)
+        except psutil.Error:
+            pass
+    return engines
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
+    import aiohttp
+
+    server = await asyncio.to_thread(start_server, tmp_path, "--cpu-devices", "4")
+    try:
+        token = await asyncio.to_thread(server.token)
+        async with aiohttp.ClientSession() as http_session:
+            # One tab over the WebSocket, one over HTTP polling.
+            websocket = await http_session.ws_connect(f"{server.url}ws/{token}?width=100&height=30")
+
+            async def from_websocket() -> bytes:
+                message = await websocket.receive()
+                return message.data if message.type == aiohttp.WSMsgType.BINARY else b""
+
+            await _read_until(from_websocket, DASHBOARD_TEXT, 60)
+            opened = await http_session.post(f"{server.url}poll/{token}/open?width=100&height=30")
+            session_id = (await opened.json())["session"]
+
+            async def from_polling() -> bytes:
+                response = await http_session.post(f"{server.url}poll/{token}/read?session={session_id}")
+                return await response.read()
+
+            await _read_until(from_polling, DASHBOARD_TEXT, 60)
+            dashboards = [process for process in _family(server.process.pid) if process.ppid() == server.process.pid]
+            assert len(dashboards) == 2
+            # Each dashboard starts its engine for the Devices screen: catch both.
+            await asyncio.to_thread(wait_for, lambda: len(_engines(_family(server.process.pid))) == 2, 60,
+                                    "both dashboards' engines")
+            environment = dashboards[0].environ()
+            assert environment["TPUDASH_RUNS_DIR"] == str(tmp_path / "runs")
+            assert environment["TPUDASH_CPU_DEVICES"] == "4"
+            assert environment["TEXTUAL_DRIVER"] == WEB_DRIVER and environment["TPUDASH_SERVED"] == "1"
+
+            # Closing a tab ends its dashboard and that dashboard's engine.
+            everyone = _family(server.process.pid)
+            assert len(everyone) == 4
+            await websocket.close()
+            await asyncio.to_thread(wait_for, lambda: sum(not _gone(process) for process in everyone) == 2, 30,
+                                    "the closed tab's dashboard and engine to end")
+
+            server.process.send_signal(signum)
+            code = await asyncio.to_thread(server.process.wait, 60)
+        assert code == 0, server.log()
+        left = [process for process in everyone if not _gone(process)]
+        assert left == [], f"left running: {[process.cmdline() for process in left]}"
+        assert "stopping 1 dashboard" in server.log()
+    finally:
+        server.stop()
+
+
+async def test_a_polling_page_that_stops_asking_has_its_dashboard_ended(tmp_path):
+    import aiohttp
+
+    from tests.serve_process import USER_UNSET
+    from tpudash.config import Settings
+    from tpudash.serve import DashboardServer
+
+    settings = Settings.load({"runs_dir": str(tmp_path / "runs")})
+    server = DashboardServer(settings, port=0, environ={key: value for key, value in os.environ.items()
+                                                         if key not in USER_UNSET})
+    server.poll_abandoned_seconds = 1.0
+    listening = asyncio.get_running_loop().create_future()
+    serving = asyncio.create_task(server.serve(on_listening=listening.set_result, handle_signals=False))
+    try:
+        url = await asyncio.wait_for(listening, 30)
+        async with aiohttp.ClientSession() as http_session:
+            opened = await http_session.post(f"{url}poll/{server.token}/open?width=100&height=30")
+            session_id = (await opened.json())["session"]
+
+            async def from_polling() -> bytes:
+                response = await http_session.post(f"{url}poll/{server.token}/read?session={session_id}")
+                return await response.read()
+
+            await _read_until(from_polling, DASHBOARD_TEXT, 60)
+        # The tab is gone: nobody asks any more.
+        (service,) = server.services
+        family = [psutil.Process(service.pid), *_family(service.pid)]
+        await asyncio.to_thread(wait_for, lambda: all(_gone(process) for process in family), 30,
+                                "the abandoned dashboard to end")
+        assert server.poll_sessions == {} and server.services == set()
+    finally:
+        server.request_stop()
+        await asyncio.wait_for(serving, 30)
