@@ -21,6 +21,7 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, OptionList, ProgressBar, RichLog, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
+from jobs import registry
 from screens.base import DashScreen
 from tpudash.clock import display_beat, format_seconds
 from tpudash.console import status_text  # one glyph and colour per status, the same as the CLI's
@@ -49,8 +50,13 @@ def format_value(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def format_params(params: dict) -> str:
-    return "  ".join(f"{name}={format_value(value, 40)}" for name, value in params.items())
+def format_params(params: dict, job: str = "") -> str:
+    """``name=value`` of the params that had an effect: one that does not apply under the
+    others (momentum with optimizer=sgd) is left out, as the job's form hides it."""
+    spec = registry().get(job)
+    declared = {param.name: param for param in spec.params} if spec is not None else {}
+    return "  ".join(f"{name}={format_value(value, 40)}" for name, value in params.items()
+                     if name not in declared or declared[name].applies(params))
 
 
 
@@ -296,7 +302,7 @@ class RunView(Vertical):
         if state == self._last_state:
             return
         self._last_state = state
-        self.query_one("#run-params", Static).update(format_params(model.params) or "(no params)")
+        self.query_one("#run-params", Static).update(format_params(model.params, model.job) or "(no params)")
         error = self.query_one("#run-error", Static)
         if model.error:
             error.update(Text.assemble(("✗ ", "bold red"), (model.error, "red"), ("   (traceback in Log)", "dim")))

@@ -9,7 +9,7 @@ from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_li
 from screens.run import RunScreen
 from tpudash.widgets import PathPlot, ReplicaBarPlot
 
-SEED_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
+WALKTHROUGH_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
 
 
 async def test_m_runs_the_matmul_check_and_shows_a_passing_row_per_device_and_a_chart(make_app, runtime):
@@ -38,7 +38,7 @@ async def test_m_runs_the_matmul_check_and_shows_a_passing_row_per_device_and_a_
         assert all(verdict.startswith("✓ pass") for verdict in verdicts), verdicts
 
 
-async def test_g_runs_gradient_descent_and_shows_the_seed_figure(make_app):
+async def test_g_runs_gradient_descent_and_shows_the_walkthroughs_figure_with_the_params_that_applied(make_app):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
@@ -47,8 +47,8 @@ async def test_g_runs_gradient_descent_and_shows_the_seed_figure(make_app):
         await run_settled(pilot, live)
         view = app.screen.view
         assert live.model.status == "done"
-        assert SEED_FIGURE in str(view.query_one("#run-outcome", Static).content)
-        assert SEED_FIGURE in str(view.query_one("#run-summary", Static).content)
+        assert WALKTHROUGH_FIGURE in str(view.query_one("#run-outcome", Static).content)
+        assert WALKTHROUGH_FIGURE in str(view.query_one("#run-summary", Static).content)
         steps = live.model.tracks[("loss", "train", "step")].count
         assert steps >= 20
         loss_plot = view.plot_for("loss")
@@ -58,6 +58,10 @@ async def test_g_runs_gradient_descent_and_shows_the_seed_figure(make_app):
         # The path starts where the descent started, not one step in.
         assert path.markers["start"] == (1.0, 4.0)
         assert path.markers["end"] == pytest.approx((0.01152921, 0.04611686))
+        # Momentum has no effect with optimizer=sgd: the run's params line leaves it out.
+        params_line = str(view.query_one("#run-params", Static).content)
+        assert "optimizer=sgd" in params_line and "learning_rate=0.1" in params_line
+        assert "momentum" not in params_line
 
 
 async def test_r_shows_a_sentence_not_an_empty_chart_when_every_replica_is_exact(make_app):
