@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import subprocess
@@ -75,13 +76,15 @@ def start_server(tmp_path: Path, *args: str, env: dict | None = None) -> ServerP
             pass
 
 
-def wait_for(condition, timeout: float, what: str, interval: float = 0.1):
-    """Poll ``condition`` until it returns something true, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+def http_get(port: int, path: str = "/", host: str | None = None) -> tuple[int, bytes]:
+    """GET ``path`` from the server on loopback ``port``, with ``host`` as the Host header if given."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.putrequest("GET", path, skip_host=host is not None)
+        if host is not None:
+            connection.putheader("Host", host)
+        connection.endheaders()
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()

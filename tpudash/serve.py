@@ -262,6 +262,10 @@ def _dashboard_service_class():
         def pid(self) -> int | None:
             return None if self._process is None else self._process.pid
 
+        async def ended(self) -> int | None:
+            """Wait until the dashboard process has exited; its exit code (None if it never started)."""
+            return None if self._process is None else await self._process.wait()
+
         async def stop(self) -> None:
             """Ask the dashboard to quit; end it, its engine included, if it has not within the grace."""
             if self._task is None or self._process is None:

@@ -8,7 +8,6 @@ names is real and is asked for the page.
 
 from __future__ import annotations
 
-import http.client
 import subprocess
 import sys
 import types
@@ -17,6 +16,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.serve_process import http_get
 from tpudash import colab
 
 
@@ -45,25 +45,13 @@ def outside_colab(monkeypatch):
     monkeypatch.setitem(sys.modules, "google.colab", None)
 
 
-def _get(port: int, host: str) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.putrequest("GET", "/", skip_host=True)
-        connection.putheader("Host", host)
-        connection.endheaders()
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
-
-
 def test_show_in_colab_serves_the_dashboard_port_as_an_iframe_once(in_colab):
     colab.show(height=480)
     assert len(in_colab) == 1
     port, options = in_colab[0]
     assert options == {"path": "/", "height": "480"}
     # Colab's proxy reaches the kernel's port under a host name of its own.
-    status, page = _get(port, "abc-8000-colab.googleusercontent.com")
+    status, page = http_get(port, "/", "abc-8000-colab.googleusercontent.com")
     assert status == 200 and b"static/js/textual.js" in page
     server = psutil.Process(colab._server.process.pid)
     assert server.cmdline()[-4:] == ["serve", "--port", "0", "--allow-any-host-header"]
@@ -79,9 +67,9 @@ def test_show_outside_colab_prints_the_url_and_stop_ends_the_server(outside_cola
     url = colab.url()
     assert url is not None and f"the dashboard is at {url}" in out
     port = int(url.rstrip("/").rsplit(":", 1)[1])
-    assert _get(port, f"127.0.0.1:{port}")[0] == 200
+    assert http_get(port, "/", f"127.0.0.1:{port}")[0] == 200
     # Not behind Colab's proxy: the loopback server answers to loopback names only.
-    assert _get(port, "attacker.example")[0] == 403
+    assert http_get(port, "/", "attacker.example")[0] == 403
     server = colab._server.process
     assert psutil.Process(server.pid).cmdline()[2:] == ["tpudash", "--tpu", "none", "--cpu-devices", "2", "serve",
                                                          "--port", "0"]

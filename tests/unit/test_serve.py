@@ -9,7 +9,6 @@ browser is in tests/functional/test_serve_browser.py.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import os
 import signal
 import socket
@@ -17,11 +16,12 @@ import socket
 import psutil
 import pytest
 
-from tests.serve_process import start_server, wait_for
+from tests.serve_process import http_get, start_server
 from tpudash import cli
 from tpudash.serve import WEB_DRIVER, is_served
 
 DASHBOARD_TEXT = b"tpudash"  # the header's title, in the first frame
+ENGINE_READY_TEXT = b"owns TensorFlow"  # the Devices screen, once its engine answers
 
 
 @pytest.mark.parametrize("port, why", [("abc", "is not an integer"), ("65536", "is out of range"),
@@ -80,39 +80,26 @@ def test_public_listens_on_every_interface_and_warns(tmp_path):
         server.stop()
 
 
-def _get(port: int, path: str, host: str | None = None) -> tuple[int, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        connection.putrequest("GET", path, skip_host=host is not None)
-        if host is not None:
-            connection.putheader("Host", host)
-        connection.endheaders()
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
-
-
 def test_a_page_reaches_the_dashboard_and_nothing_of_the_runs_directory(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
     (runs / "run.json").write_text("SECRET-RUN-RECORD")
     server = start_server(tmp_path)
     try:
-        status, page = _get(server.port, "/")
+        status, page = http_get(server.port, "/")
         assert status == 200 and b"static/js/textual.js" in page
-        assert _get(server.port, "/static/js/textual.js")[0] == 200
+        assert http_get(server.port, "/static/js/textual.js")[0] == 200
         for path in ["/run.json", "/runs/run.json", f"{runs}/run.json", "/static/", "/static/css/",
                      "/static/../run.json", "/static/%2e%2e/%2e%2e/run.json", f"/static/{'../' * 12}{runs}/run.json",
                      f"/static/{'%2e%2e/' * 12}{str(runs).lstrip('/')}/run.json", "/download/run.json",
                      "/ws/not-the-token", "/poll/not-the-token/read"]:
-            status, body = _get(server.port, path)
+            status, body = http_get(server.port, path)
             assert status in (403, 404, 405), (path, status)
             assert b"SECRET-RUN-RECORD" not in body
         # Another site open in the same browser cannot learn the token, nor
         # reach the page under its own name (DNS rebinding).
-        assert _get(server.port, "/", host="attacker.example")[0] == 403
-        assert _get(server.port, "/", host=f"localhost:{server.port}")[0] == 200
+        assert http_get(server.port, "/", host="attacker.example")[0] == 403
+        assert http_get(server.port, "/", host=f"localhost:{server.port}")[0] == 200
     finally:
         server.stop()
 
@@ -184,9 +171,10 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
             await _read_until(from_polling, DASHBOARD_TEXT, 60)
             dashboards = [process for process in _family(server.process.pid) if process.ppid() == server.process.pid]
             assert len(dashboards) == 2
-            # Each dashboard starts its engine for the Devices screen: catch both.
-            await asyncio.to_thread(wait_for, lambda: len(_engines(_family(server.process.pid))) == 2, 60,
-                                    "both dashboards' engines")
+            # Each dashboard starts its engine for the Devices screen, which then names it.
+            for receive in (from_websocket, from_polling):
+                await _read_until(receive, ENGINE_READY_TEXT, 60)
+            assert len(_engines(_family(server.process.pid))) == 2
             environment = dashboards[0].environ()
             assert environment["TPUDASH_RUNS_DIR"] == str(tmp_path / "runs")
             assert environment["TPUDASH_CPU_DEVICES"] == "4"
@@ -195,16 +183,20 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
             # Closing a tab ends its dashboard and that dashboard's engine.
             everyone = _family(server.process.pid)
             assert len(everyone) == 4
+            # The WebSocket tab's dashboard started first.
+            closed_tab = min(dashboards, key=lambda process: process.create_time())
+            closed_family = [closed_tab, *closed_tab.children(recursive=True)]
             await websocket.close()
-            await asyncio.to_thread(wait_for, lambda: sum(not _gone(process) for process in everyone) == 2, 30,
-                                    "the closed tab's dashboard and engine to end")
+            _, alive = await asyncio.to_thread(psutil.wait_procs, closed_family, 30)
+            assert alive == [], "the closed tab's dashboard and engine still run"
+            assert sum(not _gone(process) for process in everyone) == 2
 
             server.process.send_signal(signum)
             code = await asyncio.to_thread(server.process.wait, 60)
         assert code == 0, server.log()
         left = [process for process in everyone if not _gone(process)]
         assert left == [], f"left running: {[process.cmdline() for process in left]}"
-        assert "stopping 1 dashboard" in server.log()
+        assert "tpudash serve: stopping" in server.log()
     finally:
         server.stop()
 
@@ -235,10 +227,11 @@ async def test_a_polling_page_that_stops_asking_has_its_dashboard_ended(tmp_path
             await _read_until(from_polling, DASHBOARD_TEXT, 60)
         # The tab is gone: nobody asks any more.
         (service,) = server.services
-        family = [psutil.Process(service.pid), *_family(service.pid)]
-        await asyncio.to_thread(wait_for, lambda: all(_gone(process) for process in family), 30,
-                                "the abandoned dashboard to end")
-        assert server.poll_sessions == {} and server.services == set()
+        engine_and_the_rest = _family(service.pid)
+        await asyncio.wait_for(service.ended(), 30)
+        _, alive = await asyncio.to_thread(psutil.wait_procs, engine_and_the_rest, 30)
+        assert alive == [], "the abandoned dashboard's engine still runs"
+        assert server.poll_sessions == {}
     finally:
         server.request_stop()
         await asyncio.wait_for(serving, 30)
