@@ -182,7 +182,8 @@ def load_splits(
         counts = (train_count, test_count)
         chunks = [tfds_chunks(train), tfds_chunks(test)]
     report = ChunkProgress(sum(counts), progress)
-    train_arrays, test_arrays = (in_memory(split_chunks, count, shape, report) for split_chunks, count in zip(chunks, counts))
+    train_arrays, test_arrays = (in_memory(split_chunks, count, shape, report)
+                                 for split_chunks, count in zip(chunks, counts))
     return Splits(shape, source, as_dataset(*train_arrays), as_dataset(*test_arrays), len(train_arrays[1]),
                   len(test_arrays[1]), data_dir=directory)
 
