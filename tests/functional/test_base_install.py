@@ -90,21 +90,14 @@ def test_the_base_install_serves_the_dashboard_page(base_install, tmp_path):
     # The page and textual-serve's scripts come from the installed package, not the checkout.
     import urllib.request
 
-    from tests.serve_process import URL_LINE, wait_for
+    from tests.serve_process import start_server
 
-    log_path = tmp_path / "serve.log"
-    with open(log_path, "wb") as log:
-        server = subprocess.Popen([str(base_install), "-m", "tpudash", "serve", "--port", "0"], cwd=tmp_path,
-                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  env={"PATH": "/usr/bin:/bin", "TPUDASH_RUNS_DIR": str(tmp_path / "runs"),
-                                       "HOME": str(tmp_path)})
+    server = start_server(tmp_path, python=str(base_install), cwd=tmp_path,
+                          base_env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     try:
-        url = wait_for(lambda: URL_LINE.search(log_path.read_text()) or server.poll() is not None, 60,
-                       "tpudash serve to listen")
-        assert server.poll() is None, log_path.read_text()
-        page = urllib.request.urlopen(url.group(1), timeout=10).read().decode()
+        page = urllib.request.urlopen(server.url, timeout=10).read().decode()
         assert 'src="static/js/textual.js"' in page
-        assert urllib.request.urlopen(url.group(1) + "static/js/textual.js", timeout=10).status == 200
+        assert urllib.request.urlopen(server.url + "static/js/textual.js", timeout=10).status == 200
     finally:
-        server.terminate()
-        assert server.wait(30) == 0
+        server.stop()
+    assert server.process.returncode == 0, server.log()
