@@ -124,6 +124,23 @@ class Metric:
     split: str = "train"
     type: ClassVar[str] = "metric"
 
+    @property
+    def final_name(self) -> str:
+        """How run.json's final_metrics (and Keras's logs) name it: ``loss`` for train, ``val_loss`` for val."""
+        return self.name if self.split == "train" else f"{self.split}_{self.name}"
+
+
+# The splits a final-metric name (or a Keras log key) can carry as a prefix.
+SPLIT_PREFIXES = ("val_", "test_")
+
+
+def split_final_name(key: str) -> tuple[str, str]:
+    """``val_loss`` → (``val``, ``loss``); ``loss`` → (``train``, ``loss``): ``Metric.final_name`` read back."""
+    for prefix in SPLIT_PREFIXES:
+        if key.startswith(prefix):
+            return prefix[:-1], key[len(prefix):]
+    return "train", key
+
 
 @dataclass(frozen=True)
 class ReplicaValues:

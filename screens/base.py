@@ -15,9 +15,25 @@ from rich.cells import cell_len
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
+from textual.message import Message
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Static
+
+
+class DisplayTick(Message, bubble=False):
+    """To the screen on show, on the app's timer (10 Hz) and, with ``force``, when a run
+    starts or ends: read what the runs added and redraw what changed. A screen
+    that shows nothing live ignores it."""
+
+    def __init__(self, force: bool = False) -> None:
+        super().__init__()
+        self.force = force
+
+    def can_replace(self, message: Message) -> bool:
+        # Ticks that queued up while the screen was busy are one redraw, not
+        # several; only a forced one is never folded into a plain one.
+        return isinstance(message, DisplayTick) and (message.force or not self.force)
 
 
 class SessionBar(Static):
@@ -269,14 +285,14 @@ class DashScreen(Screen):
         yield from self.compose_body()
         yield KeyBar()
 
-    def _on_screen_resume(self, event: events.ScreenResume) -> None:
+    def on_screen_resume(self, event: events.ScreenResume) -> None:
         # A mode switch asks the screen to re-apply the whole stylesheet to
         # every widget (~20 ms for the Jobs form), though nothing about its
         # styles changed while it was hidden: a theme change re-applies CSS
         # on its own, and widgets restyle themselves when their classes
         # change. Textual skips the same work when a screen on top is
-        # popped; a screen that has been shown before skips it here. (Textual
-        # calls this before Screen's own handler, which reads the flag.)
+        # popped; a screen that has been shown before skips it here. (A
+        # subclass's handler runs before Screen's own, which reads the flag.)
         if self._shown_before:
             event.refresh_styles = False
         self._shown_before = True

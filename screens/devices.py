@@ -25,6 +25,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, LoadingIndicator, Static
 
 from screens.base import DashScreen
+from tpudash.clock import format_seconds
 from tpudash.console import format_bytes, telemetry_view
 
 DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
@@ -94,7 +95,7 @@ def describe_runtime(description) -> Text:
         line("TPU topology", "n/a (no TPU)", "dim")
     line("versions", f"TensorFlow {description.tf_version}, Keras {description.keras_version}")
     line("host", description.host)
-    line("init time", f"{description.init_seconds:.2f} s")
+    line("init time", format_seconds(description.init_seconds))
     for kind_name, reason in description.reasons.items():
         line(f"why not {kind_name}", reason, "dim")
     for note in description.notes:

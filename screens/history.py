@@ -20,13 +20,14 @@ from rich.text import Text
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.message import Message
 from textual.widgets import DataTable, Static
 from textual.worker import Worker, WorkerState
 
-from screens.base import DashScreen
-from screens.run import RunView, format_value
+from screens.base import DashScreen, DisplayTick
+from screens.run import RunView
 from tpudash.clock import format_seconds
-from tpudash.console import status_text
+from tpudash.console import brief_metrics, status_text
 from tpudash.follow import SOURCE_WORDS, RunFollower
 from tpudash.runmodel import RunModel
 from tpudash.records import SOURCE_JOB, RunInfo
@@ -36,12 +37,6 @@ from tpudash.widgets import MetricPlot, PlotLine
 HISTORY_COLUMNS = ("", "started", "job", "status", "duration", "final metrics", "problems")
 EXPORT_FILE = "metrics.csv"
 MAX_MARKED = 2
-
-
-def format_metrics(metrics: dict, limit: int = 4) -> str:
-    items = list(metrics.items())
-    preferred = [item for item in items if "loss" in item[0] or "acc" in item[0]] or items
-    return "  ".join(f"{name}={format_value(value, 12)}" for name, value in preferred[:limit])
 
 
 def follow_run(store, run_id: str) -> RunFollower:
@@ -65,7 +60,45 @@ def run_duration_text(info: RunInfo) -> str:
     return ""
 
 
-class HistoryScreen(DashScreen):
+class RunsListed(Message):
+    """run.json of every run was read (posted from the listing worker)."""
+
+    def __init__(self, infos: list[RunInfo]):
+        super().__init__()
+        self.infos = infos
+
+
+class RunExported(Message):
+    """A run's metrics were written as CSV to ``path``."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+
+class RunsLoaded(Message):
+    """Runs were read from their events.jsonl: a follower each, in the order asked."""
+
+    def __init__(self, followers: list[RunFollower]):
+        super().__init__()
+        self.followers = followers
+
+
+class ExportsRuns:
+    """A screen mixin: ``export_run(run_id)`` writes the run's metrics as CSV in a worker and says where."""
+
+    @work(thread=True, exit_on_error=False, group="history-export", description="Export a run's metrics as CSV")
+    def export_run(self, run_id: str) -> None:
+        store = self.app.store
+        path = store.find(run_id) / EXPORT_FILE
+        path.write_text(store.export(run_id, "csv"), encoding="utf-8")
+        self.post_message(RunExported(path))
+
+    def on_run_exported(self, message: RunExported) -> None:
+        self.app.notify(f"exported to {message.path}", title="CSV export")
+
+
+class HistoryScreen(ExportsRuns, DashScreen):
     """Past runs, newest first."""
 
     CSS_PATH = "history.tcss"
@@ -107,16 +140,15 @@ class HistoryScreen(DashScreen):
 
     @work(thread=True, exclusive=True, exit_on_error=False, group="history-list",
           description="Read run.json of every run in the runs directory")
-    def list_runs(self) -> list[RunInfo]:
-        return self.app.store.list_runs()
+    def list_runs(self) -> None:
+        self.post_message(RunsListed(self.app.store.list_runs()))
+
+    def on_runs_listed(self, message: RunsListed) -> None:
+        self._show_runs(message.infos)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
-        if event.state == WorkerState.SUCCESS and worker.group == "history-list":
-            self._show_runs(worker.result)
-        elif event.state == WorkerState.SUCCESS and worker.group == "history-export":
-            self.app.notify(f"exported to {worker.result}", title="CSV export")
-        elif event.state == WorkerState.ERROR:
+        if event.state == WorkerState.ERROR:
             self.app.notify(f"{type(worker.error).__name__}: {worker.error}", title=worker.description,
                             severity="error")
 
@@ -133,7 +165,7 @@ class HistoryScreen(DashScreen):
             problems = Text(f"⚠ {len(info.problems)}", style="yellow") if info.problems else Text("")
             table.add_row(
                 "✓" if info.run_id in self.marked else "", started, info.job, run_status_text(info),
-                run_duration_text(info), format_metrics(info.final_metrics),
+                run_duration_text(info), brief_metrics(info.final_metrics),
                 problems, key=info.run_id,
             )
         if cursor_key in self.runs:
@@ -184,15 +216,8 @@ class HistoryScreen(DashScreen):
         if run_id is not None:
             self.export_run(run_id)
 
-    @work(thread=True, exit_on_error=False, group="history-export", description="Export a run's metrics as CSV")
-    def export_run(self, run_id: str) -> Path:
-        store = self.app.store
-        path = store.find(run_id) / EXPORT_FILE
-        path.write_text(store.export(run_id, "csv"), encoding="utf-8")
-        return path
 
-
-class RunDetailScreen(DashScreen):
+class RunDetailScreen(ExportsRuns, DashScreen):
     """One run in the run view, read from its events.jsonl; a live run grows as its file does."""
 
     CSS_PATH = "history.tcss"
@@ -217,20 +242,19 @@ class RunDetailScreen(DashScreen):
         self.load()
 
     @work(thread=True, exit_on_error=False, group="history-load", description="Read a run's events.jsonl")
-    def load(self) -> RunFollower:
-        return follow_run(self.app.store, self.run_id)
+    def load(self) -> None:
+        self.post_message(RunsLoaded([follow_run(self.app.store, self.run_id)]))
+
+    def on_runs_loaded(self, message: RunsLoaded) -> None:
+        self.follower = message.followers[0]
+        self.view.show(self.follower.model)
+        self._show_where_from()
+        self.loaded = True
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
         problems = self.query_one("#detail-problems", Static)
-        if event.state == WorkerState.SUCCESS and worker.group == "history-load":
-            self.follower = worker.result
-            self.view.show(self.follower.model)
-            self._show_where_from()
-            self.loaded = True
-        elif event.state == WorkerState.SUCCESS and worker.group == "history-export":
-            self.app.notify(f"exported to {worker.result}", title="CSV export")
-        elif event.state == WorkerState.ERROR:
+        if event.state == WorkerState.ERROR:
             problems.update(Text(f"cannot open {self.run_id}: {worker.error}", style="bold red"))
             problems.display = True
 
@@ -263,8 +287,9 @@ class RunDetailScreen(DashScreen):
     def view(self) -> RunView:
         return self.query_one("#detail-view", RunView)
 
-    def tick(self, force: bool = False) -> None:
+    def on_display_tick(self, tick: DisplayTick) -> None:
         """On the app's timer: read what a live run added, then redraw on the display beat, as the Run view does."""
+        force = tick.force
         follower = self.follower
         if follower is None:
             return
@@ -279,7 +304,7 @@ class RunDetailScreen(DashScreen):
         self.dismiss()
 
     def action_export(self) -> None:
-        self.export_run()
+        self.export_run(self.run_id)
 
     @work(thread=True, exit_on_error=False, group="history-export", description="Export a run's metrics as CSV")
     def export_run(self) -> Path:
@@ -323,31 +348,32 @@ class OverlayScreen(DashScreen):
         self.load()
 
     @work(thread=True, exit_on_error=False, group="history-load", description="Read two runs' events.jsonl")
-    def load(self) -> list[RunModel]:
-        return [follow_run(self.app.store, run_id).model for run_id in self.run_ids]
+    def load(self) -> None:
+        self.post_message(RunsLoaded([follow_run(self.app.store, run_id) for run_id in self.run_ids]))
+
+    def on_runs_loaded(self, message: RunsLoaded) -> None:
+        title = self.query_one("#overlay-title", Static)
+        self.models = [follower.model for follower in message.followers]
+        colors = (("blue", "cyan"), ("red", "orange"))
+        lines: list[PlotLine] = []
+        missing = []
+        for (train_color, val_color), model in zip(colors, self.models):
+            series = loss_series(model)
+            if not series:
+                missing.append(model.run_id)
+            for split, values in series:
+                lines.append(PlotLine(f"{model.job} {model.run_id[-6:]} {split}", values,
+                                      color=train_color if split == "train" else val_color))
+        self.query_one("#overlay-plot", MetricPlot).set_lines(lines)
+        text = Text.assemble(("loss: ", "bold"), " vs ".join(model.run_id for model in self.models))
+        if missing:
+            text.append(f"   no loss metric in {', '.join(missing)}", "yellow")
+        title.update(text)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        worker = event.worker
-        title = self.query_one("#overlay-title", Static)
-        if event.state == WorkerState.SUCCESS:
-            self.models = worker.result
-            colors = (("blue", "cyan"), ("red", "orange"))
-            lines: list[PlotLine] = []
-            missing = []
-            for (train_color, val_color), model in zip(colors, self.models):
-                series = loss_series(model)
-                if not series:
-                    missing.append(model.run_id)
-                for split, values in series:
-                    lines.append(PlotLine(f"{model.job} {model.run_id[-6:]} {split}", values,
-                                          color=train_color if split == "train" else val_color))
-            self.query_one("#overlay-plot", MetricPlot).set_lines(lines)
-            text = Text.assemble(("loss: ", "bold"), " vs ".join(model.run_id for model in self.models))
-            if missing:
-                text.append(f"   no loss metric in {', '.join(missing)}", "yellow")
-            title.update(text)
-        elif event.state == WorkerState.ERROR:
-            title.update(Text(f"cannot open the runs: {worker.error}", style="bold red"))
+        if event.state == WorkerState.ERROR:
+            title = self.query_one("#overlay-title", Static)
+            title.update(Text(f"cannot open the runs: {event.worker.error}", style="bold red"))
 
     @property
     def plot(self) -> MetricPlot:

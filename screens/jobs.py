@@ -17,8 +17,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widget import AwaitMount
-from textual.widgets import Button, ContentSwitcher, OptionList, Static
-from textual.widgets._select import SelectOverlay
+from textual.widgets import Button, ContentSwitcher, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
 from screens.base import DashScreen
@@ -137,7 +136,9 @@ class JobsScreen(DashScreen):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action == "launch":
             focused = self.focused
-            if isinstance(focused, SelectOverlay) or (focused is not None and focused.id == "job-list"):
+            # Enter in a Select's open list picks a value; on the job list it opens the form.
+            if (focused is not None and isinstance(focused.parent, Select)) or \
+                    (focused is not None and focused.id == "job-list"):
                 return False
             if isinstance(focused, Button) and not focused.has_class("launch"):
                 return False

@@ -12,19 +12,18 @@ launched, with the accelerator lane beside it.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Label, OptionList, ProgressBar, RichLog, Static, TabbedContent, TabPane
+from textual.widgets import DataTable, Label, OptionList, ProgressBar, RichLog, Static, TabbedContent, TabPane, Tabs
 from textual.widgets.option_list import Option
 
 from jobs import registry
-from screens.base import DashScreen
+from screens.base import DashScreen, DisplayTick
 from tpudash.clock import display_beat, format_seconds
-from tpudash.console import status_text  # one glyph and colour per status, the same as the CLI's
+from tpudash.console import DeviceNames, format_value, status_text, table_devices  # the CLI's rules
 from tpudash.runmodel import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
 from tpudash.widgets import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
 
@@ -37,16 +36,8 @@ TELEMETRY_MIN_HEIGHT = 30
 TELEMETRY_COLORS = {"TPU duty cycle": "green", "HBM used": "magenta", "host CPU": "cyan", "host memory": "gray"}
 
 
-def format_value(value: Any, width: int = 60) -> str:
-    """A compact cell text for numbers, lists and matrices."""
-    if isinstance(value, float):
-        text = f"{value:.6g}"
-    elif isinstance(value, list):
-        text = "[" + ", ".join(format_value(item, width) for item in value) + "]"
-    elif isinstance(value, dict):
-        text = "{" + ", ".join(f"{short_device(str(key))}: {format_value(item, width)}" for key, item in value.items()) + "}"
-    else:
-        text = str(value)
+def clipped(text: str, width: int) -> str:
+    """``text`` cut to ``width`` cells with an ellipsis: a table cell must not push the others off screen."""
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
@@ -55,7 +46,7 @@ def format_params(params: dict, job: str = "") -> str:
     others (momentum with optimizer=sgd) is left out, as the job's form hides it."""
     spec = registry().get(job)
     declared = {param.name: param for param in spec.params} if spec is not None else {}
-    return "  ".join(f"{name}={format_value(value, 40)}" for name, value in params.items()
+    return "  ".join(f"{name}={clipped(format_value(value), 40)}" for name, value in params.items()
                      if name not in declared or declared[name].applies(params))
 
 
@@ -100,11 +91,13 @@ class RunTabs(TabbedContent):
     user_chose = False
     """True once the user clicked or keyed to a tab: the view stops choosing for them."""
 
-    def _on_tabs_tab_activated(self, event) -> None:
-        # Programmatic changes never post Tabs.TabActivated; only the user's do.
-        if self._is_associated_tabs(event.tabs):
+    def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
+        # Setting ``active`` from code posts no Tabs.TabActivated (TabbedContent
+        # holds it back); a click or key does, for a tab not active yet. The
+        # one posted at mount comes while no tab is active yet. Tabs of a
+        # TabbedContent nested in a pane have that one as parent.
+        if event.tabs.parent is self and self.active and self.get_pane(event.tab).id != self.active:
             self.user_chose = True
-        super()._on_tabs_tab_activated(event)
 
 
 class RunView(Vertical):
@@ -148,6 +141,7 @@ class RunView(Vertical):
         self._drawn: dict[str, int] = {}
         self._logs_written = 0
         self._tables_drawn: dict[str, int] = {}
+        self._device_names = DeviceNames()
         self._result_tables: dict[str, DataTable] = {}
         self._progress_rows: dict[str, ProgressRow] = {}
         self._plots: dict[str, MetricPlot] = {}
@@ -201,6 +195,7 @@ class RunView(Vertical):
         self._drawn.clear()
         self._logs_written = 0
         self._tables_drawn.clear()
+        self._device_names = DeviceNames()
         self._result_tables.clear()
         self._replica_drawn = -1
         self.query_one("#run-tabs", RunTabs).user_chose = False
@@ -351,7 +346,8 @@ class RunView(Vertical):
         results = self.query_one("#results", VerticalScroll)
         summary = self.query_one("#run-summary", Static)
         if (model.summary or model.problems) and self._drawn.get("summary") != model.version:
-            lines = [f"{key}: {format_value(value, 200)}" for key, value in model.summary.items()]
+            names = self._device_names.short
+            lines = [f"{key}: {clipped(format_value(value, names), 200)}" for key, value in model.summary.items()]
             lines += [f"problem: {problem}" for problem in model.problems]
             summary.update("\n".join(lines))
             self.query_one("#summary-title", Static).update(Text("Summary", style="bold"))
@@ -363,8 +359,9 @@ class RunView(Vertical):
             table = self._result_table(results, title)
             table.clear(columns=True)
             table.add_columns(*[str(column) for column in table_event.columns])
+            names = self._device_names.add(table_devices(table_event))
             for row in table_event.rows:
-                cells = [format_value(cell, 40) for cell in row]
+                cells = [clipped(format_value(cell, names), 40) for cell in row]
                 cells += [""] * (len(table_event.columns) - len(cells))
                 table.add_row(*cells[: len(table_event.columns)])
             self._tables_drawn[title] = version
@@ -397,11 +394,12 @@ class RunView(Vertical):
         for index in range(width):
             table.add_column(f"replica {index}", key=f"r{index}")
         for event in replicas[-200:]:
-            cells = [format_value(value, 30) for value in event.values]
+            cells = [clipped(format_value(value), 30) for value in event.values]
             table.add_row(event.name, *(cells + [""] * (width - len(cells))))
         if model.latest_numeric_replica:
             event = model.replicas[model.latest_numeric_replica]
-            labels = [short_device(device) or str(index) for index, device in
+            names = self._device_names.add(event.devices or [])
+            labels = [names.get(str(device)) or str(index) for index, device in
                       enumerate(event.devices or [""] * len(event.values))]
             self.query_one("#replica-plot", ReplicaBarPlot).set_values(event.name, labels, event.values)
 
@@ -518,11 +516,6 @@ def replica_note(model: RunModel) -> str | None:
     return f"This run reported no per-replica values: {why}."
 
 
-def short_device(name: str) -> str:
-    """``/job:localhost/replica:0/task:0/device:CPU:3`` → ``CPU:3``."""
-    return name.rsplit("device:", 1)[-1] if name else name
-
-
 def plot_lines(tracks: list[MetricTrack]) -> list[PlotLine]:
     """The lines of one metric family: per-step (raw, and smoothed for batches), then epochs."""
     colors = {"train": "blue", "val": "orange", "test": "green"}
@@ -582,11 +575,11 @@ class RunScreen(DashScreen):
         self.view.show(live.model if live else None)
         self.refresh_lane()
 
-    def tick(self, force: bool = False) -> None:
-        """Called by the app on its timer (and when a run starts or ends): redraw what changed."""
+    def on_display_tick(self, tick: DisplayTick) -> None:
+        """On the app's timer (and when a run starts or ends): redraw what changed."""
         # A mode's screen is current before it has composed; there is nothing to draw yet.
         if getattr(self, "_ready", False):
-            self.view.sync(force)
+            self.view.sync(tick.force)
 
     def refresh_lane(self, _version: int = 0) -> None:
         """List this session's runs, newest first, with their status."""

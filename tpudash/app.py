@@ -37,11 +37,15 @@ from textual.reactive import reactive
 from textual.worker import Worker, WorkerState
 
 from screens import MODE_SCREENS
+from screens.base import DisplayTick
 from tpudash.clock import display_beat, format_seconds
 from tpudash.config import Settings
 from tpudash.palette import TpudashCommands
+from tpudash.textual_seams import UndelayedRevisits, guard_option_list_page_keys
 
 if TYPE_CHECKING:  # the lane, records and host check load after the first frame
+    from textual.screen import Screen
+
     from tpudash.engine import EngineHandle, Listener
     from tpudash.follow import RunsDirectoryWatch, RunsScan
     from tpudash.hostcheck import HostCheck
@@ -74,6 +78,31 @@ class LaneMessagesPending(Message):
     """The engine said something (a run started or ended, the runtime): poll the lane."""
 
 
+class HostChecked(Message):
+    """The host scan finished (posted from its worker thread)."""
+
+    def __init__(self, report: dict):
+        super().__init__()
+        self.report = report
+
+
+class DeviceCheckFound(Message):
+    """The last matmul check on disk, for the Devices screen (posted from its worker thread)."""
+
+    def __init__(self, check: dict):
+        super().__init__()
+        self.check = check
+
+
+class RunsScanned(Message):
+    """A look into the runs directory ended: what it found, or why it could not read it."""
+
+    def __init__(self, scan: RunsScan | None, error: Exception | None = None):
+        super().__init__()
+        self.scan = scan
+        self.error = error
+
+
 class TelemetrySampled(Message):
     """The sampler took a telemetry sample (posted from its thread)."""
 
@@ -83,7 +112,7 @@ class TelemetrySampled(Message):
         self.sample = sample
 
 
-class TpudashApp(App[int]):
+class TpudashApp(UndelayedRevisits, App[int]):
     """tpudash: devices, jobs, live runs and history of a TensorFlow accelerator session."""
 
     CSS_PATH = "app.tcss"
@@ -171,6 +200,7 @@ class TpudashApp(App[int]):
         makes SIGTERM/SIGINT cancel the running job cleanly, then exit.
         """
         super().__init__()
+        guard_option_list_page_keys()  # see tpudash/textual_seams.py
         self.settings = settings or Settings.load()
         self._runtime_provider = runtime_provider
         self._host_check_provider = host_check_provider
@@ -194,8 +224,6 @@ class TpudashApp(App[int]):
         self.quit_worker: Worker | None = None
         """The worker that cancels every run and exits, once quit was confirmed."""
         self._previous_mode = self.DEFAULT_MODE
-        self._visited_modes = {self.DEFAULT_MODE}
-        self._instant_switch = False
         self._signals_installed: list[int] = []
         self.runtime_settled = asyncio.Event()
         """Set when the engine has answered about the runtime (runtime or error)."""
@@ -480,12 +508,14 @@ class TpudashApp(App[int]):
     # -- the host and the runtime -------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="host-check",
           description="Scan the host: TPU chips, the TensorFlow build installed, the TPU's holder")
-    def check_host(self) -> dict:
+    def check_host(self) -> None:
         if self._host_check_provider is not None:
-            return self._host_check_provider().to_dict()
-        from tpudash.hostcheck import inspect
+            report = self._host_check_provider().to_dict()
+        else:
+            from tpudash.hostcheck import inspect
 
-        return inspect().to_dict()
+            report = inspect().to_dict()
+        self.post_message(HostChecked(report))
 
     def action_reinitialize_runtime(self) -> None:
         """A new engine: TensorFlow and the accelerator set up from scratch."""
@@ -514,22 +544,16 @@ class TpudashApp(App[int]):
     # -- workers --------------------------------------------------------------------
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
-        if worker.group == "host-check" and event.state == WorkerState.SUCCESS:
-            self.host_check = worker.result
-        elif worker.group == "device-check" and event.state == WorkerState.SUCCESS and worker.result:
-            if self.device_check is None:
-                self.device_check = worker.result
-        elif worker.group == "runs-scan" and event.state == WorkerState.SUCCESS:
-            self._runs_scanned(worker.result)
-        elif worker.group == "runs-scan" and event.state == WorkerState.ERROR:
-            # Looked at every second: say it once, not every second.
-            if not self._runs_scan_failed:
-                self._runs_scan_failed = True
-                self.notify(f"{type(worker.error).__name__}: {worker.error}", title="Cannot read the runs directory",
-                            severity="error")
-        elif event.state == WorkerState.ERROR:
+        if event.state == WorkerState.ERROR:
             self.notify(f"{type(worker.error).__name__}: {worker.error}", title=worker.description or worker.name,
                         severity="error")
+
+    def on_host_checked(self, message: HostChecked) -> None:
+        self.host_check = message.report
+
+    def on_device_check_found(self, message: DeviceCheckFound) -> None:
+        if self.device_check is None:  # a check run in this session came first
+            self.device_check = message.check
 
     def refresh_lane(self) -> None:
         """Something changed on the lane (a cancel, a launch): redraw."""
@@ -602,21 +626,7 @@ class TpudashApp(App[int]):
             self._engine_needed()
         if self.current_mode != mode:
             self._previous_mode = self.current_mode
-            self._instant_switch = mode in self._visited_modes
-            try:
-                await self.switch_mode(mode)
-            finally:
-                self._instant_switch = False
-            self._visited_modes.add(mode)
-
-    def delay_update(self, delay: float = 0.05) -> None:
-        # Textual holds every frame for 50 ms after a mode switch, to hide a
-        # screen that is still composing. A screen shown before is already
-        # composed and kept, so it can be drawn at the next frame: that
-        # 50 ms was most of a key's latency.
-        if self._instant_switch:
-            return
-        super().delay_update(delay)
+            await self.switch_mode_undelayed(mode)
 
     async def action_back(self) -> None:
         await self.action_show(self._previous_mode if self._previous_mode != self.current_mode else "devices")
@@ -626,9 +636,10 @@ class TpudashApp(App[int]):
 
     async def action_open_form(self, name: str) -> None:
         await self.action_show("jobs")
-        open_form = getattr(self.screen, "open_form", None)
-        if open_form is not None:
-            await open_form(name)
+        from screens.jobs import JobsScreen
+
+        if isinstance(self.screen, JobsScreen):  # not while a dialog is open over it
+            await self.screen.open_form(name)
 
     def action_cancel_job(self) -> None:
         """Cancel the job on the lane; else the last one queued."""
@@ -686,24 +697,26 @@ class TpudashApp(App[int]):
         if beat != self._beat:
             self._beat = beat
             self._update_lane_status()
-        self._sync_active_screen()
+        screen = self._sync_active_screen()
         ticked, self._tick_event = self._tick_event, asyncio.Event()
-        ticked.set()
+        # Queued behind the tick, so next_tick() returns once the screen has redrawn.
+        if screen is None or not screen.call_later(ticked.set):
+            ticked.set()
 
     async def next_tick(self) -> None:
         """Wait until the UI's timer has read new events and redrawn once more (tests, benchmarks)."""
         await self._tick_event.wait()
 
-    def _sync_active_screen(self, force: bool = False) -> None:
+    def _sync_active_screen(self, force: bool = False) -> Screen | None:
+        """Tell the screen on show to redraw what changed; the screen told, if any."""
         if self.exiting or not self.is_running:
-            return  # widgets are being closed (exit, or a test's shutdown); nothing to draw on
+            return None  # widgets are being closed (exit, or a test's shutdown); nothing to draw on
         try:
             screen = self.screen
         except ScreenStackError:
-            return
-        tick = getattr(screen, "tick", None)
-        if tick is not None:
-            tick(force) if force else tick()
+            return None
+        screen.post_message(DisplayTick(force))
+        return screen
 
     def _update_lane_status(self) -> None:
         lane = self._lane
@@ -737,16 +750,29 @@ class TpudashApp(App[int]):
 
     @work(thread=True, exit_on_error=False, group="runs-scan",
           description="Look in the runs directory for new runs and live runs from other processes")
-    def scan_runs_directory(self) -> RunsScan:
-        if self._runs_watch is None:
-            from tpudash.follow import RunsDirectoryWatch
+    def scan_runs_directory(self) -> None:
+        try:
+            if self._runs_watch is None:
+                from tpudash.follow import RunsDirectoryWatch
 
-            self._runs_watch = RunsDirectoryWatch(self.store)
-        return self._runs_watch.scan()
+                self._runs_watch = RunsDirectoryWatch(self.store)
+            scan = self._runs_watch.scan()
+        except Exception as error:  # an unreadable runs directory: said on the screen, the timer goes on
+            self.post_message(RunsScanned(None, error))
+            return
+        self.post_message(RunsScanned(scan))
 
-    def _runs_scanned(self, scan: RunsScan) -> None:
+    def on_runs_scanned(self, message: RunsScanned) -> None:
         from tpudash.follow import SOURCE_WORDS
 
+        if message.error is not None:
+            # Looked at every second: say it once, not every second.
+            if not self._runs_scan_failed:
+                self._runs_scan_failed = True
+                self.notify(f"{type(message.error).__name__}: {message.error}",
+                            title="Cannot read the runs directory", severity="error")
+            return
+        scan = message.scan
         self.live_on_disk = scan.live
         self._aim_telemetry()
         for info in scan.appeared_live:
@@ -830,7 +856,7 @@ class TpudashApp(App[int]):
 
     # -- the last device check ------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="device-check", description="Find the last matmul check on disk")
-    def load_last_device_check(self) -> dict | None:
+    def load_last_device_check(self) -> None:
         from tpudash.runmodel import RunModel
 
         for info in reversed(self.store.list_runs()):
@@ -840,9 +866,9 @@ class TpudashApp(App[int]):
             model = RunModel.from_events(data.events, run_id=info.run_id, job=info.job)
             results = model.device_results()
             if results:
-                return {"run_id": info.run_id, "job": info.job, "finished": info.finished,
-                        "status": info.status, "results": results}
-        return None
+                self.post_message(DeviceCheckFound({"run_id": info.run_id, "job": info.job, "finished": info.finished,
+                                                    "status": info.status, "results": results}))
+                return
 
 
 def _process_start_time() -> float | None:

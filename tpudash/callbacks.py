@@ -31,7 +31,7 @@ from typing import Any
 import keras
 
 from jobs.batchmeans import BatchMeans
-from jobs.events import to_jsonable
+from jobs.events import split_final_name, to_jsonable
 from tpudash.recording import RecordedRun, RecordingError, session_runtime
 from tpudash.records import SOURCE_CALLBACK
 
@@ -134,7 +134,7 @@ class TpudashCallback(keras.callbacks.Callback):
         seconds = self._train_seconds if self._train_seconds is not None else time.perf_counter() - self._epoch_started
         step = self._steps_before_epoch + self._steps_in_epoch
         for key, value in (logs or {}).items():
-            split, name = ("val", key[len("val_"):]) if key.startswith("val_") else ("train", key)
+            split, name = split_final_name(key)
             if isinstance(value, (int, float)):
                 run.metric(name, value, step=step, epoch=self._epoch, split=split)
         if seconds > 0 and self._steps_in_epoch:

@@ -43,6 +43,7 @@ from jobs.events import (
     Telemetry,
     dumps,
 )
+from tpudash.clock import format_seconds
 from tpudash.runmodel import StageTimeline
 
 LEVEL_STYLES = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold red"}
@@ -80,6 +81,36 @@ def short_device_names(names: Iterable[str]) -> dict[str, str]:
     return {name: name for name in segments}
 
 
+class DeviceNames:
+    """The devices a run has named so far, each shortened as ``short_device_names`` does.
+
+    A run names its devices bit by bit (a table, then per-replica values);
+    the short names are worked out over all of them, so ``CPU:3`` means the
+    same device in every table of a run, in the CLI and in the dashboard.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, None] = {}
+
+    def add(self, devices: Iterable) -> dict[str, str]:
+        """Remember ``devices``; the short name of every device seen so far."""
+        self._seen.update(dict.fromkeys(str(device) for device in devices))
+        return self.short
+
+    @property
+    def short(self) -> dict[str, str]:
+        return short_device_names(self._seen)
+
+
+def table_devices(event: Table) -> list[str]:
+    """The device column of a result table, if it has one (matmul's per-device check)."""
+    keys = [column_key(str(column)) for column in event.columns]
+    if "device" not in keys:
+        return []
+    column = keys.index("device")
+    return [str(row[column]) for row in event.rows if len(row) > column]
+
+
 def format_value(value, device_names: Mapping[str, str] | None = None) -> str:
     """Numbers compact, matrices and lists as nested brackets, mappings as ``key=value, …``.
 
@@ -98,19 +129,16 @@ def format_value(value, device_names: Mapping[str, str] | None = None) -> str:
     return str(value)
 
 
+def brief_metrics(metrics: Mapping, limit: int = 4) -> str:
+    """A run's final metrics in a runs list: losses and accuracies first, ``name=value``, at most ``limit``."""
+    items = [(name, value) for name, value in metrics.items() if isinstance(value, (int, float))]
+    preferred = [item for item in items if "loss" in item[0] or "acc" in item[0]] or items
+    return "  ".join(f"{name}={format_value(float(value))}" for name, value in preferred[:limit])
+
+
 def column_key(name: str) -> str:
     """A name as it compares with a column title: ``gflops`` is ``GFLOP/s``, ``median_ms`` is ``median ms``."""
     return "".join(character for character in name.casefold() if character.isalnum())
-
-
-def format_seconds(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, seconds = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
 
 
 def format_bytes(count: int | float | None) -> str:
@@ -313,7 +341,7 @@ class ConsoleSink:
         self._latest: dict[str, float] = {}
         self._started = False
         self._lock = threading.Lock()
-        self._devices: dict[str, None] = {}
+        self._devices = DeviceNames()
         """Every device named in this run's tables, in order: they all get short names together."""
         self._per_device_shown: list[tuple[frozenset[str], frozenset[str]]] = []
         """(devices, column keys) of each per-device table printed, so no value is printed twice."""
@@ -368,8 +396,7 @@ class ConsoleSink:
             if event.unit == "epoch" and self._latest:
                 self.console.print(f"epoch {event.done}/{event.total}  {self._epoch_line()}", highlight=False)
         elif isinstance(event, Metric):
-            key = event.name if event.split == "train" else f"{event.split}_{event.name}"
-            self._latest[key] = event.value
+            self._latest[event.final_name] = event.value
             if event.split == "test":
                 self.console.print(f"test {event.name}: {event.value:.6g}", highlight=False)
         elif isinstance(event, Table):
@@ -392,10 +419,6 @@ class ConsoleSink:
                 self.console.print(f"error: {event.error}", style="red", markup=False)
             self._print_summary(event.summary)
 
-    def _short_names(self, devices: Iterable) -> dict[str, str]:
-        self._devices.update(dict.fromkeys(str(device) for device in devices))
-        return short_device_names(self._devices)
-
     def _shown_per_device(self, name: str, devices: Iterable) -> bool:
         """Whether a printed table already has a ``name`` column for each of ``devices``."""
         wanted = {str(device) for device in devices}
@@ -403,20 +426,19 @@ class ConsoleSink:
                                     for shown, keys in self._per_device_shown)
 
     def _print_result_table(self, event: Table) -> None:
-        keys = [column_key(str(column)) for column in event.columns]
-        device_column = keys.index("device") if "device" in keys else None
+        devices = table_devices(event)
         names = None
-        if device_column is not None:
-            devices = [str(row[device_column]) for row in event.rows]
-            names = self._short_names(devices)
-            self._per_device_shown.append((frozenset(devices), frozenset(keys)))
+        if devices:
+            names = self._devices.add(devices)
+            keys = frozenset(column_key(str(column)) for column in event.columns)
+            self._per_device_shown.append((frozenset(devices), keys))
         self.console.print(rich_table(event.title, event.columns, event.rows, names))
 
     def _print_replica_values(self, event: ReplicaValues) -> None:
         # A job's result table often has the same per-device numbers (matmul's GFLOP/s).
         if self._shown_per_device(event.name, event.devices):
             return
-        names = self._short_names(event.devices)
+        names = self._devices.add(event.devices)
         table = RichTable(title=event.name, title_justify="left")
         table.add_column("replica", justify="right")
         table.add_column("device", no_wrap=True)
@@ -431,7 +453,7 @@ class ConsoleSink:
                  if isinstance(value, dict) and self._shown_per_device(key, value)}
         remaining = {key: value for key, value in summary.items() if key not in shown}
         if remaining:
-            self.console.print(summary_table(remaining, short_device_names(self._devices)))
+            self.console.print(summary_table(remaining, self._devices.short))
 
     def _show_stage(self, event: Stage, now: float) -> None:
         """A live line for the stage under way; the preparation's breakdown once the steps begin."""
@@ -567,7 +589,7 @@ def render_devices(description, console: Console | None = None) -> None:
     console.print(f"[bold]{description.kind}[/] · {description.strategy} · "
                   f"{description.num_replicas} replicas in sync{simulated}")
     console.print(f"TensorFlow {description.tf_version} · Keras {description.keras_version} · host {description.host} · "
-                  f"initialized in {description.init_seconds:.2f}s")
+                  f"initialized in {format_seconds(description.init_seconds)}")
     if description.tpu_address:
         console.print(f"TPU address: {description.tpu_address}")
     if description.topology:
@@ -659,8 +681,7 @@ def runs_table(runs, runs_dir, leave_out: Iterable[str] = ()) -> RichTable:
             "started": datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M:%S") if run.started else "-",
             "duration": format_seconds(run.duration),
             "status": status,
-            "final metrics": "  ".join(f"{name} {value:.4g}" for name, value in list(run.final_metrics.items())[:4]
-                                       if isinstance(value, (int, float))),
+            "final metrics": brief_metrics(run.final_metrics),
         }
         table.add_row(*(cells[column] for column in columns))
     return table

@@ -91,11 +91,6 @@ def process_alive(pid: int, start_ticks: str | None) -> bool:
     return start_ticks is None or fields[19] == start_ticks
 
 
-def metric_key(event: Metric) -> str:
-    """How run.json names a metric: ``loss`` for train, ``val_loss`` for val."""
-    return event.name if event.split == "train" else f"{event.split}_{event.name}"
-
-
 def write_json_atomically(path: Path, payload: dict) -> None:
     """Write to a temp file beside ``path``, fsync, then os.replace it."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -215,7 +210,7 @@ class RunRecorder:
 
     def remember_metric(self, event: Metric) -> None:
         """Keep ``event`` as its metric's latest value for run.json's final_metrics."""
-        self._final_metrics[metric_key(event)] = event.value
+        self._final_metrics[event.final_name] = event.value
 
     def close(self) -> None:
         """Write what is buffered and close, without a finish (the run reads as interrupted)."""
@@ -513,14 +508,14 @@ class RunStore:
             elif isinstance(event, RunFinished):
                 info.status, info.summary, info.error, info.finished = event.status, event.summary, event.error, stamp
             elif isinstance(event, Metric):
-                info.final_metrics[metric_key(event)] = event.value
+                info.final_metrics[event.final_name] = event.value
 
     def _refresh_from_events(self, info: RunInfo) -> None:
         """For an interrupted run, the last metrics and time come from its events."""
         events, _ = read_events(info.path / EVENTS_FILE)
         for stamp, event in events:
             if isinstance(event, Metric):
-                info.final_metrics[metric_key(event)] = event.value
+                info.final_metrics[event.final_name] = event.value
             if stamp is not None:
                 info.finished = stamp
 

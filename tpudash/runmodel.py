@@ -28,6 +28,7 @@ from jobs.events import (
     Table,
     Telemetry,
     is_finite_number,
+    split_final_name,
 )
 from tpudash.clock import format_seconds
 from tpudash.series import DecimatedSeries, Ema
@@ -36,7 +37,6 @@ from tpudash.telemetry import idle_accelerator_hint, summarize
 MAX_LOG_LINES = 5000
 # Metrics named like these are one point of a 2-D path (gradient descent's x0, x1).
 PATH_FAMILIES = ("x0", "x1")
-SPLIT_PREFIXES = ("val_", "test_")
 # The telemetry plot's lines: label, ``tpudash.telemetry.Summary`` field (all percentages).
 TELEMETRY_LINES = (("TPU duty cycle", "duty_cycle_pct"), ("HBM used", "hbm_used_pct"),
                    ("host CPU", "cpu_pct"), ("host memory", "memory_used_pct"))
@@ -77,9 +77,8 @@ def classify_metric(metric: Metric) -> tuple[str, str, str]:
     (gradient descent).
     """
     name, split = metric.name, metric.split or "train"
-    for prefix in SPLIT_PREFIXES:
-        if name.startswith(prefix) and split == "train":
-            name, split = name[len(prefix):], prefix[:-1]
+    if split == "train":
+        split, name = split_final_name(name)
     if name.startswith("batch_"):
         return name[len("batch_"):], split, "batch"
     if name.startswith("epoch_"):
@@ -318,7 +317,7 @@ class RunModel:
             self.tracks[key] = track
             self.families.setdefault(family, []).append(track)
             self.family_versions.setdefault(family, 0)
-        return track, metric.name if metric.split == "train" else f"{metric.split}_{metric.name}"
+        return track, metric.final_name
 
     def _path_point(self, family: str, metric: Metric) -> None:
         pending = self._path_pending.setdefault(metric.step, {})

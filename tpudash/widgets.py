@@ -20,29 +20,11 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Button, Input, Label, OptionList, Select, Static, Switch
+from textual.widgets import Button, Input, Label, Select, Static, Switch
 from textual_plotext import PlotextPlot
 
 from jobs.base import JobSpec, Param, ParamError
 from tpudash.series import DecimatedSeries, decimate_min_max, decimate_stride
-
-
-def _page_keys_wait_for_layout() -> None:
-    """Textual 8.2: pageup/pagedown reaching an OptionList (a Select's open
-    list) before its first layout raised KeyError in ``_move_page`` and took
-    the app down; found by the random-key soak. Until laid out, a page key
-    does nothing."""
-    move_page = OptionList._move_page
-
-    def move_page_once_laid_out(self, direction):
-        if (self.highlighted or 0) not in self._index_to_line:
-            return
-        move_page(self, direction)
-
-    OptionList._move_page = move_page_once_laid_out
-
-
-_page_keys_wait_for_layout()
 
 
 # Points all lines of a plot draw together, per character column.

@@ -272,7 +272,7 @@ def test_runs_at_80_columns_shows_every_run_id_whole(isolated_runs_dir, monkeypa
     assert "…" not in out
     for run_id in run_ids:
         assert run_id in out
-    assert "val_accuracy 0.88" in out
+    assert "val_accuracy=0.88" in out
 
 
 def test_the_matmul_table_at_80_columns_names_each_device_briefly_and_distinctly(monkeypatch, capsys):

@@ -1,0 +1,180 @@
+"""What tpudash relies on in Textual beyond its documented API: each test fails when a release changes it.
+
+tpudash/textual_seams.py holds the two seams into Textual's insides; the
+other tests here pin the Textual behaviour our public-API code depends on
+(the order handlers run in, which changes post which message, the shape of
+Select). When one fails after an upgrade, the failing test names what to
+look at.
+"""
+
+from __future__ import annotations
+
+from textual.app import App, ComposeResult
+from textual.screen import Screen
+from textual.widgets import Label, OptionList, Select, TabbedContent, TabPane
+
+from screens.base import DashScreen
+from screens.run import RunTabs
+from tpudash.textual_seams import TEXTUAL_MOVE_PAGE, UndelayedRevisits, guard_option_list_page_keys
+
+
+def test_textual_still_fails_on_a_page_key_before_layout():
+    """If this fails, Textual fixed its page move on a list not laid out yet: drop the guard."""
+    options = OptionList("a", "b", "c")
+    try:
+        TEXTUAL_MOVE_PAGE(options, 1)
+    except KeyError:
+        return
+    raise AssertionError("Textual's OptionList._move_page no longer fails before layout: "
+                         "remove guard_option_list_page_keys from tpudash/textual_seams.py")
+
+
+def test_guarded_page_key_before_layout_does_nothing():
+    guard_option_list_page_keys()
+    guard_option_list_page_keys()  # twice: still one guard, not a guard around a guard
+    options = OptionList("a", "b", "c")
+    options.highlighted = 1
+    OptionList._move_page(options, 1)
+    assert options.highlighted == 1
+
+
+class ListApp(App):
+    def compose(self) -> ComposeResult:
+        yield OptionList(*(f"option {index}" for index in range(50)))
+
+
+async def test_guarded_page_keys_still_page_once_laid_out():
+    guard_option_list_page_keys()
+    app = ListApp()
+    async with app.run_test(size=(40, 12)) as pilot:
+        options = app.query_one(OptionList)
+        options.focus()
+        options.highlighted = 0
+        await pilot.press("pagedown")
+        assert options.highlighted >= 8  # a page of a 12-row screen
+        await pilot.press("pageup")
+        assert options.highlighted == 0
+
+
+class ModesApp(UndelayedRevisits, App):
+    MODES = {"a": lambda: Screen(), "b": lambda: Screen()}
+    DEFAULT_MODE = "a"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delays_kept = 0
+
+    def delay_update(self, delay: float = 0.05) -> None:
+        skipped = self._skip_delay
+        super().delay_update(delay)
+        self.delays_kept += not skipped
+
+
+class PlainModesApp(App):
+    MODES = ModesApp.MODES
+    DEFAULT_MODE = "a"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delays_asked = 0
+
+    def delay_update(self, delay: float = 0.05) -> None:
+        self.delays_asked += 1
+        super().delay_update(delay)
+
+
+async def test_textual_switch_mode_still_holds_frames_through_delay_update():
+    """If this fails, switch_mode no longer calls delay_update: UndelayedRevisits does nothing any more."""
+    app = PlainModesApp()
+    async with app.run_test():
+        await app.switch_mode("b")
+        await app.switch_mode("a")
+        assert app.delays_asked == 2
+
+
+async def test_a_mode_shown_before_switches_without_the_hold():
+    app = ModesApp()
+    async with app.run_test():
+        await app.switch_mode_undelayed("b")  # first time: composed now, held as Textual does
+        assert app.delays_kept == 1
+        await app.switch_mode_undelayed("a")  # the first mode was shown at start
+        await app.switch_mode_undelayed("b")
+        assert app.delays_kept == 1
+        assert app.current_mode == "b"
+
+
+class TabsApp(App):
+    def compose(self) -> ComposeResult:
+        with RunTabs(id="outer"):
+            with TabPane("Plots", id="plots"):
+                with TabbedContent(id="inner"):
+                    with TabPane("One", id="one"):
+                        yield Label("one")
+                    with TabPane("Two", id="two"):
+                        yield Label("two")
+            with TabPane("Log", id="log"):
+                yield Label("log")
+
+
+async def test_run_tabs_tell_the_users_choice_from_the_views():
+    """The run view follows the run's content until the user picks a tab (Textual posts
+    Tabs.TabActivated for a click or key, never for ``active`` set from code)."""
+    app = TabsApp()
+    async with app.run_test(size=(60, 12)) as pilot:
+        tabs = app.query_one("#outer", RunTabs)
+        tabs.active = "log"
+        await pilot.pause()
+        tabs.active = "plots"
+        await pilot.pause()
+        assert not tabs.user_chose
+        await pilot.click("#inner Tab#--content-tab-two")
+        await pilot.pause()
+        assert app.query_one("#inner", TabbedContent).active == "two"
+        assert not tabs.user_chose  # a tab of a view inside the run's tabs
+        await pilot.click("#outer > ContentTabs Tab#--content-tab-log")
+        await pilot.pause()
+        assert tabs.active == "log"
+        assert tabs.user_chose
+
+
+class CountingScreen(DashScreen):
+    def compose_body(self) -> ComposeResult:
+        yield Label("body")
+
+    def update_node_styles(self, animate: bool = True) -> None:
+        self.restyled = getattr(self, "restyled", 0) + 1
+        super().update_node_styles(animate)
+
+
+class ResumeApp(App):
+    MODES = {"counted": CountingScreen, "other": lambda: Screen()}
+    DEFAULT_MODE = "counted"
+
+
+async def test_a_screen_shown_again_is_not_restyled():
+    """Our ScreenResume handler runs before Screen's own, which reads ``refresh_styles``."""
+    app = ResumeApp()
+    async with app.run_test() as pilot:
+        screen = app.screen
+        await pilot.pause()
+        before = getattr(screen, "restyled", 0)
+        await app.switch_mode("other")
+        await app.switch_mode("counted")
+        await pilot.pause()
+        assert getattr(screen, "restyled", 0) == before
+
+
+class SelectApp(App):
+    def compose(self) -> ComposeResult:
+        yield Select([("one", 1), ("two", 2)], value=1, allow_blank=False)
+
+
+async def test_an_open_select_list_has_the_select_as_parent():
+    """screens/jobs.py tells an open Select's list from other focus by its parent."""
+    app = SelectApp()
+    async with app.run_test() as pilot:
+        app.query_one(Select).focus()
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.focused, OptionList)
+        assert isinstance(app.focused.parent, Select)
