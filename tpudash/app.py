@@ -276,7 +276,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
     def redraw_budget(self) -> Any:
         """The ``RedrawBudget`` every plot of this app shares."""
         if self._redraw_budget is None:
-            from tpudash.widgets import RedrawBudget
+            from tpudash.plots import RedrawBudget
 
             self._redraw_budget = RedrawBudget()
         return self._redraw_budget

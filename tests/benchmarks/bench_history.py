@@ -1,6 +1,6 @@
 """Target 5: a 1,000,000-point metric history redraws in ≤ 20 ms, flat, in bounded memory.
 
-Two ``RunModel``s (screens/run.py, the model the live and History views
+Two ``RunModel``s (tpudash/runmodel.py, the model the live and History views
 draw) are fed ``Metric`` events the way a long training run sends them: a
 noisy falling ``batch_loss`` per step and, every 1,000 steps, an epoch's
 train and val ``loss``. One gets 1,000 batch points, the other 1,000,000.
@@ -92,7 +92,7 @@ async def _measure_redraws(small_model, big_model, rounds: int) -> dict:
     from textual.app import App, ComposeResult
     from textual.containers import Horizontal
 
-    from screens.run import RunView
+    from screens.runview import RunView
 
     class TwoRunViews(App):
         def compose(self) -> ComposeResult:

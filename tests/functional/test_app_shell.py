@@ -17,7 +17,7 @@ from screens.history import RunDetailScreen
 from screens.jobs import JobsScreen
 from tpudash.records import RunStore
 from screens.base import KeyBar, SessionBar
-from tpudash.widgets import BudgetedPlot
+from tpudash.plots import BudgetedPlot
 
 
 async def test_quit_during_a_run_asks_then_records_the_run_as_cancelled(make_app, job_gate, isolated_runs_dir):

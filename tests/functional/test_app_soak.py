@@ -50,7 +50,7 @@ from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_
 from screens import MODE_SCREENS
 from tpudash.app import MAX_WAITING_RUNS, TICK_SECONDS, TpudashApp
 from tpudash.records import RunStore
-from tpudash.widgets import ParamForm
+from tpudash.paramform import ParamForm
 
 # A thousand keep the default run under its time budget; TPUDASH_SOAK_KEYS=5000 soaks longer.
 RANDOM_KEYS = int(os.environ.get("TPUDASH_SOAK_KEYS", "1000"))

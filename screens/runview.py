@@ -1,0 +1,529 @@
+"""The run view: one run's status, progress, plots, per-replica values, results and log.
+
+``RunModel`` turns a run's events into what the view draws (bounded metric
+histories, the latest per-replica values, result tables, log lines, the
+telemetry sampled while the run was live); it knows nothing of Textual, so the
+History screen can feed it stored events and a benchmark can feed it a million
+points. ``RunView`` draws a model: the Run screen shows this session's runs in
+it, History a stored or followed one.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Label, ProgressBar, RichLog, Static, TabbedContent, TabPane, Tabs
+
+from jobs import registry
+from tpudash.clock import display_beat, format_seconds
+from tpudash.console import DeviceNames, format_value, status_text, table_devices  # the CLI's rules
+from tpudash.runmodel import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
+from tpudash.plots import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
+
+# A plot flatter than this shows little but its axes: plots then go side by side, even at
+# 80 columns, as long as each stays this wide.
+MIN_PLOT_ROWS = 10
+MIN_PLOT_COLUMNS = 26
+# Below this the run view keeps its rows for the run's own plots; Devices still shows telemetry.
+TELEMETRY_MIN_HEIGHT = 30
+TELEMETRY_COLORS = {"TPU duty cycle": "green", "HBM used": "magenta", "host CPU": "cyan", "host memory": "gray"}
+
+
+def clipped(text: str, width: int) -> str:
+    """``text`` cut to ``width`` cells with an ellipsis: a table cell must not push the others off screen."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_params(params: dict, job: str = "") -> str:
+    """``name=value`` of the params that had an effect: one that does not apply under the
+    others (momentum with optimizer=sgd) is left out, as the job's form hides it."""
+    spec = registry().get(job)
+    declared = {param.name: param for param in spec.params} if spec is not None else {}
+    return "  ".join(f"{name}={clipped(format_value(value), 40)}" for name, value in params.items()
+                     if name not in declared or declared[name].applies(params))
+
+
+
+# -- the view -------------------------------------------------------------------
+
+
+class ProgressRow(Horizontal):
+    """One unit's progress: label, bar, counts and ETA."""
+
+    DEFAULT_CSS = """
+    ProgressRow { height: 1; }
+    ProgressRow .progress-unit { width: 10; color: $text-muted; }
+    ProgressRow ProgressBar { width: auto; }
+    ProgressRow .progress-eta { width: 1fr; padding: 0 0 0 1; color: $text-muted; }
+    """
+
+    def __init__(self, unit: str):
+        super().__init__()
+        self.unit = unit
+        self.bar = ProgressBar(total=None, show_eta=False)
+        self.counts = Label("", classes="progress-eta")
+        self._shown = ""
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.unit, classes="progress-unit")
+        yield self.bar
+        yield self.counts
+
+    def show(self, state: ProgressState, finished: bool) -> None:
+        self.bar.update(total=state.total, progress=state.done)
+        counts = f"{state.done}/{state.total}" if state.total is not None else str(state.done)
+        eta = "" if finished or state.total is None else f"  ETA {format_seconds(state.eta(), precise=False)}"
+        if counts + eta != self._shown:
+            self._shown = counts + eta
+            self.counts.update(self._shown, layout=False)
+
+
+class RunTabs(TabbedContent):
+    """The run view's tabs; they follow the run's content until the user picks one."""
+
+    user_chose = False
+    """True once the user clicked or keyed to a tab: the view stops choosing for them."""
+
+    def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
+        # Setting ``active`` from code posts no Tabs.TabActivated (TabbedContent
+        # holds it back); a click or key does, for a tab not active yet. The
+        # one posted at mount comes while no tab is active yet. Tabs of a
+        # TabbedContent nested in a pane have that one as parent.
+        if event.tabs.parent is self and self.active and self.get_pane(event.tab).id != self.active:
+            self.user_chose = True
+
+
+class RunView(Vertical):
+    """Draws one RunModel: header, error, progress, and tabs of plots, replicas, results, log."""
+
+    # A scoped rule is prefixed with "RunView", so one about the screen's height could never match.
+    SCOPED_CSS = False
+    DEFAULT_CSS = """
+    RunView { height: 1fr; }
+    RunView #run-title { height: 1; padding: 0 1; }
+    RunView #run-params { height: auto; max-height: 2; padding: 0 1; color: $text-muted; }
+    RunView #run-error { height: auto; max-height: 50%; padding: 0 1; display: none; }
+    RunView #run-outcome { height: auto; max-height: 2; padding: 0 1; display: none; }
+    RunView #run-progress { height: auto; padding: 0 1; }
+    RunView #run-stage { height: auto; max-height: 2; padding: 0 1; color: $text-muted; display: none; }
+    RunView #run-tabs { height: 1fr; }
+    RunView TabPane { padding: 0; }
+    RunView #plots { height: 1fr; grid-gutter: 0 1; }
+    RunView #plots-empty { color: $text-muted; padding: 1; }
+    RunView #telemetry-note { height: auto; max-height: 4; padding: 0 1; display: none; }
+    RunView #telemetry-plot { height: 10; min-height: 10; display: none; }
+    RunView #replica-note { height: auto; padding: 1; color: $text-muted; }
+    RunView #replica-plot { height: 1fr; min-height: 8; display: none; }
+    RunView #replica-table { height: auto; max-height: 12; }
+    RunView #results { height: 1fr; }
+    RunView .result-title { margin: 1 0 0 0; }
+    RunView #summary-title { margin: 1 0 0 0; }
+    RunView .result-table { height: auto; max-height: 24; }
+    RunView #run-summary { height: auto; }
+    RunView #run-log { height: 1fr; }
+    /* On a short terminal the plots need the rows: the params and the outcome keep one line. */
+    Screen.-short RunView #run-params, Screen.-short RunView #run-outcome {
+        max-height: 1; text-wrap: nowrap; text-overflow: ellipsis;
+    }
+    """
+
+    def __init__(self, model: RunModel | None = None, budget: RedrawBudget | None = None, *, id: str | None = None):
+        super().__init__(id=id)
+        self.model = model
+        self.budget = budget or RedrawBudget()
+        self._drawn: dict[str, int] = {}
+        self._logs_written = 0
+        self._tables_drawn: dict[str, int] = {}
+        self._device_names = DeviceNames()
+        self._result_tables: dict[str, DataTable] = {}
+        self._progress_rows: dict[str, ProgressRow] = {}
+        self._plots: dict[str, MetricPlot] = {}
+        self._path_plot: PathPlot | None = None
+        self._replica_drawn = -1
+        self._last_header = None
+        self._last_state = None
+        self._beat = 0
+        self._ended_shown = False
+        self._last_note: Text | None = None
+        self._stage_shown: str | None = None
+        self._ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="run-title")
+        yield Static("", id="run-params", markup=False)
+        yield Static("", id="run-error", markup=False)
+        yield Static("", id="run-outcome", markup=False)
+        yield Vertical(id="run-progress")
+        yield Static("", id="run-stage", markup=False)
+        with RunTabs(id="run-tabs"):
+            with TabPane("Plots", id="tab-plots"):
+                yield Static("No metrics yet.", id="plots-empty")
+                yield Grid(id="plots")
+                yield Static("", id="telemetry-note", markup=False)
+                yield MetricPlot("accelerator and host (%)", self.budget, xlabel="seconds since the run started",
+                                 y_range=(0, 100), id="telemetry-plot")
+            with TabPane("Replicas", id="tab-replicas"):
+                yield Static("", id="replica-note", markup=False)
+                yield ReplicaBarPlot(self.budget, id="replica-plot")
+                yield DataTable(id="replica-table", zebra_stripes=True, cursor_type="row")
+            with TabPane("Results", id="tab-results"):
+                with VerticalScroll(id="results"):
+                    yield Static("", id="summary-title")
+                    yield Static("", id="run-summary", markup=False)
+            with TabPane("Log", id="tab-log"):
+                yield RichLog(id="run-log", max_lines=MAX_LOG_LINES, wrap=True, markup=False, highlight=False)
+
+    def on_mount(self) -> None:
+        self._ready = True
+        self.sync(force=True)
+
+    # -- switching what is shown --------------------------------------------------
+    def show(self, model: RunModel | None) -> None:
+        """Draw another run from scratch."""
+        if model is self.model:
+            return
+        self.model = model
+        if not self._ready:
+            return  # on_mount draws it
+        self._drawn.clear()
+        self._logs_written = 0
+        self._tables_drawn.clear()
+        self._device_names = DeviceNames()
+        self._result_tables.clear()
+        self._replica_drawn = -1
+        self.query_one("#run-tabs", RunTabs).user_chose = False
+        self._last_header = self._last_state = None
+        self._ended_shown = False
+        for row in self._progress_rows.values():
+            row.remove()
+        self._progress_rows.clear()
+        self._stage_shown = None
+        self.query_one("#run-stage", Static).display = False
+        for plot in list(self._plots.values()) + ([self._path_plot] if self._path_plot else []):
+            plot.remove()
+        self._plots.clear()
+        self._path_plot = None
+        self._last_note = None
+        self.query_one("#telemetry-plot", MetricPlot).set_lines([])
+        self.query_one("#run-log", RichLog).clear()
+        for table in self.query("#results .result-table, #results .result-title"):
+            table.remove()
+        self.query_one("#run-summary", Static).update("")
+        self.query_one("#summary-title", Static).update("")
+        self.query_one("#replica-table", DataTable).clear(columns=True)
+        self.query_one("#replica-plot", ReplicaBarPlot).set_values("", [], [])
+        self.sync(force=True)
+
+    def _choose_tab(self, pane_id: str) -> None:
+        tabs = self.query_one("#run-tabs", RunTabs)
+        if tabs.active != pane_id and not tabs.user_chose:
+            tabs.active = pane_id
+
+    # -- drawing ----------------------------------------------------------------
+    def sync(self, force: bool = False) -> None:
+        """Bring every part up to date with the model; plots only when the budget allows."""
+        if not self._ready:
+            return
+        model = self.model
+        # Every repaint costs the training thread CPU: the clock, the bars,
+        # the log, the tables and the plots move together, on the app's
+        # display beat; only a change of status shows at once.
+        state_changed = model is not None and self._last_state != (model.run_id, model.status, model.error)
+        beat = display_beat()
+        on_beat, self._beat = beat != self._beat, beat
+        if not (force or state_changed or on_beat):
+            return
+        self._sync_header(model)
+        if model is None:
+            return
+        self._sync_progress(model)
+        self._sync_stage(model)
+        self._sync_log(model)
+        self._sync_tables(model)
+        self._sync_replicas(model)
+        self._sync_telemetry_note(model)
+        plots_due = force or (on_beat and self.budget.ready())
+        if plots_due and self._plots_stale(model):
+            self.budget.start_round()
+            self._sync_plots(model)
+        self._choose_tab(self._preferred_tab(model))
+
+    def plots_stale(self) -> bool:
+        return self.model is not None and self._plots_stale(self.model)
+
+    def _plots_stale(self, model: RunModel) -> bool:
+        return self._drawn.get("plots") != model.plot_version
+
+    def _preferred_tab(self, model: RunModel) -> str:
+        if model.status == "failed" and not model.tracks:
+            return "tab-log"
+        if model.tracks:
+            return "tab-plots"
+        if model.latest_numeric_replica or model.replicas:
+            return "tab-replicas"
+        if model.tables or model.summary:
+            return "tab-results"
+        return "tab-log" if model.logs_total else "tab-plots"
+
+    def _sync_header(self, model: RunModel | None) -> None:
+        title = self.query_one("#run-title", Static)
+        if model is None:
+            if self._last_header != "empty":
+                title.update(Text("No run yet: press m, r or g, or launch a job from Jobs (j).", style="dim"))
+                self.query_one("#run-params", Static).update("")
+                self.query_one("#run-error", Static).display = False
+                self.query_one("#run-outcome", Static).display = False
+                self._last_header = self._last_state = "empty"
+            return
+        elapsed = format_seconds(model.elapsed(), precise=model.finished_state)
+        header = (model.run_id, model.job, model.status, elapsed)
+        if header != self._last_header:
+            text = Text.assemble((model.job or "?", "bold"), "  ")
+            text.append_text(status_text(model.status))
+            text.append(f"  {elapsed}", "bold")
+            if model.run_id:
+                text.append(f"   {model.run_id}", "dim")
+            title.update(text, layout=False)  # one fixed line: repaint it, no relayout
+            self._last_header = header
+        # The rest changes with the run's state only, not with its clock.
+        state = (model.run_id, model.status, model.error)
+        if state == self._last_state:
+            return
+        self._last_state = state
+        self.query_one("#run-params", Static).update(format_params(model.params, model.job) or "(no params)")
+        error = self.query_one("#run-error", Static)
+        if model.error:
+            error.update(Text.assemble(("✗ ", "bold red"), (model.error, "red"), ("   (traceback in Log)", "dim")))
+        error.display = bool(model.error)
+        outcome = self.query_one("#run-outcome", Static)
+        last_line = model.outcome_line() if model.finished_state and not model.error else None
+        if last_line:
+            outcome.update(Text.assemble(("→ ", "bold"), (last_line, "bold")))
+        outcome.display = bool(last_line)
+
+    def _sync_progress(self, model: RunModel) -> None:
+        container = self.query_one("#run-progress", Vertical)
+        for unit, state in model.progress.items():
+            row = self._progress_rows.get(unit)
+            if row is None:
+                row = self._progress_rows[unit] = ProgressRow(unit)
+                container.mount(row)
+            row.show(state, model.finished_state)
+
+    def _sync_stage(self, model: RunModel) -> None:
+        text = model.stage_line()
+        if text == self._stage_shown:
+            return
+        self._stage_shown = text
+        line = self.query_one("#run-stage", Static)
+        line.update(text or "")
+        line.display = text is not None
+
+    def _sync_log(self, model: RunModel) -> None:
+        if model.logs_total == self._logs_written and not (model.traceback and not self._ended_shown):
+            return
+        log = self.query_one("#run-log", RichLog)
+        fresh = min(model.logs_total - self._logs_written, len(model.logs))
+        styles = {"warning": "yellow", "error": "bold red", "debug": "dim"}
+        for level, text in list(model.logs)[len(model.logs) - fresh:] if fresh > 0 else ():
+            prefix = "" if level == "info" else f"{level}: "
+            log.write(Text(prefix + text, style=styles.get(level, "")))
+        self._logs_written = model.logs_total
+        if model.finished_state and not self._ended_shown:
+            self._ended_shown = True
+            if model.traceback:
+                log.write(Text(model.error or "failed", style="bold red"))
+                log.write(Text(model.traceback.rstrip(), style="red"))
+
+    def _sync_tables(self, model: RunModel) -> None:
+        results = self.query_one("#results", VerticalScroll)
+        summary = self.query_one("#run-summary", Static)
+        if (model.summary or model.problems) and self._drawn.get("summary") != model.version:
+            names = self._device_names.short
+            lines = [f"{key}: {clipped(format_value(value, names), 200)}" for key, value in model.summary.items()]
+            lines += [f"problem: {problem}" for problem in model.problems]
+            summary.update("\n".join(lines))
+            self.query_one("#summary-title", Static).update(Text("Summary", style="bold"))
+            self._drawn["summary"] = model.version
+        for title, table_event in model.tables.items():
+            version = model.table_versions.get(title, 0)
+            if self._tables_drawn.get(title) == version:
+                continue
+            table = self._result_table(results, title)
+            table.clear(columns=True)
+            table.add_columns(*[str(column) for column in table_event.columns])
+            names = self._device_names.add(table_devices(table_event))
+            for row in table_event.rows:
+                cells = [clipped(format_value(cell, names), 40) for cell in row]
+                cells += [""] * (len(table_event.columns) - len(cells))
+                table.add_row(*cells[: len(table_event.columns)])
+            self._tables_drawn[title] = version
+
+    def _result_table(self, results: VerticalScroll, title: str) -> DataTable:
+        table = self._result_tables.get(title)
+        if table is None:
+            label = Static(Text(title, style="bold"), classes="result-title")
+            table = self._result_tables[title] = DataTable(classes="result-table", zebra_stripes=True,
+                                                           cursor_type="row")
+            results.mount(label, table, before=self.query_one("#summary-title", Static))
+        return table
+
+    def _sync_replicas(self, model: RunModel) -> None:
+        # The status too: a run that ends without values says so instead of "waiting".
+        if self._replica_drawn == (model.replica_version, model.status):
+            return
+        self._replica_drawn = (model.replica_version, model.status)
+        note = replica_note(model)
+        self.query_one("#replica-note", Static).update(note or "")
+        self.query_one("#replica-note", Static).display = note is not None
+        self.query_one("#replica-plot", ReplicaBarPlot).display = note is None
+        table = self.query_one("#replica-table", DataTable)
+        table.clear(columns=True)
+        replicas = list(model.replicas.values())
+        width = max((len(event.values) for event in replicas), default=0)
+        if not width:
+            return
+        table.add_column("value", key="name")
+        for index in range(width):
+            table.add_column(f"replica {index}", key=f"r{index}")
+        for event in replicas[-200:]:
+            cells = [clipped(format_value(value), 30) for value in event.values]
+            table.add_row(event.name, *(cells + [""] * (width - len(cells))))
+        if model.latest_numeric_replica:
+            event = model.replicas[model.latest_numeric_replica]
+            names = self._device_names.add(event.devices or [])
+            labels = [names.get(str(device)) or str(index) for index, device in
+                      enumerate(event.devices or [""] * len(event.values))]
+            self.query_one("#replica-plot", ReplicaBarPlot).set_values(event.name, labels, event.values)
+
+    def _sync_plots(self, model: RunModel) -> None:
+        grid = self.query_one("#plots", Grid)
+        for family, tracks in model.families.items():
+            if family in PATH_FAMILIES and model.path is not None:
+                continue
+            version = model.family_versions.get(family, 0)
+            plot = self._plots.get(family)
+            if plot is None:
+                plot = self._plots[family] = MetricPlot(family, self.budget, classes="metric-plot")
+                plot.family = family
+                grid.mount(plot)
+            if self._drawn.get(family) != version:
+                plot.set_lines(plot_lines(tracks))
+                self._drawn[family] = version
+        if model.path is not None:
+            if self._path_plot is None:
+                self._path_plot = PathPlot("path (x0, x1)", self.budget, classes="metric-plot")
+                grid.mount(self._path_plot)
+            if self._drawn.get("path") != model.path.seen:
+                self._path_plot.set_path(model.path)
+                self._drawn["path"] = model.path.seen
+        self._sync_telemetry_plot(model)
+        self._drawn["plots"] = model.plot_version
+        self.query_one("#plots-empty", Static).display = not (self._plots or self._path_plot)
+        self._layout_plots()
+
+    @property
+    def telemetry_fits(self) -> bool:
+        """Whether the view is tall enough for the telemetry plot as well as the run's own plots."""
+        return self.size.height >= TELEMETRY_MIN_HEIGHT
+
+    def _sync_telemetry_plot(self, model: RunModel) -> None:
+        """Telemetry on the run's time axis, under the metrics: duty cycle, HBM, host CPU and memory."""
+        plot = self.query_one("#telemetry-plot", MetricPlot)
+        plot.display = bool(model.telemetry) and self.telemetry_fits
+        if model.telemetry and self._drawn.get("telemetry") != model.telemetry_version:
+            plot.set_lines([PlotLine(label, model.telemetry[label], color=TELEMETRY_COLORS.get(label))
+                            for label, _ in TELEMETRY_LINES if label in model.telemetry])
+            self._drawn["telemetry"] = model.telemetry_version
+
+    def _sync_telemetry_note(self, model: RunModel) -> None:
+        """Why the TPU gives no telemetry now; else advice when it idled while the run trains."""
+        note = self.query_one("#telemetry-note", Static)
+        reason = model.telemetry_unavailable.get("tpu") if model.telemetry else None
+        hint = None if reason else model.idle_accelerator_hint()
+        if not self.telemetry_fits:
+            reason = None  # it explains a plot that is not shown
+        text = (Text(f"TPU telemetry: {reason}", style="dim") if reason
+                else Text.assemble(("input-bound? ", "bold yellow"), (hint, "yellow")) if hint else None)
+        if text is None:
+            note.display = False
+        elif text != self._last_note:
+            note.update(text)
+            note.display = True
+        self._last_note = text
+
+    def on_resize(self) -> None:
+        if self.model is not None:
+            self._sync_telemetry_plot(self.model)
+            self._sync_telemetry_note(self.model)
+        self._layout_plots()
+
+    def _layout_plots(self) -> None:
+        """Every plot whole in the space there is: side by side when wide, or when stacked ones would be too flat."""
+        grid = self.query_one("#plots", Grid)
+        count = len(self._plots) + (1 if self._path_plot else 0)
+        if not count:
+            return
+        below = 10 if self.query_one("#telemetry-plot", MetricPlot).display else 0
+        height = grid.size.height or max(self.size.height - 8 - below, 8)
+        most_columns = max(1, min(count, self.size.width // MIN_PLOT_COLUMNS))
+        columns = 2 if count > 1 and self.size.width >= 100 else 1
+        while columns < most_columns and height // math.ceil(count / columns) < MIN_PLOT_ROWS:
+            columns += 1
+        grid.styles.grid_size_columns = columns
+        grid.styles.grid_size_rows = math.ceil(count / columns)
+        grid.styles.grid_rows = "1fr"
+
+    # -- what tests and the History screen read -----------------------------------
+    def plot_for(self, family: str) -> MetricPlot | None:
+        return self._plots.get(family)
+
+    @property
+    def path_plot(self) -> PathPlot | None:
+        return self._path_plot
+
+
+def replica_note(model: RunModel) -> str | None:
+    """What the Replicas tab says instead of a chart, or None when the latest numbers make one.
+
+    A chart of nothing but zeros is an empty box (plotext draws −1 to 1):
+    the sentence says it better. A run that ended without values says why.
+    """
+    if model.latest_numeric_replica:
+        event = model.replicas[model.latest_numeric_replica]
+        if any(value != 0 for value in event.values):
+            return None
+        count = len(event.values)
+        return f"{event.name} is exactly 0 on {f'all {count} replicas' if count > 1 else 'the one replica'}."
+    if model.replicas:
+        return "No numbers to chart per replica; the table below lists each replica's values."
+    if not model.finished_state:
+        return "Per-replica values: waiting for data."
+    why = {
+        "done": f"{model.job or 'the job'} does not report values per replica; its results are under Plots "
+                "and Results",
+        "failed": "it failed before reporting any (the error is above; the traceback is in Log)",
+        "cancelled": "it was cancelled before reporting any",
+        "interrupted": "its process ended before reporting any",
+    }.get(model.status, f"it ended ({model.status}) without reporting any")
+    return f"This run reported no per-replica values: {why}."
+
+
+def plot_lines(tracks: list[MetricTrack]) -> list[PlotLine]:
+    """The lines of one metric family: per-step (raw, and smoothed for batches), then epochs."""
+    colors = {"train": "blue", "val": "orange", "test": "green"}
+    lines: list[PlotLine] = []
+    for track in tracks:
+        color = colors.get(track.split)
+        if track.granularity == "batch":
+            lines.append(PlotLine(f"{track.split} (batch)", track.series, color="gray", scatter=True))
+            if track.smoothed is not None:
+                lines.append(PlotLine(f"{track.split} (smoothed)", track.smoothed, color=color))
+        elif track.granularity == "epoch":
+            lines.append(PlotLine(f"{track.split} (epoch)", track.series, color=color or "red", markers=True))
+        else:
+            lines.append(PlotLine(track.split, track.series, color=color))
+    return lines
