@@ -83,9 +83,8 @@ async def test_enter_launches_a_small_matmul_typed_into_the_form(make_app, runti
 def test_a_page_key_reaching_a_list_not_laid_out_yet_does_nothing_instead_of_crashing():
     # Textual 8.2 raised KeyError here (a Select's list opened and paged in
     # the same instant); the random-key soak brought the app down with it.
-    import tpudash.widgets  # noqa: F401 - installs the guard
-    from textual.widgets import OptionList
-
+    # Importing tpudash.widgets installs the guard: this module already has
+    # (ParamForm, above), so the test needs no import of its own.
     options = OptionList("first", "second", "third")
     highlighted = options.highlighted
     options._move_page(1)
