@@ -92,13 +92,21 @@ def process_alive(pid: int, start_ticks: str | None) -> bool:
 
 
 def write_json_atomically(path: Path, payload: dict) -> None:
-    """Write to a temp file beside ``path``, fsync, then os.replace it."""
+    """Write to a temp file beside ``path``, fsync, then os.replace it.
+
+    A write that fails (a full disk) leaves ``path`` as it was and removes
+    the half-written temp file.
+    """
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=2, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 class RunRecorder:

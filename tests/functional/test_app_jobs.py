@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from textual import events
 from textual.widgets import Button, OptionList, Select
 
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into, until
@@ -100,32 +101,56 @@ def _single_set_cases():
     return cases
 
 
+async def paste_into(pilot, widget, text: str) -> None:
+    """Focus an Input, clear it, and paste ``text`` into it: one bracketed paste, as a terminal sends it.
+
+    The value reaches the Input through the app, as typing does, and the Input
+    applies the same checks to it; typed key by key (pilot.press waits for the
+    app to idle after every key) forty values took most of this module's time.
+    Typing itself, and letters in a form never acting as the app's keys, have
+    tests of their own above and below.
+    """
+    widget.focus()
+    widget.value = ""
+    pilot.app.post_message(events.Paste(text))
+    await pilot.pause()
+    assert widget.value == text, (widget.value, text)
+
+
 async def test_every_bad_value_the_cli_refuses_is_marked_in_the_form_and_launches_nothing(make_app, isolated_runs_dir):
     from textual.widgets import Input
 
     app = make_app()
-    typed = []
+    entered = []
+    # One app, each job's form selected once: the cases grouped by job (the order of jobs as the CLI table has them).
+    cases = _single_set_cases()
+    job_order = list(dict.fromkeys(case[1] for case in cases))
+    cases.sort(key=lambda case: job_order.index(case[1]))
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
         await pilot.press("j")
-        for case_id, job, name, value, marked, fragments in _single_set_cases():
-            app.screen.select_job(job)
-            await pilot.pause()
+        selected = None
+        for case_id, job, name, value, marked, fragments in cases:
+            if job != selected:
+                app.screen.select_job(job)
+                await pilot.pause()
+                selected = job
             form: ParamForm = app.screen.current_form
+            assert form.spec.name == job, case_id
             form.reset()
             field = form.field(name)
             if not isinstance(field.input, Input):
                 continue  # a choice or a switch: the form cannot hold a bad value
-            await type_into(pilot, field.input, value)
+            await paste_into(pilot, field.input, value)
             marked_field = form.field(marked)
             assert marked_field.has_class("-invalid"), case_id
             for fragment in fragments:
                 assert fragment in (marked_field.error or ""), (case_id, marked_field.error)
             await pilot.press("enter")
             assert not app.live_runs, case_id
-            typed.append(case_id)
+            entered.append(case_id)
         assert not isolated_runs_dir.exists() or not any(isolated_runs_dir.iterdir())
-    assert len(typed) >= 30, typed
+    assert len(entered) >= 30, entered
 
 
 async def test_letters_typed_anywhere_in_a_form_never_act_as_the_apps_keys(make_app, job_gate):

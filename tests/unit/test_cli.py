@@ -133,10 +133,24 @@ def test_run_json_prints_one_event_per_line_then_runs_lists_and_exports_it(isola
     assert sum(1 for row in rows if ",loss," in row) == 21  # the start (step 0), then each of the 20 steps
 
 
-def test_human_output_shows_the_result_and_exit_code_of_a_failed_check(capsys):
-    assert cli.main(["run", "matmul", "--set", "m=4", "--set", "k=4", "--set", "n=4", "--set", "inject_error=1"]) == 1
+def test_human_output_of_a_failed_check_shows_the_status_the_error_the_run_id_and_exits_1(isolated_runs_dir, capsys):
+    code = cli.main(["run", "matmul", "--set", "m=4", "--set", "k=4", "--set", "n=4", "--set", "inject_error=1"])
     out = capsys.readouterr().out
-    assert "failed" in out
+    assert code == 1
+    [run_dir] = run_dirs(isolated_runs_dir)
+    run_id = run_dir.name
+    # The run named at the start is the one on disk, recorded failed with the error the user read.
+    assert f"run {run_id}" in out
+    info = RunStore(isolated_runs_dir).info(run_dir)
+    assert info.status == "failed" and info.error == "CheckFailed: matmul check failed on /device:CPU:0"
+    lines = [line.strip() for line in out.splitlines()]
+    assert "✗ failed" in lines
+    assert "error: CheckFailed: matmul check failed on /device:CPU:0" in lines
+    # Which device failed, in the results table, and that the others passed.
+    rows = {line.split()[1]: line for line in out.splitlines() if re.match(r"│ CPU:\d", line)}
+    assert sorted(rows) == [f"CPU:{index}" for index in range(8)]
+    assert "FAIL" in rows["CPU:0"] and all("pass" in rows[f"CPU:{index}"] for index in range(1, 8))
+    assert "Traceback" not in out
 
 
 def test_import_tpudash_loads_neither_tensorflow_nor_textual():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -53,13 +54,52 @@ def test_a_data_dir_that_is_a_file_is_rejected(tmp_path):
         Settings.load({"data_dir": str(not_a_dir)}, environ={})
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
-def test_an_unwritable_runs_dir_is_reported(tmp_path):
+def lock_directory(monkeypatch, locked: Path) -> None:
+    """Make ``locked`` a directory this process may neither read nor write into, root included.
+
+    Root ignores permission bits (and CI runs as root), so chmod cannot make
+    one. The kernel's answers to a user without the rights are given where
+    tpudash asks: ``os.access`` says no for ``locked`` and below, and
+    ``os.mkdir`` below it fails with EACCES (Permission denied).
+    """
+    locked.mkdir(exist_ok=True)
+    locked = locked.resolve()
+    real_access, real_mkdir = os.access, os.mkdir
+
+    def under_locked(path) -> bool:
+        resolved = Path(os.fsdecode(path)).absolute()
+        return resolved == locked or locked in resolved.parents
+
+    def access(path, mode, *args, **kwargs):
+        if mode != os.F_OK and under_locked(path):
+            return False
+        return real_access(path, mode, *args, **kwargs)
+
+    def mkdir(path, mode=0o777, *args, **kwargs):
+        if under_locked(path) and Path(os.fsdecode(path)).absolute() != locked:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fsdecode(path))
+        return real_mkdir(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
+    monkeypatch.setattr(os, "mkdir", mkdir)
+
+
+def test_an_unwritable_runs_dir_is_reported_and_nothing_is_created(tmp_path, monkeypatch):
     locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
+    lock_directory(monkeypatch, locked)
     settings = Settings.load({"runs_dir": str(locked / "runs")}, environ={})
-    with pytest.raises(SettingsError, match="--runs-dir / TPUDASH_RUNS_DIR: cannot create"):
+    with pytest.raises(SettingsError) as caught:
         settings.check_runs_dir()
+    assert str(caught.value) == f"--runs-dir / TPUDASH_RUNS_DIR: cannot create {locked}/runs: Permission denied"
+    assert list(locked.iterdir()) == []
+
+
+def test_an_unreadable_data_dir_is_rejected(tmp_path, monkeypatch):
+    locked = tmp_path / "locked"
+    lock_directory(monkeypatch, locked)
+    with pytest.raises(SettingsError) as caught:
+        Settings.load({"data_dir": str(locked)}, environ={})
+    assert str(caught.value) == f"--data-dir: {locked} is not a readable directory"
 
 
 def test_a_runs_dir_under_a_file_is_reported(tmp_path):

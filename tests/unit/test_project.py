@@ -1,9 +1,20 @@
-"""The project's own contracts: CI runs the README's test command, modules say what they are for."""
+"""The project's own contracts: CI runs the README's test and install commands, modules say what they are for."""
 
 from __future__ import annotations
 
 import ast
+import fcntl
+import importlib
+import os
+import pty
 import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+import tomllib
 
 from tests.conftest import REPO_ROOT
 
@@ -20,9 +31,68 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert test_commands[0].strip() in ci_script
 
 
-def test_readme_install_command_installs_and_starts_the_dashboard():
-    install = readme_commands()[0]
-    assert "pip install" in install and install.rstrip().endswith("tpudash")
+INSTALL_COMMAND = re.compile(r'python3 -m venv (?P<venv>\S+) && (?P=venv)/bin/pip install "\.\[(?P<extras>[^\]]*)\]"(?: && (?P=venv)/bin/(?P<script>\S+))?')
+
+
+def run_on_a_terminal(argv: list[str], env: dict, timeout: float = 60) -> tuple[int, bytes]:
+    """Run ``argv`` on a pseudo-terminal (120×40) until it exits: its exit code and everything it wrote."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
+    os.close(slave)
+    output = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise AssertionError(f"{argv} still running after {timeout} s: {output[-500:]!r}")
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+        return process.wait(timeout=timeout), output
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)
+
+
+def test_readme_install_command_is_what_ci_installs_and_its_script_starts_the_dashboard(tmp_path):
+    """The README's install line: CI installs the same extras (plus the test tools), and the script it ends with
+    is pyproject's console script, which draws the dashboard on a terminal.
+
+    This does not install anything (a unit test must be quick): the real install, in a fresh virtual
+    environment, is tests/functional/test_base_install.py, and CI itself runs pip exactly as .ci/run says.
+    """
+    install = INSTALL_COMMAND.fullmatch(readme_commands()[0].strip())
+    assert install is not None and install["script"], f"README's first command is not an install: {readme_commands()[0]!r}"
+    ci_installs = [match for match in INSTALL_COMMAND.finditer((REPO_ROOT / ".ci" / "run").read_text())]
+    assert ci_installs, ".ci/run installs nothing the README way"
+    ci_install = ci_installs[0]
+    assert ci_install["venv"] == install["venv"]
+    assert set(ci_install["extras"].split(",")) == set(install["extras"].split(",")) | {"test"}
+
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert set(install["extras"].split(",")) <= set(project["optional-dependencies"])
+    target = project["scripts"][install["script"]]
+    module_name, function_name = target.split(":")
+    assert callable(getattr(importlib.import_module(module_name), function_name))
+
+    # What pip writes into .venv/bin/<script>, run as a user would on a terminal.
+    console_script = f"import sys; from {module_name} import {function_name}; sys.exit({function_name}())"
+    env = dict(os.environ, TERM="xterm-256color", TPUDASH_RUNS_DIR=str(tmp_path / "runs"))
+    code, output = run_on_a_terminal([sys.executable, "-c", console_script, "--version"], env)
+    assert (code, output.decode().strip()) == (0, f"tpudash {project['version']}")
+    code, output = run_on_a_terminal([sys.executable, "-c", console_script], dict(env, TPUDASH_EXIT_AFTER_FIRST_FRAME="1"))
+    assert code == 0, output[-1000:]
+    assert re.search(rb"first_frame_unix=[0-9.]+", output), output[-1000:]
+    screen = re.sub(rb"\x1b\[[0-9;?<>$]*[a-zA-Z]", b"", output).decode(errors="replace")
+    assert "tpudash" in screen and "Quit" in screen  # the dashboard's header and key bar, drawn on the terminal
 
 
 def test_every_module_opens_with_a_docstring():

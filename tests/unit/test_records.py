@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -10,10 +11,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
-from jobs.events import Log, Metric, Progress, RunFinished, RunStarted, dumps
+from jobs.events import Metric, Progress, RunFinished, RunStarted
+from tpudash import records
 from tpudash.records import RunStore, new_run_id
 
 
@@ -47,10 +50,85 @@ def test_finished_runs_list_with_status_duration_and_final_metrics(store):
     assert info.problems == []
 
 
-def test_run_json_is_replaced_atomically_without_leftovers(store):
-    run_id = make_run(store)
-    files = sorted(path.name for path in store.find(run_id).iterdir())
-    assert files == ["events.jsonl", "run.json"]
+# Enough metrics that run.json spans several write() calls (tens of kB):
+# a file written in place would be seen half-written.
+MANY_METRICS = 1500
+
+
+def test_run_json_is_replaced_atomically_while_a_reader_reads_it(store):
+    """The History screen reads run.json while the run rewrites it: it never sees a partial file."""
+    run_id = new_run_id("train")
+    recorder = store.create(run_id, "train", {"epochs": 2}, {"kind": "CPU"})
+    run_dir = store.find(run_id)
+    for index in range(MANY_METRICS):
+        recorder.record(Metric(f"metric_{index}", 0.5, 0))
+    recorder.record(Progress(0, None, "epoch"))  # run.json now names every metric
+    reads, torn = [], []
+    writing_done = threading.Event()
+
+    def read_until_the_writer_stops():
+        while not writing_done.is_set():
+            info = store.info(run_dir)
+            reads.append(info.final_metrics.get("epoch_marker"))
+            if info.problems or info.job != "train" or len(info.final_metrics) not in (MANY_METRICS, MANY_METRICS + 1):
+                torn.append((info.problems, info.job, len(info.final_metrics)))
+
+    reader = threading.Thread(target=read_until_the_writer_stops)
+    reader.start()
+    writes = 0
+    try:
+        # Each epoch rewrites run.json; keep rewriting until the reader has
+        # read it many times, so the reads overlap the replacements.
+        while (len(reads) < 300 or writes < 50) and writes < 20000:
+            recorder.record(Metric("epoch_marker", float(writes), writes))
+            recorder.record(Progress(writes, None, "epoch"))
+            writes += 1
+    finally:
+        writing_done.set()
+        reader.join(timeout=60)
+    assert torn == []
+    assert len(set(reads)) > 10  # the reader saw many successive versions, not one
+    recorder.record(RunFinished("done", {}))
+    assert sorted(path.name for path in run_dir.iterdir()) == ["events.jsonl", "run.json"]
+
+
+@pytest.mark.parametrize("failing_step", ["serialise", "replace"])
+def test_a_run_json_write_that_fails_midway_keeps_the_old_file_and_leaves_no_temp_file(store, monkeypatch, failing_step):
+    """A full disk while run.json is rewritten: the last complete run.json stays, and no stray temp file."""
+    run_id = new_run_id("train")
+    recorder = store.create(run_id, "train", {"epochs": 2}, {"kind": "CPU"})
+    run_dir = store.find(run_id)
+    recorder.record(Metric("loss", 0.5, 0, epoch=0))
+    recorder.record(Progress(1, 2, "epoch"))
+    before = (run_dir / "run.json").read_text()
+    assert json.loads(before)["final_metrics"] == {"loss": 0.5}
+
+    def dump_half_then_fail(payload, handle, **options):
+        text = json.dumps(payload, **options)
+        handle.write(text[: len(text) // 2])
+        handle.flush()
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fail_to_replace(source, destination):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as patch:
+        if failing_step == "serialise":
+            patch.setattr(records.json, "dump", dump_half_then_fail)
+        else:
+            patch.setattr(records.os, "replace", fail_to_replace)
+        recorder.record(Metric("loss", 0.25, 1, epoch=1))
+        with pytest.raises(OSError, match="No space left"):
+            recorder.record(Progress(2, 2, "epoch"))
+    assert (run_dir / "run.json").read_text() == before
+    assert sorted(path.name for path in run_dir.iterdir()) == ["events.jsonl", "run.json"]
+    info = store.info(run_dir)
+    assert info.problems == [] and info.status == "running" and info.final_metrics == {"loss": 0.5}
+    # Once the disk has room again the run ends with everything it emitted.
+    recorder.record(RunFinished("done", {}))
+    data = store.load(run_id)
+    assert data.info.status == "done" and data.info.final_metrics == {"loss": 0.25}
+    assert [event.value for _, event in data.metrics()] == [0.5, 0.25]
 
 
 def test_export_csv_has_one_row_per_metric_point(store):

@@ -22,12 +22,12 @@ from jobs import get_job, registry
 from jobs.base import JobSpec, Param
 from jobs.events import Metric
 from tests.conftest import REPO_ROOT
+from tests.unit.test_config import lock_directory
 from tests.unit.test_cli import USER_UNSET
 from tpudash import cli
 from tpudash.records import RunStore
 
 TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
-IS_ROOT = os.geteuid() == 0
 
 
 def run_dirs(runs_dir: Path) -> list[Path]:
@@ -41,15 +41,13 @@ def needs_job(name: str):
 
 
 @pytest.fixture
-def places(tmp_path):
-    """Paths that cannot be used: a regular file, a directory nobody may read or write."""
+def places(tmp_path, monkeypatch):
+    """Paths that cannot be used: a regular file, a directory nobody may read or write (root included)."""
     plain_file = tmp_path / "plain-file"
     plain_file.write_text("not a directory\n")
     locked = tmp_path / "locked"
-    locked.mkdir()
-    locked.chmod(0o000)
-    yield {"file": str(plain_file), "locked": str(locked)}
-    locked.chmod(0o700)
+    lock_directory(monkeypatch, locked)
+    return {"file": str(plain_file), "locked": str(locked)}
 
 
 # (argv, environment, fragments that must all appear in the message)
@@ -127,15 +125,13 @@ BAD_INPUTS = [
     pytest.param(["run", "matmul"], {"TPUDASH_CPU_DEVICES": "0"}, ["TPUDASH_CPU_DEVICES: 0 is out of range; allowed: 1 to 256"], id="cpu-devices-variable"),
     pytest.param(["--tpu", " ", "devices"], {}, ["--tpu: is empty; allowed: a TPU name, grpc://host:port, 'local' or 'none'"], id="tpu-empty"),
     pytest.param(["--data-dir", "{file}", "run", "gradient-descent"], {}, ["--data-dir: {file} is not a readable directory"], id="data-dir-is-a-file"),
-    pytest.param(["--data-dir", "{locked}", "run", "gradient-descent"], {}, ["--data-dir: {locked} is not a readable directory"], id="data-dir-unreadable",
-                 marks=pytest.mark.skipif(IS_ROOT, reason="root reads every directory")),
+    pytest.param(["--data-dir", "{locked}", "run", "gradient-descent"], {}, ["--data-dir: {locked} is not a readable directory"], id="data-dir-unreadable"),
     pytest.param(["run", "gradient-descent"], {"TPUDASH_DATA_DIR": "{file}"}, ["TPUDASH_DATA_DIR: {file} is not a readable directory"], id="data-dir-variable"),
     pytest.param(["--data-dir", "", "run", "gradient-descent"], {}, ["--data-dir: is empty; allowed: a directory path"], id="data-dir-empty"),
     pytest.param(["--runs-dir", "{file}/runs", "run", "gradient-descent"], {}, ["--runs-dir: {file}/runs cannot be a directory: {file} is a file"], id="runs-dir-under-a-file"),
     pytest.param(["run", "gradient-descent", "--runs-dir", "{file}"], {}, ["--runs-dir / TPUDASH_RUNS_DIR: cannot create {file}: File exists"], id="runs-dir-is-a-file"),
     pytest.param(["run", "gradient-descent"], {"TPUDASH_RUNS_DIR": "{file}/runs"}, ["TPUDASH_RUNS_DIR: {file}/runs cannot be a directory: {file} is a file"], id="runs-dir-variable-under-a-file"),
-    pytest.param(["--runs-dir", "{locked}/runs", "run", "gradient-descent"], {}, ["--runs-dir / TPUDASH_RUNS_DIR: cannot create {locked}/runs: Permission denied"], id="runs-dir-unwritable",
-                 marks=pytest.mark.skipif(IS_ROOT, reason="root writes every directory")),
+    pytest.param(["--runs-dir", "{locked}/runs", "run", "gradient-descent"], {}, ["--runs-dir / TPUDASH_RUNS_DIR: cannot create {locked}/runs: Permission denied"], id="runs-dir-unwritable"),
     pytest.param(["--runs-dir", "", "run", "gradient-descent"], {}, ["--runs-dir: is empty; allowed: a directory path"], id="runs-dir-empty"),
     pytest.param(["runs", "--runs-dir", "{file}"], {}, ["--runs-dir / TPUDASH_RUNS_DIR: {file} is not a directory"], id="runs-listing-a-file"),
     # export

@@ -9,7 +9,6 @@ import pytest
 
 from jobs.base import JobSpec, Param
 from jobs.events import Log, Metric, Progress, RunFinished, RunStarted
-from tpudash.records import RunStore
 from tpudash.runner import Runner
 
 
@@ -147,10 +146,36 @@ def test_events_file_is_one_json_object_per_line(fake_runner, store):
     assert all(isinstance(payload["t"], float) for payload in payloads)
 
 
-def test_log_and_progress_events_reach_every_sink_in_order(fake_runner):
-    first, second = [], []
-    fake_runner.add_sink(lambda run, event: first.append(event))
-    fake_runner.run_now(COUNT, {"steps": 1}, sinks=[lambda run, event: second.append(event)])
-    assert first == second
-    assert any(isinstance(event, Progress) for event in first)
-    assert not any(isinstance(event, Log) for event in first)
+def logging_job(ctx, params):
+    ctx.log("preparing data")
+    for step in range(params["steps"]):
+        ctx.progress(step + 1, params["steps"], "step")
+        ctx.log(f"step {step + 1} done", level="debug")
+    ctx.log("nearly there", level="warning")
+    return {}
+
+
+LOGGING = JobSpec("logging", "Logging", "logs and reports progress", (Param("steps", "int", 2, minimum=1),), logging_job)
+
+
+def test_log_and_progress_events_reach_every_sink_in_order(fake_runner, store):
+    """Every sink (runner-wide ones and the run's own) gets each Log and Progress, in emit order."""
+    runner_wide_a, runner_wide_b, per_run = [], [], []
+    fake_runner.add_sink(lambda run, event: runner_wide_a.append(event))
+    fake_runner.add_sink(lambda run, event: runner_wide_b.append(event))
+    run = fake_runner.run_now(LOGGING, {"steps": 2}, sinks=[lambda run, event: per_run.append(event)])
+    assert run.state == "done"
+    expected = [
+        Log("info", "preparing data"),
+        Progress(1, 2, "step"),
+        Log("debug", "step 1 done"),
+        Progress(2, 2, "step"),
+        Log("debug", "step 2 done"),
+        Log("warning", "nearly there"),
+    ]
+    for seen in (runner_wide_a, runner_wide_b, per_run):
+        assert isinstance(seen[0], RunStarted) and isinstance(seen[-1], RunFinished)
+        assert seen[1:-1] == expected
+    # The record is a sink too: the run's file holds the same events in the same order.
+    recorded = [event for _, event in store.load(run.run_id).events]
+    assert recorded[1:-1] == expected

@@ -2,8 +2,9 @@
 
 Each test starts the real console script with ``--json`` and reads its
 standard output line by line: the signal is sent once the job has reported
-its first step (or, for the double Ctrl-C, while it is inside one long
-uninterruptible computation), so nothing depends on timing.
+its first step (or, for the double Ctrl-C, once a job that ignores cancel has
+said it is inside its work, where it stays until the test releases it after
+the process has gone), so nothing depends on timing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,9 @@ from tpudash.records import RunStore
 TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
 EXIT_CANCELLED = 130
 WAIT_SECONDS = 120
+# Generous for a loaded machine (the process has TensorFlow to tear down),
+# yet far from "waits for the job", which here is forever.
+STOP_AT_ONCE_SECONDS = 30
 # Far more steps than a test waits for: only a signal ends this run.
 ENDLESS_DESCENT = ["run", "gradient-descent", "--set", "steps=100000", "--json"]
 
@@ -31,16 +36,19 @@ ENDLESS_DESCENT = ["run", "gradient-descent", "--set", "steps=100000", "--json"]
 class HeadlessRun:
     """``tpudash run … --json`` in a child process, read one event at a time."""
 
-    def __init__(self, argv: list[str], runs_dir: Path):
+    def __init__(self, argv: list[str], runs_dir: Path, command: list[str] | None = None,
+                 env: dict | None = None, pass_fds: tuple[int, ...] = ()):
         environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
         environment["TPUDASH_RUNS_DIR"] = str(runs_dir)
+        environment.update(env or {})
         self.process = subprocess.Popen(
-            [str(TPUDASH_SCRIPT), *argv],
+            [*(command or [str(TPUDASH_SCRIPT)]), *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=REPO_ROOT,
             env=environment,
+            pass_fds=pass_fds,
         )
         self.events: list[dict] = []
 
@@ -59,9 +67,9 @@ class HeadlessRun:
                 return
         raise AssertionError(f"standard error never said {text!r}")
 
-    def finish(self) -> tuple[int, str]:
+    def finish(self, timeout: float = WAIT_SECONDS) -> tuple[int, str]:
         """Read the rest; the exit code and standard error."""
-        out, err = self.process.communicate(timeout=WAIT_SECONDS)
+        out, err = self.process.communicate(timeout=timeout)
         self.events.extend(json.loads(line) for line in out.splitlines())
         return self.process.returncode, err
 
@@ -75,8 +83,8 @@ class HeadlessRun:
 def headless(isolated_runs_dir):
     started: list[HeadlessRun] = []
 
-    def start(argv: list[str]) -> HeadlessRun:
-        run = HeadlessRun(argv, isolated_runs_dir)
+    def start(argv: list[str], **options) -> HeadlessRun:
+        run = HeadlessRun(argv, isolated_runs_dir, **options)
         started.append(run)
         return run
 
@@ -114,20 +122,55 @@ def test_a_signal_cancels_the_run_records_it_and_exits_130(signal_number, headle
                                                and event["name"] == "loss"][-1]["value"]
 
 
+# The console script (what pip writes into bin/tpudash), with one more job:
+# it says it is inside its work, then ignores cancel, as one long native call
+# does (a big matmul), until the test writes to or closes its pipe.
+CONSOLE_SCRIPT_WITH_A_BLOCKED_JOB = textwrap.dedent(
+    """
+    import os
+    import sys
+
+    from jobs import registry
+    from jobs.base import JobSpec
+    from tpudash.cli import main
+
+    def wait_for_release(ctx, params):
+        ctx.log("inside the job; it ignores cancel until released")
+        os.read(int(os.environ["TPUDASH_TEST_RELEASE_FD"]), 1)
+        ctx.log("released")
+        return {}
+
+    registry()["test-blocked"] = JobSpec("test-blocked", "Test blocked", "waits for the test (tests only)", (),
+                                         wait_for_release)
+    sys.argv[0] = "tpudash"
+    sys.exit(main())
+    """
+)
+
+
 def test_a_second_sigint_stops_at_once_and_the_run_reads_as_interrupted(headless, isolated_runs_dir):
-    # The float64 reference of a 3072³ matmul is one long NumPy call that no
-    # cancel can interrupt: both signals arrive while it runs.
-    run = headless(["run", "matmul", "--set", "m=3072", "--set", "k=3072", "--set", "n=3072",
-                    "--set", "devices=0", "--set", "repeats=1", "--set", "warmup=0", "--json"])
-    run.read_until(lambda event: event["type"] == "run_started")
-    run.process.send_signal(signal.SIGINT)
-    run.read_stderr_until("cancelling matmul (signal SIGINT); again to stop at once")
-    run.process.send_signal(signal.SIGINT)
-    code, err = run.finish()
+    release_read, release_write = os.pipe()
+    try:
+        run = headless(["run", "test-blocked", "--json"], command=[sys.executable, "-c", CONSOLE_SCRIPT_WITH_A_BLOCKED_JOB],
+                       env={"TPUDASH_TEST_RELEASE_FD": str(release_read)}, pass_fds=(release_read,))
+        os.close(release_read)
+        run.read_until(lambda event: event["type"] == "log" and event["text"].startswith("inside the job"))
+        run.process.send_signal(signal.SIGINT)
+        run.read_stderr_until("cancelling test-blocked (signal SIGINT); again to stop at once")
+        run.process.send_signal(signal.SIGINT)
+        # The job is still inside its work (nothing has released it): the process must end without it.
+        try:
+            code, err = run.finish(timeout=STOP_AT_ONCE_SECONDS)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"a second SIGINT did not stop `tpudash run` within {STOP_AT_ONCE_SECONDS} s "
+                        "while its job was inside its work")
+    finally:
+        os.close(release_write)
 
     assert code == EXIT_CANCELLED
     assert "Traceback" not in err
     assert not any(event["type"] == "run_finished" for event in run.events)
+    assert not any(event["type"] == "log" and event["text"] == "released" for event in run.events)
     [info] = RunStore(isolated_runs_dir).list_runs()
     assert info.status == "interrupted"
     data = RunStore(isolated_runs_dir).load(info.run_id)
