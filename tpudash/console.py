@@ -42,6 +42,7 @@ from jobs.events import (
     Table,
     Telemetry,
     dumps,
+    split_final_name,
 )
 from tpudash.clock import format_seconds
 from tpudash.runmodel import StageTimeline
@@ -130,10 +131,20 @@ def format_value(value, device_names: Mapping[str, str] | None = None) -> str:
 
 
 def brief_metrics(metrics: Mapping, limit: int = 4) -> str:
-    """A run's final metrics in a runs list: losses and accuracies first, ``name=value``, at most ``limit``."""
+    """A run's final metrics in a runs list, ``name=value``, at most ``limit``.
+
+    Losses and accuracies first, held-out splits before training (test, then
+    val), and per-batch values only when a run has nothing else.
+    """
     items = [(name, value) for name, value in metrics.items() if isinstance(value, (int, float))]
-    preferred = [item for item in items if "loss" in item[0] or "acc" in item[0]] or items
-    return "  ".join(f"{name}={format_value(float(value))}" for name, value in preferred[:limit])
+    items = [item for item in items if not item[0].startswith("batch_")] or items
+    split_rank = {"test": 0, "val": 1}
+
+    def rank(item) -> tuple:
+        split, name = split_final_name(item[0])
+        return ("loss" not in name and "acc" not in name, split_rank.get(split, 2))
+
+    return "  ".join(f"{name}={format_value(float(value))}" for name, value in sorted(items, key=rank)[:limit])
 
 
 def column_key(name: str) -> str:
