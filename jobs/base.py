@@ -277,6 +277,30 @@ class JobContext:
     run_dir: Path
     cancel_event: threading.Event = field(default_factory=threading.Event)
     settings: Any = None
+    kept_summary: dict = field(default_factory=dict)
+    """What ``keep_summary`` was given last: the summary of the run if the job fails."""
+
+    def keep_summary(self, summary: dict) -> None:
+        """Record ``summary`` with the run even if the job then fails.
+
+        A job's return value is its summary when it succeeds; a check that
+        finds a wrong device calls this with its results, then raises, so
+        the failed run still says which device was wrong and by how much.
+        """
+        self.kept_summary = dict(summary)
+
+    def replica_devices(self) -> list[str]:
+        """The device of each replica, in replica order.
+
+        Results that come out of a ``tf.function`` report the host as their
+        device, so the strategy's own list is the truth; the logical devices
+        are the fallback for a strategy that does not say.
+        """
+        strategy = self.runtime.strategy
+        devices = list(getattr(strategy.extended, "worker_devices", ()) or ())
+        if len(devices) == strategy.num_replicas_in_sync:
+            return devices
+        return list(self.runtime.device_names)
 
     def cancelled(self) -> bool:
         return self.cancel_event.is_set()

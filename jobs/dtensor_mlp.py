@@ -26,7 +26,7 @@ from typing import Any
 from jobs import datasets as data
 from jobs.base import JobSpec, Param, ParamError
 from jobs.events import Metric, Progress, Table
-from jobs.matmul import available_host_bytes, format_gib
+from jobs.hostmemory import available_host_bytes, format_gib
 
 PARAMS = (
     Param("dataset", "str", "mnist", "images to classify (flattened into the input layer)", choices=data.DATASET_NAMES),

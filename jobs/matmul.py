@@ -10,10 +10,10 @@ On a TPU the job also says how much of the 128×128 matrix unit (MXU) the
 padding of each dimension wastes (the Cloud TPU performance guide: one dimension is padded to a
 multiple of 8, another to a multiple of 128).
 
-A size the machine cannot hold is refused before anything is allocated: the
-pre-flight check (``check_runtime``) estimates the bytes the run needs and
-compares them with the memory available to this process, so the CLI exits 2
-with no run directory. An allocation that still fails during the run (memory
+A size the host cannot hold is refused before anything is allocated: the
+pre-flight check (``check_memory``) estimates the host bytes the run needs
+and compares them with the memory available to this process, so the CLI
+exits 2 with no run directory. An allocation that still fails during the run (memory
 taken by something else meanwhile) becomes a failed run with the same kind of
 message, never a dead process. Cancel is honoured between timed multiplies,
 so a run stops within one multiply.
@@ -22,35 +22,25 @@ so a run stops within one multiply.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from typing import Any
 
 from jobs.base import JobCancelled, JobSpec, Param, ParamError
+from jobs.checks import PRINTED_SHAPE_LIMIT, CheckFailed, format_matrix, relative_tolerance
 from jobs.events import ReplicaValues, Table
+from jobs.hostmemory import available_host_bytes, format_gib
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # The memory check, not this bound, is what refuses a size the machine cannot hold.
 MAX_DIMENSION = 65536
-GIB = 2**30
-# cgroup v1 reports "no limit" as a huge page-rounded number.
-UNLIMITED_CGROUP_BYTES = 2**60
 # Rows of A (and of the product) are padded to a multiple of this on a TPU...
 TPU_ROW_TILE = 8
 # ...while the contracted dimension k and the output columns n fill the
 # 128-wide MXU (the Cloud TPU performance guide).
 TPU_MXU_TILE = 128
-# Matrices up to this size are printed in the log: small enough to read.
-PRINTED_SHAPE_LIMIT = 8
 
-# Unit roundoff (half the machine epsilon) of each dtype's significand:
-# 24 bits for float32, 8 for bfloat16, 11 for float16.
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-8, "float16": 2.0**-11}
-# Every backend accumulates these matmuls in float32 (TPU MXU, oneDNN/Eigen,
-# cuBLAS with fp32 compute); the product is then rounded to the dtype.
-ACCUMULATION_ROUNDOFF = 2.0**-24
 # Float32 matmuls on accelerators round their *inputs* when TensorFloat-32 is
 # enabled (TF's default): to bfloat16 on a TPU's MXU, to TF32 (10-bit
 # mantissa) on an Ampere+ GPU.
@@ -61,54 +51,26 @@ REDUCED_FLOAT32_INPUT_ROUNDOFF = {"TPU": 2.0**-8, "GPU": 2.0**-11}
 BLAS_SETTLE_SECONDS = 0.25
 # OpenBLAS multiplies on one thread (no spinning helpers) below this m·k·n.
 BLAS_THREADED_WORK = 65536 * 4
-# Head-room over the error model; on this CPU the worst relative errors seen
-# are at most a sixth of the resulting tolerance for every dtype.
-TOLERANCE_SAFETY = 4.0
-
-
 class OutOfMemory(RuntimeError):
     """An allocation failed during the run; the message says which sizes to lower."""
 
 
-class CheckFailed(RuntimeError):
-    """A device or replica computed a wrong result; the run is recorded as failed.
-
-    ``summary`` holds the check's summary (which devices failed, errors,
-    timings) for a runner that keeps the summary of a failed run.
-    """
-
-    def __init__(self, message: str, summary: dict):
-        super().__init__(message)
-        self.summary = summary
-
-
-def relative_tolerance(dtype: str, k: int, reduced_float32_input_roundoff: float = 0.0) -> float:
-    """Largest allowed max|C − C_ref| / max|C_ref| for a correct device.
-
-    The product is rounded once to ``dtype`` (one unit roundoff); accumulating
-    k float32 terms adds a random-walk error that grows like sqrt(k); float32
-    inputs rounded by TensorFloat-32 add their own roundoff. The reference is
-    built from the inputs already rounded to ``dtype``, so input rounding to
-    bfloat16/float16 is not an error.
-    """
-    input_roundoff = reduced_float32_input_roundoff if dtype == "float32" else 0.0
-    model = UNIT_ROUNDOFF[dtype] + input_roundoff + math.sqrt(k) * ACCUMULATION_ROUNDOFF
-    return TOLERANCE_SAFETY * model
-
-
-def memory_needed(params: dict, devices_share_host_memory: bool) -> tuple[int, int]:
-    """Peak bytes the run needs: (on the host, on each accelerator device).
+def host_memory_needed(params: dict, devices_share_host_memory: bool) -> int:
+    """Peak bytes the run needs on the host.
 
     The host holds the seeded inputs (float32 draws and their cast to
     ``dtype``) for the whole run; first the float64 reference (both inputs
     widened, and the product, which is kept), then, per device, the product
-    read back (``dtype``, widened to float64) and |C − C_ref|. Each device
-    holds its copies of A and B and two products (the previous one is alive
-    while the next is computed). Simulated CPU devices are host memory, and
-    they are checked one after the other, so one device's share counts
-    towards the host then; an accelerator's share is per device. Measured
+    read back (``dtype``, widened to float64) and |C − C_ref|. Simulated CPU
+    devices are host memory, and they are checked one after the other, so
+    one device's copies of A and B and its two products (the previous one is
+    alive while the next is computed) count towards the host then. Measured
     on a CPU session (3000³ and 6000×8·8×6000 float32), the peak grows by
     75-90% of this estimate: it errs on the safe side.
+
+    An accelerator's own memory is not checked before the run: TensorFlow
+    reports what is in use there (``get_memory_info``), never what is free,
+    so an allocation that fails becomes a failed run naming the size.
     """
     m, k, n, item = params["m"], params["k"], params["n"], DTYPE_BYTES[params["dtype"]]
     inputs, output = m * k + k * n, m * n
@@ -119,88 +81,7 @@ def memory_needed(params: dict, devices_share_host_memory: bool) -> tuple[int, i
     check_phase = output * 8 + output * (item + 8 + 8) + corrupted_reference
     if devices_share_host_memory:
         check_phase += device_share
-    host = host_inputs + max(reference_phase, check_phase)
-    return host, (0 if devices_share_host_memory else device_share)
-
-
-def _read_int(path: str) -> int | None:
-    try:
-        with open(path, encoding="ascii") as handle:
-            text = handle.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _inactive_file_bytes(stat_path: str, key: str) -> int:
-    """Page cache the kernel can drop, which a cgroup's usage counts."""
-    try:
-        with open(stat_path, encoding="ascii") as handle:
-            for line in handle:
-                name, _, value = line.partition(" ")
-                if name == key and value.strip().isdigit():
-                    return int(value)
-    except (OSError, UnicodeDecodeError):
-        pass
-    return 0
-
-
-def _cgroup_headroom() -> int | None:
-    """Bytes left under this container's memory limit, None without a limit."""
-    for limit_path, usage_path, stat_path, inactive_key in (
-        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "inactive_file"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-         "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"),
-    ):
-        limit, usage = _read_int(limit_path), _read_int(usage_path)
-        if limit is None or usage is None or limit >= UNLIMITED_CGROUP_BYTES:
-            continue
-        return max(0, limit - max(0, usage - _inactive_file_bytes(stat_path, inactive_key)))
-    return None
-
-
-def available_host_bytes() -> int | None:
-    """Memory this process can still take: MemAvailable, capped by a cgroup limit."""
-    available = None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if available is None:
-        try:
-            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (AttributeError, OSError, ValueError):
-            available = None
-    headroom = _cgroup_headroom()
-    if headroom is not None:
-        available = headroom if available is None else min(available, headroom)
-    return available
-
-
-def available_device_bytes(tf: Any, device_name: str) -> int | None:
-    """Free bytes on an accelerator where TensorFlow reports a limit, else None.
-
-    ``tf.config.experimental.get_memory_info`` reports what is in use
-    (``current``, ``peak``); only where it also reports a limit can the check
-    say what is free. Elsewhere the run relies on catching the allocator's
-    ResourceExhaustedError.
-    """
-    try:
-        info = tf.config.experimental.get_memory_info(device_name)
-    except Exception:  # noqa: BLE001 - CPUs and some backends do not answer
-        return None
-    limit = info.get("limit") or info.get("bytes_limit")
-    if not limit:
-        return None
-    return int(limit) - int(info.get("current", 0))
-
-
-def format_gib(size: float) -> str:
-    return f"{size / GIB:.1f} GiB"
+    return host_inputs + max(reference_phase, check_phase)
 
 
 def shape_text(params: dict) -> str:
@@ -218,7 +99,7 @@ def check_memory(params: dict, runtime: Any, available_host: int | None = None) 
     message names all three.
     """
     on_host = getattr(runtime, "kind", "CPU") == "CPU"
-    host_needed, device_needed = memory_needed(params, devices_share_host_memory=on_host)
+    host_needed = host_memory_needed(params, devices_share_host_memory=on_host)
     available_host = available_host_bytes() if available_host is None else available_host
     if available_host is not None and host_needed > available_host:
         raise ParamError(
@@ -226,20 +107,6 @@ def check_memory(params: dict, runtime: Any, available_host: int | None = None) 
             f"{shape_text(params)} needs {format_gib(host_needed)} of host memory, "
             f"{format_gib(available_host)} available; lower m, k or n",
         )
-    if on_host or not device_needed or getattr(runtime, "strategy", None) is None:
-        # A runtime without a strategy is the dashboard's copy of the
-        # description: it never imports TensorFlow; the engine checks at launch.
-        return
-    import tensorflow as tf
-
-    for device in runtime.logical_devices:
-        free = available_device_bytes(tf, device.name)
-        if free is not None and device_needed > free:
-            raise ParamError(
-                _largest_dimension(params),
-                f"{shape_text(params)} needs {format_gib(device_needed)} on each device, "
-                f"{format_gib(free)} free on {device.name}; lower m, k or n",
-            )
 
 
 def out_of_memory_message(params: dict, error: BaseException) -> str:
@@ -309,18 +176,6 @@ def _check_device_selection(text: str) -> str | None:
     except ValueError as error:
         return f"{error}; allowed: all, or comma-separated device indices and ranges such as 0,2,4-7"
     return None
-
-
-def format_matrix(matrix: Any) -> str:
-    """A small matrix as nested lists; whole numbers without a decimal point."""
-    rows = []
-    for row in matrix:
-        cells = []
-        for value in row:
-            value = float(value)
-            cells.append(str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.6g}")
-        rows.append("[" + ", ".join(cells) + "]")
-    return "[" + ", ".join(rows) + "]"
 
 
 def _check_runtime(params: dict, runtime: Any) -> None:
@@ -494,7 +349,8 @@ def _run_check(ctx, params: dict, tf: Any) -> dict:
     if summary["failed_devices"]:
         failed = ", ".join(summary["failed_devices"])
         ctx.log(f"matmul check failed on {failed}", "error")
-        raise CheckFailed(f"matmul check failed on {failed}", summary)
+        ctx.keep_summary(summary)
+        raise CheckFailed(f"matmul check failed on {failed}")
     ctx.log(
         f"all {len(results)} devices passed; {summary['fastest_device']} fastest at "
         f"{summary['gflops'][summary['fastest_device']]:.1f} GFLOP/s, spread {summary['spread']:.1%}"

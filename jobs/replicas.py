@@ -21,8 +21,9 @@ import time
 from typing import Any
 
 from jobs.base import JobSpec, Param, ParamError
+from jobs.checks import PRINTED_SHAPE_LIMIT, CheckFailed, format_matrix, relative_tolerance
 from jobs.events import ReplicaValues, Table
-from jobs.matmul import PRINTED_SHAPE_LIMIT, CheckFailed, available_host_bytes, format_gib, format_matrix, relative_tolerance
+from jobs.hostmemory import available_host_bytes, format_gib
 
 # The inputs of TensorFlow's "Use TPUs" guide: the product is [[22, 28], [49, 64]].
 GUIDE_A = ((1.0, 2.0, 3.0), (4.0, 5.0, 6.0))
@@ -37,20 +38,6 @@ SUMMARY_OUTPUT_LIMIT = 1024
 
 BYTES_PER_FLOAT32 = 4
 MEGABYTE = 2**20
-
-
-def replica_devices(runtime: Any) -> list[str]:
-    """The device of each replica, in replica order.
-
-    Results that come out of a ``tf.function`` report the host as their
-    device, so the strategy's own list is the truth; the logical devices
-    are the fallback for a strategy that does not say.
-    """
-    strategy = runtime.strategy
-    devices = list(getattr(strategy.extended, "worker_devices", ()) or ())
-    if len(devices) == strategy.num_replicas_in_sync:
-        return devices
-    return list(runtime.device_names)
 
 
 def _local_values(strategy: Any, distributed: Any) -> list:
@@ -73,7 +60,7 @@ def run_replica_matmul(ctx, params: dict) -> dict:
     import tensorflow as tf
 
     strategy = ctx.runtime.strategy
-    devices = replica_devices(ctx.runtime)
+    devices = ctx.replica_devices()
     if params["source"] == "guide":
         host_a, host_b = np.array(GUIDE_A, dtype=np.float32), np.array(GUIDE_B, dtype=np.float32)
     else:
@@ -131,7 +118,8 @@ def run_replica_matmul(ctx, params: dict) -> dict:
         summary["reference"] = reference.tolist()
     if failed:
         ctx.log(f"replica-matmul: wrong product on {', '.join(failed)}", "error")
-        raise CheckFailed(f"replica-matmul: wrong product on {', '.join(failed)}", summary)
+        ctx.keep_summary(summary)
+        raise CheckFailed(f"replica-matmul: wrong product on {', '.join(failed)}")
     if small:
         ctx.log(f"every replica agrees with the reference: {format_matrix(reference)}")
     else:
@@ -160,7 +148,7 @@ def run_replica_dataset(ctx, params: dict) -> dict:
     import tensorflow as tf
 
     strategy = ctx.runtime.strategy
-    devices = replica_devices(ctx.runtime)
+    devices = ctx.replica_devices()
     replicas = strategy.num_replicas_in_sync
     global_batch = params["per_replica"] * replicas
     steps = math.ceil(params["n"] / global_batch)
@@ -200,7 +188,8 @@ def run_replica_dataset(ctx, params: dict) -> dict:
     if params["n"] <= SUMMARY_OUTPUT_LIMIT:
         summary["outputs_per_step"] = outputs_per_step
     if wrong_steps:
-        raise CheckFailed(f"replica-dataset: wrong outputs at steps {wrong_steps}", summary)
+        ctx.keep_summary(summary)
+        raise CheckFailed(f"replica-dataset: wrong outputs at steps {wrong_steps}")
     return summary
 
 
@@ -231,7 +220,7 @@ def run_all_reduce(ctx, params: dict) -> dict:
     import tensorflow as tf
 
     strategy = ctx.runtime.strategy
-    devices = replica_devices(ctx.runtime)
+    devices = ctx.replica_devices()
     replicas = strategy.num_replicas_in_sync
     expected_sum = replicas * (replicas + 1) / 2
     expected_mean = (replicas + 1) / 2
@@ -332,7 +321,8 @@ def run_all_reduce(ctx, params: dict) -> dict:
         "bus_gbps": bus_gbps,
     }
     if wrong:
-        raise CheckFailed("all-reduce: " + "; ".join(wrong), summary)
+        ctx.keep_summary(summary)
+        raise CheckFailed("all-reduce: " + "; ".join(wrong))
     return summary
 
 

@@ -59,7 +59,6 @@ from jobs.base import JobSpec, Param, ParamError
 from jobs.batchmeans import BatchMeans
 from jobs.events import TRAINING_STAGE, Artifact, Metric, Progress, ReplicaValues, StageAnnouncer
 from jobs.models import MODEL_NAMES, MODELS, build_model, parameter_count, summary_table
-from jobs.replicas import replica_devices
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adamw")
@@ -562,7 +561,7 @@ class Evaluator:
         self.stage = stage
         self.dataset = dataset
         self.strategy = strategy
-        self.devices = replica_devices(ctx.runtime)
+        self.devices = ctx.replica_devices()
         with strategy.scope():
             self.loss = keras.metrics.Mean(name="loss")
             self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")

@@ -168,6 +168,7 @@ class Runner:
 
     def _run_on_lane(self, run: QueuedRun) -> None:
         recorder: RunRecorder | None = None
+        context: JobContext | None = None
         status, error, trace = "done", None, None
         try:
             runtime = self._runtime_provider()
@@ -200,8 +201,8 @@ class Runner:
             error = f"{type(exception).__name__}: {exception}"
             trace = traceback.format_exc()
             # A check that fails (a wrong device) still has results worth keeping.
-            if isinstance(getattr(exception, "summary", None), dict):
-                run.summary = dict(exception.summary)
+            if context is not None:
+                run.summary = dict(context.kept_summary)
         run.state, run.error, run.traceback = status, error, trace
         finished = RunFinished(status=status, summary=to_jsonable(run.summary), error=error, traceback=trace)
         self._dispatch(run, recorder, finished)

@@ -11,7 +11,8 @@ import pytest
 from jobs import get_job
 from jobs.base import JobContext, ParamError
 from jobs.events import Progress
-from jobs.matmul import padding_warnings, parse_device_selection, relative_tolerance
+from jobs.checks import relative_tolerance
+from jobs.matmul import padding_warnings, parse_device_selection
 from tpudash import cli
 
 SMALL = {"m": 48, "k": 64, "n": 40, "repeats": 2}
@@ -238,10 +239,10 @@ def test_cancel_while_a_device_is_timed_stops_after_the_multiply_in_flight(run_j
 
 
 def test_the_memory_guard_admits_what_fits_and_refuses_a_byte_less(runtime):
-    from jobs.matmul import check_memory, memory_needed
+    from jobs.matmul import check_memory, host_memory_needed
 
     params = get_job("matmul").resolve({"m": "8192", "k": "8192", "n": "8192"})
-    needed, _ = memory_needed(params, devices_share_host_memory=True)
+    needed = host_memory_needed(params, devices_share_host_memory=True)
     # At least A, B and the float64 reference and product of 8192² values each.
     assert needed >= 8192 * 8192 * (4 + 4 + 8 + 8)
     check_memory(params, runtime, available_host=needed)

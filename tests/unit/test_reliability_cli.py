@@ -276,16 +276,16 @@ def test_a_matmul_too_big_for_this_machine_is_refused_before_it_starts_and_the_n
 
 def test_the_memory_check_counts_the_dtype_and_names_the_largest_dimension(runtime):
     from jobs.base import ParamError
-    from jobs.matmul import GIB, check_memory, memory_needed
+    from jobs.hostmemory import GIB
+    from jobs.matmul import check_memory, host_memory_needed
 
     spec = get_job("matmul")
     narrow = spec.resolve({"m": "4096", "k": "64", "n": "8192", "dtype": "bfloat16"})
     wide = spec.resolve({"m": "4096", "k": "64", "n": "8192", "dtype": "float32"})
-    assert memory_needed(wide, True)[0] > memory_needed(narrow, True)[0]
+    assert host_memory_needed(wide, True) > host_memory_needed(narrow, True)
     # An accelerator holds its own copies; the host does not hold them too.
-    host_on_tpu, per_device = memory_needed(wide, False)
-    assert per_device > 0 and host_on_tpu < memory_needed(wide, True)[0]
-    check_memory(wide, runtime, available_host=memory_needed(wide, True)[0])
+    assert host_memory_needed(wide, False) < host_memory_needed(wide, True)
+    check_memory(wide, runtime, available_host=host_memory_needed(wide, True))
     with pytest.raises(ParamError) as raised:
         check_memory(wide, runtime, available_host=GIB // 4)
     assert raised.value.field == "n"
@@ -294,7 +294,7 @@ def test_the_memory_check_counts_the_dtype_and_names_the_largest_dimension(runti
 
 def test_the_all_reduce_counts_every_replicas_copies_against_host_memory(runtime):
     from jobs.base import ParamError
-    from jobs.matmul import GIB
+    from jobs.hostmemory import GIB
     from jobs.replicas import check_all_reduce_memory
 
     spec = get_job("all-reduce")
@@ -310,7 +310,7 @@ def test_the_all_reduce_counts_every_replicas_copies_against_host_memory(runtime
 def test_the_dtensor_mlp_counts_the_replicated_weights_and_adam_state(runtime):
     from jobs.base import ParamError
     from jobs.dtensor_mlp import check_memory, parameter_count
-    from jobs.matmul import GIB
+    from jobs.hostmemory import GIB
 
     spec = get_job("dtensor-mlp")
     assert parameter_count(784, (700, 500), 10) == 784 * 700 + 700 + 700 * 500 + 500 + 500 * 10 + 10
