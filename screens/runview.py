@@ -341,6 +341,8 @@ class RunView(Vertical):
     def _sync_tables(self, model: RunModel) -> None:
         results = self.query_one("#results", VerticalScroll)
         summary = self.query_one("#run-summary", Static)
+        for table_event in model.tables.values():  # the summary names devices as the tables do
+            self._device_names.add(table_devices(table_event))
         if (model.summary or model.problems) and self._drawn.get("summary") != model.version:
             names = self._device_names.short
             lines = [f"{key}: {clipped(format_value(value, names), 200)}" for key, value in model.summary.items()]

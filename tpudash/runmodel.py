@@ -376,22 +376,11 @@ class RunModel:
         return dict(self.final_metrics)
 
     def device_results(self) -> dict[str, dict]:
-        """Per device: passed? and GFLOP/s, from a result table with device and result columns."""
-        results: dict[str, dict] = {}
-        for table in self.tables.values():
-            columns = [str(column).lower() for column in table.columns]
-            device_column = next((i for i, c in enumerate(columns) if c == "device"), None)
-            result_column = next((i for i, c in enumerate(columns) if c in ("result", "pass", "passed", "status")), None)
-            speed_column = next((i for i, c in enumerate(columns) if "gflop" in c), None)
-            if device_column is None or result_column is None:
-                continue
-            for row in table.rows:
-                if len(row) <= max(device_column, result_column):
-                    continue
-                verdict = row[result_column]
-                passed = verdict is True or str(verdict).strip().lower() in ("pass", "passed", "ok", "true", "✓")
-                entry = {"passed": passed, "result": str(verdict)}
-                if speed_column is not None and speed_column < len(row) and is_finite_number(row[speed_column]):
-                    entry["gflops"] = float(row[speed_column])
-                results[str(row[device_column])] = entry
-        return results
+        """Per device of a matmul check: ``passed`` and ``gflops``, read from the job's summary
+        (its ``gflops`` per device and its ``failed_devices``); empty for any other run."""
+        gflops = self.summary.get("gflops")
+        if self.job != "matmul" or not isinstance(gflops, dict):
+            return {}
+        failed = set(self.summary.get("failed_devices") or ())
+        return {str(device): {"passed": device not in failed, "gflops": float(value)}
+                for device, value in gflops.items() if is_finite_number(value)}
