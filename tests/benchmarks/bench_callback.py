@@ -21,7 +21,7 @@ costs the user's ``model.fit``, side by side in one process:
   feed the replicas through a multi-device iterator: here that trained at
   about half the speed, on 0.4–0.6 of the two cores, and each ``fit``
   ended late, waiting for the iterators' tuning threads (see
-  ``jobs.train.input_options``).
+  ``jobs.trainplan.input_options``).
 - **without**: ``model.fit(data, epochs=E, steps_per_epoch=S, verbose=0,
   callbacks=[timer])``.
 - **with**: the same with ``callbacks=[TpudashCallback(runs_dir=<temp dir>,

@@ -10,7 +10,7 @@ alternated plain → headless → TUI, round after round:
   ``jobs.datasets`` synthetic data and ``training_pipeline``, distributed as
   ``jobs/train.py``'s ``_train_with_fit`` does on a CPU (one host pipeline
   per replica through ``distribute_datasets_from_function``, the same
-  ``InputOptions``: checked against ``jobs.train.input_options``),
+  ``InputOptions``: checked against ``jobs.trainplan.input_options``),
   ``model.fit(verbose=0)`` with the same ``steps_per_epoch``, and the same
   validation after every epoch (one pass over the distributed test split
   with a ``strategy.run`` step, like the job's Evaluator).
@@ -109,7 +109,7 @@ def cpu_input_options(tf):
     ``_train_with_fit`` does on a CPU. If the job changes its choice, this
     benchmark stops rather than compare two different things.
     """
-    from jobs.train import input_options
+    from jobs.trainplan import input_options
 
     options = tf.distribute.InputOptions(
         experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
@@ -120,7 +120,7 @@ def cpu_input_options(tf):
                 "experimental_per_replica_buffer_size")
     differing = [name for name in compared if getattr(options, name) != getattr(job_options, name, None)]
     if differing:
-        raise RuntimeError(f"jobs.train.input_options now differs from the plain script's in {', '.join(differing)}: "
+        raise RuntimeError(f"jobs.trainplan.input_options now differs from the plain script's in {', '.join(differing)}: "
                            f"update plain_keras_throughputs to feed the data as the job does")
     return options
 

@@ -16,7 +16,8 @@ import pytest
 from jobs import datasets, get_job
 from jobs.base import JobContext, ParamError
 from jobs.events import Artifact, Metric, Progress, ReplicaValues, Stage
-from jobs.train import TrainingPlan, TrainingReporter, parse_profile_steps, tpu_advice
+from jobs.trainplan import TrainingPlan, parse_profile_steps, tpu_advice
+from jobs.trainreport import TrainingReporter
 
 TINY = dict(source="synthetic", batch_per_replica=4, limit_train=64, limit_test=32, epochs=1)
 
