@@ -11,19 +11,16 @@ counts the launches in which it had.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
 import re
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
-import termios
 import time
 
 from tests.benchmarks.harness import Result, alternate
+from tests.terminal import run_on_a_terminal
 
 FIRST_FRAME = re.compile(rb"first_frame_unix=([0-9.]+)")
 TENSORFLOW_IMPORTED = re.compile(rb"tensorflow_imported=(True|False|None)")
@@ -41,28 +38,13 @@ def first_frame_probe(python: str = sys.executable, runs_dir: str | None = None,
 
     ``tensorflow_imported`` is True, False, or None when the app did not say.
     """
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     environment = dict(os.environ, TPUDASH_EXIT_AFTER_FIRST_FRAME="1", TERM="xterm-256color",
                        TPUDASH_RUNS_DIR=runs_dir or tempfile.mkdtemp(prefix="tpudash-bench-"))
     started = time.time()
-    process = subprocess.Popen([python, "-m", "tpudash"], stdin=slave, stdout=slave, stderr=slave,
-                               env=environment, close_fds=True, cwd=cwd)
-    os.close(slave)
-    output = b""
-    while True:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:  # EIO: the child closed the terminal
-            break
-        if not chunk:
-            break
-        output += chunk
-    process.wait(timeout=60)
-    os.close(master)
+    returncode, output = run_on_a_terminal([python, "-m", "tpudash"], environment, timeout=60, cwd=cwd)
     match = FIRST_FRAME.search(output)
     if match is None:
-        raise RuntimeError(f"tpudash printed no first-frame time (exit {process.returncode}): {output[-500:]!r}")
+        raise RuntimeError(f"tpudash printed no first-frame time (exit {returncode}): {output[-500:]!r}")
     imported = TENSORFLOW_IMPORTED.search(output)
     said = imported.group(1).decode() if imported is not None else "None"
     return {"seconds": float(match.group(1)) - started, "tensorflow_imported": {"True": True, "False": False}.get(said)}

@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import ast
-import fcntl
 import importlib
 import os
-import pty
 import re
-import select
-import struct
-import subprocess
 import sys
-import termios
-import time
 import tomllib
 
 from tests.conftest import REPO_ROOT
+from tests.terminal import run_on_a_terminal
 
 
 def readme_commands() -> list[str]:
@@ -32,34 +26,6 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 INSTALL_COMMAND = re.compile(r'python3 -m venv (?P<venv>\S+) && (?P=venv)/bin/pip install "\.\[(?P<extras>[^\]]*)\]"(?: && (?P=venv)/bin/(?P<script>\S+))?')
-
-
-def run_on_a_terminal(argv: list[str], env: dict, timeout: float = 60) -> tuple[int, bytes]:
-    """Run ``argv`` on a pseudo-terminal (120×40) until it exits: its exit code and everything it wrote."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    process = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True)
-    os.close(slave)
-    output = b""
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                raise AssertionError(f"{argv} still running after {timeout} s: {output[-500:]!r}")
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not chunk:
-                break
-            output += chunk
-        return process.wait(timeout=timeout), output
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        os.close(master)
 
 
 def test_readme_install_command_is_what_ci_installs_and_its_script_starts_the_dashboard(tmp_path):
