@@ -25,14 +25,14 @@ from textual.widgets import DataTable, Static
 from textual.worker import Worker, WorkerState
 
 from screens.base import DashScreen, DisplayTick
-from screens.runview import RunView
 from tpudash.clock import format_seconds
 from tpudash.console import brief_metrics, status_text
 from tpudash.follow import SOURCE_WORDS, RunFollower
-from tpudash.runmodel import RunModel
-from tpudash.records import SOURCE_JOB, RunInfo
-from tpudash.series import DecimatedSeries
 from tpudash.plots import MetricPlot, PlotLine
+from tpudash.records import SOURCE_JOB, RunInfo
+from tpudash.runmodel import RunModel
+from tpudash.runview import RunView
+from tpudash.series import DecimatedSeries
 
 HISTORY_COLUMNS = ("", "started", "job", "status", "duration", "final metrics", "problems")
 EXPORT_FILE = "metrics.csv"

@@ -92,7 +92,7 @@ async def _measure_redraws(small_model, big_model, rounds: int) -> dict:
     from textual.app import App, ComposeResult
     from textual.containers import Horizontal
 
-    from screens.runview import RunView
+    from tpudash.runview import RunView
 
     class TwoRunViews(App):
         def compose(self) -> ComposeResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.app import App
 
 from jobs.events import Metric
-from screens.runview import plot_lines
+from tpudash.runview import plot_lines
 from tpudash.runmodel import RunModel
 from tpudash.series import DEFAULT_SERIES_CAPACITY
 from tpudash.plots import MetricPlot, RedrawBudget

@@ -11,7 +11,7 @@ from rich.style import Style
 
 from jobs.events import ReplicaValues, RunFinished, Table
 from screens.history import run_status_text
-from screens.runview import status_text as dashboard_status_text
+from tpudash.runview import status_text as dashboard_status_text
 from tpudash.console import STATUS_GLYPHS, ConsoleSink, render_devices, render_runs, short_device_names
 from tpudash.records import RunInfo
 from tpudash.runtime import LogicalDeviceInfo, RuntimeDescription

@@ -14,7 +14,7 @@ from textual.screen import Screen
 from textual.widgets import Label, OptionList, Select, TabbedContent, TabPane
 
 from screens.base import DashScreen
-from screens.runview import RunTabs
+from tpudash.runview import RunTabs
 from tpudash.textual_seams import TEXTUAL_MOVE_PAGE, UndelayedRevisits, guard_option_list_page_keys
 
 
