@@ -91,3 +91,23 @@ async def test_x_on_a_queued_run_removes_it_without_running_it(make_app, job_gat
         await run_settled(pilot, running)
         assert running.model.status == "done"
         assert sorted(path.name for path in isolated_runs_dir.iterdir() if not path.name.startswith(".")) == [running.run_id]
+
+
+async def test_an_unreadable_runs_directory_is_said_once_while_the_scans_go_on(make_app, monkeypatch):
+    from tpudash.follow import RunsDirectoryWatch
+
+    scans = []
+
+    def refuse(self):
+        scans.append(1)
+        raise PermissionError(13, "Permission denied", str(self.store.root))
+
+    monkeypatch.setattr(RunsDirectoryWatch, "scan", refuse)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await until(pilot, lambda: len(scans) >= 3)
+        said = [text for _, severity, text in app.notices if text.startswith("Cannot read the runs directory")]
+        assert said == [f"Cannot read the runs directory: PermissionError: [Errno 13] Permission denied: "
+                        f"'{app.store.root}'"]
+        assert app.is_running  # the dashboard goes on
