@@ -184,7 +184,7 @@ class RunFinished:
 
 @dataclass(frozen=True)
 class Telemetry:
-    """One sample of the accelerator and the host beside a run (``tpudash.telemetry``).
+    """One sample of the accelerator and the host beside a run (``tpudash.telemetry.sampling``).
 
     chips: per TPU chip ``{"chip", "duty_cycle_pct", "hbm_used", "hbm_total",
         "hbm_bandwidth_pct"}`` and ``"tensorcore_util_pct"`` where libtpu's SDK

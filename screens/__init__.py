@@ -1,15 +1,5 @@
 """One Textual Screen per module, each with its .tcss beside it.
 
-``MODE_SCREENS`` is the app's modes: mode → (module, class, label, what it
-shows). The app imports a screen's module only when its mode is first shown,
-so this package itself imports nothing.
+The app's modes (``tpudash.tui.modes``) name them; a screen's module is
+imported only when its mode is first shown, so this package imports nothing.
 """
-
-MODE_SCREENS = {
-    "devices": ("screens.devices", "DevicesScreen", "Devices", "the runtime, strategy and logical devices"),
-    "jobs": ("screens.jobs", "JobsScreen", "Jobs", "every job with its parameter form"),
-    "run": ("screens.run", "RunScreen", "Run view", "the live view of this session's runs"),
-    "history": ("screens.history", "HistoryScreen", "History", "past runs: open, overlay, export"),
-    "log": ("screens.log", "SessionLogScreen", "Session log", "TensorFlow's native log and notifications"),
-    "help": ("screens.help", "HelpScreen", "Help", "keys and what tpudash keeps"),
-}

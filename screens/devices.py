@@ -25,8 +25,8 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, LoadingIndicator, Static
 
 from screens.base import DashScreen
-from tpudash.clock import format_seconds
-from tpudash.console import format_bytes, telemetry_view
+from tpudash.format import format_seconds
+from tpudash.cli.render import format_bytes, telemetry_view
 
 DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
 
@@ -39,13 +39,13 @@ def format_memory(memory: dict | None) -> str:
 
 
 def describe_host(host_check: dict, leave_out: str | None = None) -> Text:
-    """The host scan's lines (``tpudash.hostcheck.host_lines``, as the CLI prints them), labelled like the runtime's.
+    """The host scan's lines (``tpudash.accel.hostcheck.host_lines``, as the CLI prints them), labelled like the runtime's.
 
     ``leave_out``: a message shown elsewhere on the screen (the no-TensorFlow
     diagnosis is the reason detection gave up), so it is not shown twice.
     """
     # Here, not at the top: this screen is imported before the first frame.
-    from tpudash.hostcheck import host_lines
+    from tpudash.accel.hostcheck import host_lines
 
     text = Text()
     for label, value, style in host_lines(host_check):

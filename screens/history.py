@@ -25,14 +25,14 @@ from textual.widgets import DataTable, Static
 from textual.worker import Worker, WorkerState
 
 from screens.base import DashScreen, DisplayTick
-from tpudash.clock import format_seconds
-from tpudash.console import brief_metrics, status_text
-from tpudash.follow import SOURCE_WORDS, RunFollower
-from tpudash.plots import MetricPlot, PlotLine
-from tpudash.records import SOURCE_JOB, RunInfo
-from tpudash.runmodel import RunModel
-from tpudash.runview import RunView
-from tpudash.series import DecimatedSeries
+from tpudash.format import format_seconds
+from tpudash.cli.render import brief_metrics, status_text
+from tpudash.runs.follow import SOURCE_WORDS, RunFollower
+from tpudash.tui.plots import MetricPlot, PlotLine
+from tpudash.runs.store import SOURCE_JOB, RunInfo
+from tpudash.runs.model import RunModel
+from tpudash.tui.runview import RunView
+from tpudash.runs.series import DecimatedSeries
 
 HISTORY_COLUMNS = ("", "started", "job", "status", "duration", "final metrics", "problems")
 EXPORT_FILE = "metrics.csv"

@@ -21,7 +21,7 @@ from textual.widgets import Button, ContentSwitcher, OptionList, Select, Static
 from textual.widgets.option_list import Option
 
 from screens.base import DashScreen
-from tpudash.paramform import ParamForm
+from tpudash.tui.paramform import ParamForm
 
 
 def form_id(job_name: str) -> str:

@@ -1,6 +1,6 @@
 """The Run screen: the live view of the runs this session launched, with the accelerator lane beside it.
 
-The run on show is drawn by ``tpudash.runview.RunView``; this screen picks
+The run on show is drawn by ``tpudash.tui.runview.RunView``; this screen picks
 which run that is (the newest, or the one chosen in the lane list) and
 redraws it on the app's ``DisplayTick``.
 """
@@ -14,9 +14,9 @@ from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
 from screens.base import DashScreen, DisplayTick
-from tpudash.console import status_text
-from tpudash.runmodel import RunModel
-from tpudash.runview import RunView
+from tpudash.cli.render import status_text
+from tpudash.runs.model import RunModel
+from tpudash.tui.runview import RunView
 
 
 class RunScreen(DashScreen):

@@ -21,7 +21,7 @@ os.environ.setdefault("TFDS_DISABLE_GCS", "1")
 # TensorFlow before tpudash does must not start libtpu (minutes of metadata
 # server retries). Subprocesses that play a user get a clean environment
 # (tests/unit/test_cli.py's run_cli).
-from tpudash.runtime import keep_libtpu_unloaded  # noqa: E402 - after the variables above
+from tpudash.accel.runtime import keep_libtpu_unloaded  # noqa: E402 - after the variables above
 
 keep_libtpu_unloaded(os.environ)
 
@@ -30,8 +30,8 @@ import pytest
 from jobs import get_job
 from jobs.events import Event, Metric, ReplicaValues, RunFinished, Table
 from tpudash.config import Settings
-from tpudash.records import RunStore
-from tpudash.runner import QueuedRun, Runner
+from tpudash.runs.store import RunStore
+from tpudash.engine.runner import QueuedRun, Runner
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -74,7 +74,7 @@ def isolated_runs_dir(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def runtime():
     """The process-wide 8-device CPU runtime."""
-    from tpudash.runtime import get_runtime
+    from tpudash.accel.runtime import get_runtime
 
     return get_runtime(Settings(cpu_devices=8))
 

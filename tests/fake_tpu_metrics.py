@@ -19,7 +19,7 @@ import grpc
 from tpu_info.proto import tpu_metric_service_pb2 as messages
 from tpu_info.proto import tpu_metric_service_pb2_grpc as service
 
-from tpudash.telemetry import DUTY_CYCLE_METRIC, HBM_BANDWIDTH_METRIC, HBM_TOTAL_METRIC, HBM_USED_METRIC
+from tpudash.telemetry.sampling import DUTY_CYCLE_METRIC, HBM_BANDWIDTH_METRIC, HBM_TOTAL_METRIC, HBM_USED_METRIC
 
 GIB = 1024 ** 3
 

@@ -20,3 +20,13 @@ def record(name, params=None, *, runs_dir=None, strategy=None):
     from tpudash.recording import record as start_recording
 
     return start_recording(name, params, runs_dir=runs_dir, strategy=strategy)
+
+
+def __getattr__(name: str):
+    # ``from tpudash import colab`` is the notebook's entry point; it lives in
+    # tpudash.web and loads only when asked for.
+    if name == "colab":
+        from tpudash.web import colab
+
+        return colab
+    raise AttributeError(f"module 'tpudash' has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Entry point for ``python -m tpudash``."""
 
-from tpudash.cli import main
+from tpudash.cli.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

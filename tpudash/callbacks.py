@@ -33,7 +33,7 @@ import keras
 from jobs.batchmeans import BatchMeans
 from jobs.events import split_final_name, to_jsonable
 from tpudash.recording import RecordedRun, RecordingError, session_runtime
-from tpudash.records import SOURCE_CALLBACK
+from tpudash.runs.store import SOURCE_CALLBACK
 
 # Without ``every_n_batches``, a batch point at most this often: what the
 # dashboard can show, at a cost training does not notice.

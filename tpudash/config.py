@@ -11,8 +11,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Mapping
 
-from tpudash.telemetry import DEFAULT_INTERVAL_SECONDS, DEFAULT_TPU_METRICS_ADDRESS, AddressError, parse_metrics_address
-from tpudash.telemetry import INTERVAL_RANGE as TELEMETRY_INTERVAL_RANGE
+from tpudash.telemetry.sampling import DEFAULT_INTERVAL_SECONDS, DEFAULT_TPU_METRICS_ADDRESS, AddressError, parse_metrics_address
+from tpudash.telemetry.sampling import INTERVAL_RANGE as TELEMETRY_INTERVAL_RANGE
 
 DEFAULT_CPU_DEVICES = 8
 MAX_CPU_DEVICES = 256

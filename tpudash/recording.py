@@ -49,7 +49,7 @@ from jobs.events import (
     Table,
     to_jsonable,
 )
-from tpudash.records import SOURCE_RECORD, RunRecorder, RunStore, new_run_id
+from tpudash.runs.store import SOURCE_RECORD, RunRecorder, RunStore, new_run_id
 
 # How often buffered events reach the file: the dashboard's redraw beat is
 # half a second, and a killed process loses at most this much.

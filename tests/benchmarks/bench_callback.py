@@ -206,7 +206,7 @@ def prepare(quick: bool):
     import tensorflow as tf
 
     from tpudash.config import Settings
-    from tpudash.runtime import get_runtime
+    from tpudash.accel.runtime import get_runtime
 
     setup = QUICK if quick else FULL
     strategy = get_runtime(Settings()).strategy

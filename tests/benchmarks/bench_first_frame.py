@@ -52,8 +52,8 @@ def first_frame_probe(python: str = sys.executable, runs_dir: str | None = None,
 
 def import_tensorflow_seconds() -> float:
     """A bare ``import tensorflow``, as tpudash itself imports it on this host (libtpu kept unloaded without a chip)."""
-    from tpudash.hostcheck import scan_chips
-    from tpudash.runtime import keep_libtpu_unloaded
+    from tpudash.accel.hostcheck import scan_chips
+    from tpudash.accel.runtime import keep_libtpu_unloaded
 
     environment = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     if not scan_chips().count:

@@ -92,7 +92,7 @@ async def _measure_redraws(small_model, big_model, rounds: int) -> dict:
     from textual.app import App, ComposeResult
     from textual.containers import Horizontal
 
-    from tpudash.runview import RunView
+    from tpudash.tui.runview import RunView
 
     class TwoRunViews(App):
         def compose(self) -> ComposeResult:
@@ -124,8 +124,8 @@ async def _measure_redraws(small_model, big_model, rounds: int) -> dict:
 
 
 def run(quick: bool) -> list[Result]:
-    from tpudash.runmodel import RunModel
-    from tpudash.series import DEFAULT_SERIES_CAPACITY
+    from tpudash.runs.model import RunModel
+    from tpudash.runs.series import DEFAULT_SERIES_CAPACITY
 
     big_points = 20_000 if quick else 1_000_000
     rounds = 5 if quick else 40

@@ -76,7 +76,7 @@ class FrameClock:
 async def _measure(settings, overrides: dict, presses: int, idle_presses: int) -> dict:
     import sys
 
-    from tpudash.app import TpudashApp
+    from tpudash.tui.app import TpudashApp
 
     app = TpudashApp(settings)  # no runtime_provider: the engine is a process, as users get it
     async with app.run_test(size=APP_SIZE) as pilot:

@@ -18,8 +18,8 @@ def run(quick: bool) -> list[Result]:
 
     from jobs import get_job
     from tpudash.config import Settings
-    from tpudash.runner import Runner
-    from tpudash.runtime import get_runtime
+    from tpudash.engine.runner import Runner
+    from tpudash.accel.runtime import get_runtime
 
     size = 256 if quick else 2048
     repeats = 3 if quick else 10

@@ -14,7 +14,7 @@ alternated plain → headless → TUI, round after round:
   ``model.fit(verbose=0)`` with the same ``steps_per_epoch``, and the same
   validation after every epoch (one pass over the distributed test split
   with a ``strategy.run`` step, like the job's Evaluator).
-- **headless**: ``tpudash run train --set …`` through ``tpudash.cli.main``,
+- **headless**: ``tpudash run train --set …`` through ``tpudash.cli.main.main``,
   its rich live display writing to a null stream that says it is a
   terminal (so the progress display refreshes as it would on screen), the
   run recorded to disk as usual.
@@ -232,7 +232,7 @@ class NullTerminal(io.TextIOBase):
 def recorded_throughputs(runs_dir: Path) -> list[float]:
     """The per-epoch ``examples_per_second`` of the only run recorded in ``runs_dir``."""
     from jobs.events import Metric
-    from tpudash.records import RunStore
+    from tpudash.runs.store import RunStore
 
     store = RunStore(runs_dir)
     runs = store.list_runs()
@@ -247,7 +247,7 @@ def recorded_throughputs(runs_dir: Path) -> list[float]:
 
 def headless_throughputs(setup: TrainingSetup) -> list[float]:
     """``tpudash run train --set …`` in this process, its display to a null terminal."""
-    from tpudash import cli
+    from tpudash.cli import main as cli
 
     runs_dir = Path(tempfile.mkdtemp(prefix="tpudash-bench-headless-"))
     argv = ["run", "train", "--runs-dir", str(runs_dir)]
@@ -272,7 +272,7 @@ async def _tui_run(setup: TrainingSetup, runs_dir: Path) -> dict:
     import os
 
     from tests.benchmarks.harness import process_cpu_seconds, wait_for_engine_exit
-    from tpudash.app import TpudashApp
+    from tpudash.tui.app import TpudashApp
     from tpudash.config import Settings
 
     app = TpudashApp(Settings(runs_dir=runs_dir))
@@ -322,7 +322,7 @@ def tui_throughputs(setup: TrainingSetup, loads: list[dict] | None = None) -> li
 
 def run(quick: bool) -> list[Result]:
     from tpudash.config import Settings
-    from tpudash.runtime import get_runtime
+    from tpudash.accel.runtime import get_runtime
 
     setup = QUICK if quick else FULL
     rounds = 1 if quick else 5

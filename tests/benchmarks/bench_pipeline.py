@@ -80,7 +80,7 @@ def pipeline_examples_per_second(runtime, setup: TrainingSetup, per_replica: boo
 
 def run(quick: bool) -> list[Result]:
     from tpudash.config import Settings
-    from tpudash.runtime import get_runtime
+    from tpudash.accel.runtime import get_runtime
 
     setup = QUICK if quick else TrainingSetup(batch_per_replica=FULL.batch_per_replica, limit_train=FULL.limit_train,
                                               limit_test=FULL.limit_test, epochs=4)

@@ -28,7 +28,7 @@ and the two cores, side by side in one process:
   callbacks=[timer])``.
 - **on, 1 Hz** (the default) and **on, 10 Hz** (interval 0.1 s, the fastest
   allowed; to make the cost visible): the same ``fit`` while a
-  ``tpudash.telemetry.SamplingLoop`` runs on a thread of this process,
+  ``tpudash.telemetry.sampling.SamplingLoop`` runs on a thread of this process,
   started just before and stopped just after: every sample reads the fake
   service through ``TelemetrySampler``'s gRPC client (duty cycle, HBM used,
   HBM total, HBM bandwidth: four calls) and psutil (CPU per core, memory,
@@ -109,8 +109,8 @@ def sampled_fit(fake, model, data, setup: CallbackSetup, global_batch: int, inte
     collection holds the GIL for a few tenths of a second, and the sampler
     waits, as it would beside any Python program's).
     """
-    from tpudash.records import TELEMETRY_FILE
-    from tpudash.telemetry import SamplingLoop, TelemetryRecorder, TelemetrySampler
+    from tpudash.runs.store import TELEMETRY_FILE
+    from tpudash.telemetry.sampling import SamplingLoop, TelemetryRecorder, TelemetrySampler
 
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=runs_dir))
     recorder = TelemetryRecorder()

@@ -183,7 +183,7 @@ class EngineExitClock:
 
 async def measure_cell(job: str, state: str, action: str, runs_dir: Path, params: dict | None = None) -> dict:
     """One app, one launch of ``job``, caught in ``state``, ended by ``action``; what it took."""
-    from tpudash.app import TpudashApp
+    from tpudash.tui.app import TpudashApp
     from tpudash.config import Settings
 
     if state not in STATES or action not in ACTIONS:

@@ -128,7 +128,7 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 
 def wait_for_engine_exit(engine, timeout: float = 60.0) -> bool:
-    """Block until a dashboard's engine process (``tpudash.engine.EngineProcess``) has exited; False on timeout.
+    """Block until a dashboard's engine process (``tpudash.engine.process.EngineProcess``) has exited; False on timeout.
 
     After an app under Pilot has closed, its engine records its job's end and
     exits on its own; the next measurement must not share the cores with it.
@@ -152,7 +152,7 @@ def machine() -> dict:
     import os
 
     info = {"python": platform.python_version(), "cores": os.cpu_count(), "platform": platform.platform()}
-    from tpudash.hostcheck import installed_distributions
+    from tpudash.accel.hostcheck import installed_distributions
 
     # The TensorFlow build (tensorflow or tensorflow-tpu) and its libtpu, if any.
     info["tensorflow"] = ", ".join(f"{name} {version}" for name, version in installed_distributions().items())

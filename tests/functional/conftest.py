@@ -17,7 +17,7 @@ import pytest
 from jobs import registry
 from jobs.base import JobSpec, Param
 from jobs.events import Metric, Table
-from tpudash.app import TpudashApp
+from tpudash.tui.app import TpudashApp
 
 SIZE = (120, 40)
 RUN_TIMEOUT = 120.0

@@ -12,8 +12,8 @@ from jobs.base import JobSpec
 from screens.base import KeyBar, SessionBar
 from screens.jobs import JobsScreen
 from tests.functional.conftest import run_settled, runtime_ready, shown_live, until
-from tpudash.paramform import ParamField
-from tpudash.plots import BudgetedPlot
+from tpudash.tui.paramform import ParamField
+from tpudash.tui.plots import BudgetedPlot
 
 SMALL = (80, 24)
 # design.md's "TUI keys": tests outside the project drive them.

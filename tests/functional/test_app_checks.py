@@ -7,8 +7,8 @@ from textual.widgets import DataTable, Static
 
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
 from screens.run import RunScreen
-from tpudash.console import short_device_names
-from tpudash.plots import PathPlot, ReplicaBarPlot
+from tpudash.cli.render import short_device_names
+from tpudash.tui.plots import PathPlot, ReplicaBarPlot
 
 WALKTHROUGH_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
 

@@ -20,9 +20,9 @@ from screens.jobs import JobsScreen
 from tests.engine_jobs import ABORT_LINE, SPECS as TEST_ENGINE_JOBS
 from tests.conftest import REPO_ROOT
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
-from tpudash.app import TpudashApp
-from tpudash.engine import EXTRA_JOBS_VARIABLE
-from tpudash.records import RunStore
+from tpudash.tui.app import TpudashApp
+from tpudash.engine.process import EXTRA_JOBS_VARIABLE
+from tpudash.runs.store import RunStore
 
 SEED_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
 LONG_SYNTHETIC_TRAIN = {"source": "synthetic", "epochs": "50", "batch_per_replica": "8", "limit_train": "2048",

@@ -15,10 +15,10 @@ from jobs.events import Metric, RunFinished, RunStarted
 from screens.base import SessionBar
 from screens.devices import DevicesScreen
 from screens.jobs import JobsScreen
-from tpudash import hostcheck, runtime as runtime_module
+from tpudash.accel import hostcheck, runtime as runtime_module
 from tpudash.config import Settings
-from tpudash.engine import detect_runtime
-from tpudash.records import RunStore, new_run_id
+from tpudash.engine.process import detect_runtime
+from tpudash.runs.store import RunStore, new_run_id
 
 CPU_INSTALL_LINE = hostcheck.install_line("cpu")
 

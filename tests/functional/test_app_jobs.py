@@ -7,7 +7,7 @@ from textual.widgets import Button, OptionList, Select
 
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into, until
 from screens.jobs import JobsScreen
-from tpudash.paramform import ParamForm
+from tpudash.tui.paramform import ParamForm
 
 
 async def test_jobs_screen_lists_every_job_with_a_form_of_its_params(make_app, test_specs):

@@ -6,7 +6,7 @@ from textual.widgets import OptionList, RichLog, Static, TabbedContent
 
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
 from screens.run import RunScreen
-from tpudash.records import RunStore
+from tpudash.runs.store import RunStore
 
 
 async def test_the_loss_plot_updates_while_a_job_runs_and_ends_with_val_metrics(make_app, job_gate):
@@ -94,7 +94,7 @@ async def test_x_on_a_queued_run_removes_it_without_running_it(make_app, job_gat
 
 
 async def test_an_unreadable_runs_directory_is_said_once_while_the_scans_go_on(make_app, monkeypatch):
-    from tpudash.follow import RunsDirectoryWatch
+    from tpudash.runs.follow import RunsDirectoryWatch
 
     scans = []
 

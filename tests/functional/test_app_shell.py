@@ -15,9 +15,9 @@ from tests.functional.conftest import RUN_TIMEOUT, SIZE, run_settled, runtime_re
 from screens.dialogs import ConfirmScreen
 from screens.history import RunDetailScreen
 from screens.jobs import JobsScreen
-from tpudash.records import RunStore
+from tpudash.runs.store import RunStore
 from screens.base import KeyBar, SessionBar
-from tpudash.plots import BudgetedPlot
+from tpudash.tui.plots import BudgetedPlot
 
 
 async def test_quit_during_a_run_asks_then_records_the_run_as_cancelled(make_app, job_gate, isolated_runs_dir):

@@ -33,7 +33,7 @@ import pytest
 from jobs import get_job
 from tests.conftest import REPO_ROOT
 from tests.unit.test_cli import USER_UNSET
-from tpudash.records import RunStore, read_events
+from tpudash.runs.store import RunStore, read_events
 
 TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
 ROWS, COLUMNS = 40, 120

@@ -55,10 +55,10 @@ from screens.devices import DevicesScreen
 from screens.dialogs import ConfirmScreen
 from screens.jobs import JobsScreen
 from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, shown_live, until
-from screens import MODE_SCREENS
-from tpudash.app import MAX_WAITING_RUNS, TICK_SECONDS, TpudashApp
-from tpudash.records import RunStore
-from tpudash.paramform import ParamForm
+from tpudash.tui.modes import MODE_SCREENS
+from tpudash.tui.app import MAX_WAITING_RUNS, TICK_SECONDS, TpudashApp
+from tpudash.runs.store import RunStore
+from tpudash.tui.paramform import ParamForm
 
 # Five hundred keep the default suite under its time budget (see the docstring
 # for what they cover); TPUDASH_SOAK_KEYS=5000 soaks longer.

@@ -23,8 +23,8 @@ from screens.history import RunDetailScreen
 from tests.fake_tpu_metrics import GIB, FakeTpuMetrics
 from tests.functional.conftest import SIZE, run_settled, until
 from tests.unit.test_telemetry import DUTY, USED
-from tpudash.records import TELEMETRY_FILE, read_events
-from tpudash.plots import MetricPlot
+from tpudash.runs.store import TELEMETRY_FILE, read_events
+from tpudash.tui.plots import MetricPlot
 
 REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 LOW_DUTY = {chip: 12.5 for chip in range(4)}

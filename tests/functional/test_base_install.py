@@ -19,7 +19,7 @@ import pytest
 from tests.benchmarks.bench_first_frame import first_frame_seconds
 from tests.conftest import REPO_ROOT
 from jobs.events import RunFinished
-from tpudash.records import RunStore, new_run_id
+from tpudash.runs.store import RunStore, new_run_id
 
 CPU_INSTALL_LINE = 'pip install "tensorflow>=2.20,<2.22"'
 

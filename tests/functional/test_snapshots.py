@@ -25,11 +25,11 @@ import pytest
 
 from jobs import registry
 from jobs.events import Log, Metric, Progress, ReplicaValues, RunFinished, RunStarted, Stage, Table
-from tpudash.app import TpudashApp
+from tpudash.tui.app import TpudashApp
 from tpudash.config import Settings
-from tpudash.engine import EngineThread
-from tpudash.records import SOURCE_JOB, RunRecorder
-from tpudash.runtime import LogicalDeviceInfo, Runtime, RuntimeDescription
+from tpudash.engine.process import EngineThread
+from tpudash.runs.store import SOURCE_JOB, RunRecorder
+from tpudash.accel.runtime import LogicalDeviceInfo, Runtime, RuntimeDescription
 
 SIZES = {"80x24": (80, 24), "160x48": (160, 48)}
 # Fixed, not tmp_path: the runs directory's path is on screen (Help, History).

@@ -31,7 +31,7 @@ TIMEOUT = 300.0
 
 
 async def session() -> dict:
-    from tpudash.app import TpudashApp
+    from tpudash.tui.app import TpudashApp
     from tpudash.config import Settings
 
     app = TpudashApp(Settings.load())

@@ -18,7 +18,7 @@ import pytest
 
 from tests.unit.test_cli import USER_UNSET, run_cli
 from tests.unit.test_cli_host import fake_host
-from tpudash import hostcheck
+from tpudash.accel import hostcheck
 
 pytestmark = pytest.mark.skipif(
     hostcheck.installed_distributions().get("tensorflow-tpu") is None,
@@ -30,7 +30,7 @@ def test_a_host_without_chips_gets_the_cpu_default_and_never_starts_libtpu():
     # (and libtpu takes the host's TPU lock); tpudash keeps it from starting.
     script = "\n".join([
         "from tpudash.config import Settings",
-        "from tpudash.runtime import get_runtime",
+        "from tpudash.accel.runtime import get_runtime",
         "runtime = get_runtime(Settings())",
         "import tensorflow as tf  # imported by get_runtime already, after it set libtpu's variables",
         "print(runtime.kind, runtime.num_replicas, sorted({d.device_type for d in tf.config.list_logical_devices()}))",
@@ -83,7 +83,7 @@ def test_the_dashboards_engine_takes_the_cpu_default_in_its_own_process_when_the
     import queue
 
     from tpudash.config import Settings
-    from tpudash.engine import EngineProcess
+    from tpudash.engine.process import EngineProcess
 
     environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
     environment.update(fake_host(tmp_path / "host", chips=("V4", 4)), TPUDASH_TPU_TIMEOUT="15",
@@ -114,7 +114,7 @@ def test_the_real_libtpu_sdk_is_asked_in_a_child_and_its_failure_costs_only_tens
     # process that imported the SDK then dies of SIGSEGV at exit. In the
     # dashboard's process that would be the dashboard; in the probe's child
     # it is one missing value with the SDK's reason.
-    from tpudash.telemetry import TelemetrySampler, TensorCoreProbe
+    from tpudash.telemetry.sampling import TelemetrySampler, TensorCoreProbe
 
     from tests.fake_tpu_metrics import FakeTpuMetrics
 

@@ -19,7 +19,7 @@ import pytest
 
 from jobs import get_job, registry
 from jobs.events import Event, Metric, Progress, RunFinished, RunStarted
-from tpudash.runner import QueuedRun, Runner
+from tpudash.engine.runner import QueuedRun, Runner
 
 WAIT_SECONDS = 180
 

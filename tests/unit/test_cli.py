@@ -14,8 +14,8 @@ import pytest
 from jobs import get_job
 from jobs.events import Metric, RunFinished
 from tests.conftest import REPO_ROOT
-from tpudash import cli
-from tpudash.records import RunStore, new_run_id
+from tpudash.cli import main as cli
+from tpudash.runs.store import RunStore, new_run_id
 
 
 # What a user's shell on this machine would not have: TPU settings, and the
@@ -154,7 +154,7 @@ def test_human_output_of_a_failed_check_shows_the_status_the_error_the_run_id_an
 
 
 def test_import_tpudash_loads_neither_tensorflow_nor_textual():
-    code = "import sys, tpudash, tpudash.cli, tpudash.config; print(sorted(m for m in ('tensorflow', 'textual') if m in sys.modules))"
+    code = "import sys, tpudash, tpudash.cli.main, tpudash.config; print(sorted(m for m in ('tensorflow', 'textual') if m in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr
 
@@ -162,16 +162,16 @@ def test_import_tpudash_loads_neither_tensorflow_nor_textual():
 def test_jobs_never_import_textual_or_the_app():
     code = (
         "import sys, jobs; jobs.registry(); "
-        "print(sorted(m for m in ('textual', 'screens', 'tpudash.app', 'tensorflow') if m in sys.modules))"
+        "print(sorted(m for m in ('textual', 'screens', 'tpudash.tui.app', 'tensorflow') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr
 
 
 def test_the_dashboard_and_every_screen_import_no_tensorflow():
-    from screens import MODE_SCREENS
+    from tpudash.tui.modes import MODE_SCREENS
 
-    modules = ["tpudash.app", "tpudash.palette", "screens.dialogs"] + [module for module, *_ in MODE_SCREENS.values()]
+    modules = ["tpudash.tui.app", "tpudash.tui.palette", "screens.dialogs"] + [module for module, *_ in MODE_SCREENS.values()]
     code = (f"import sys, importlib; [importlib.import_module(name) for name in {modules!r}]; "
             "print(sorted(m for m in ('tensorflow', 'keras', 'tensorflow_datasets') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
@@ -179,16 +179,16 @@ def test_the_dashboard_and_every_screen_import_no_tensorflow():
 
 
 def test_the_run_model_the_lane_the_engine_handle_and_the_writers_import_neither_textual_nor_tensorflow():
-    code = ("import sys, tpudash.runmodel, tpudash.clock, tpudash.series, tpudash.lane, tpudash.engine, "
-            "tpudash.follow, tpudash.recording; "
-            "print(sorted(m for m in ('textual', 'tensorflow', 'screens', 'tpudash.app') if m in sys.modules))")
+    code = ("import sys, tpudash.runs.model, tpudash.format, tpudash.runs.series, tpudash.engine.lane, tpudash.engine.process, "
+            "tpudash.runs.follow, tpudash.recording; "
+            "print(sorted(m for m in ('textual', 'tensorflow', 'screens', 'tpudash.tui.app') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr
 
 
 def test_the_keras_callback_imports_no_textual_and_no_screens():
     code = ("import sys, tpudash.callbacks; "
-            "print(sorted(m for m in ('textual', 'screens', 'tpudash.app') if m in sys.modules))")
+            "print(sorted(m for m in ('textual', 'screens', 'tpudash.tui.app') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr
 
@@ -255,8 +255,8 @@ def test_a_dashboard_served_to_a_browser_tab_starts_on_its_pipes(monkeypatch):
 
 
 def test_without_a_terminal_the_dashboard_exits_before_textual_or_tensorflow_is_imported():
-    code = ("import sys; from tpudash.cli import main; code = main([]); "
-            "print(code, sorted(m for m in ('textual', 'tensorflow', 'tpudash.app') if m in sys.modules), "
+    code = ("import sys; from tpudash.cli.main import main; code = main([]); "
+            "print(code, sorted(m for m in ('textual', 'tensorflow', 'tpudash.tui.app') if m in sys.modules), "
             "file=sys.stderr)")
     result = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
                             cwd=REPO_ROOT, timeout=NO_TERMINAL_TIMEOUT)
@@ -380,13 +380,13 @@ def test_runs_on_a_directory_that_does_not_exist_says_so_and_how_it_was_chosen(t
 
 
 def test_watch_ends_a_run_whose_writer_died_with_the_interrupted_glyph(isolated_runs_dir, monkeypatch, capsys):
-    import tpudash.records
+    import tpudash.runs.store
 
     run_id = new_run_id("fit")
     recorder = RunStore(isolated_runs_dir).create(run_id, "fit", {}, {"kind": "CPU"})
     recorder.record(Metric("loss", 0.5, step=0))
     recorder.close()  # no finish: as if its process had been killed
-    monkeypatch.setattr(tpudash.records, "process_alive", lambda pid, start_ticks: False)
+    monkeypatch.setattr(tpudash.runs.store, "process_alive", lambda pid, start_ticks: False)
 
     assert cli.main(["watch", run_id, "--telemetry-interval", "0"]) == 1
     out = " ".join(capsys.readouterr().out.split())

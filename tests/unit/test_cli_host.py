@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.unit.test_cli import run_cli, run_dirs
-from tpudash import hostcheck
+from tpudash.accel import hostcheck
 
 
 def fake_host(directory: Path, chips: tuple[str, int] | None = None, distributions: dict[str, str] | None = None) -> dict:
@@ -135,7 +135,7 @@ def test_a_tpu_probe_dies_with_the_tpudash_that_started_it(tmp_path):
     (tmp_path / "tensorflow.py").write_text("import threading\nthreading.Event().wait()\n")
     parent_script = (
         "import os, subprocess, sys\n"
-        "probe = subprocess.Popen([sys.executable, '-m', 'tpudash.tpuprobe', 'local', str(os.getpid())],\n"
+        "probe = subprocess.Popen([sys.executable, '-m', 'tpudash.accel.tpuprobe', 'local', str(os.getpid())],\n"
         "                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         "print(probe.pid, flush=True)\n"
         "sys.stdin.read()\n")

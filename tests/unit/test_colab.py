@@ -1,4 +1,4 @@
-"""``tpudash.colab.show()``: the real function, with Colab's output module provided at its seam.
+"""``tpudash.web.colab.show()``: the real function, with Colab's output module provided at its seam.
 
 Inside Colab it starts ``tpudash serve`` once, on a free port, and hands
 that port to ``google.colab.output.serve_kernel_port_as_iframe``; outside
@@ -93,7 +93,7 @@ def test_a_bad_height_is_refused_naming_it(height, why, outside_colab):
 
 
 def test_importing_tpudash_colab_loads_neither_tensorflow_nor_textual_nor_the_web_server():
-    code = ("import sys, tpudash.colab; print(sorted(m for m in ('tensorflow', 'textual', 'aiohttp', "
+    code = ("import sys, tpudash.web.colab; print(sorted(m for m in ('tensorflow', 'textual', 'aiohttp', "
             "'textual_serve') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr

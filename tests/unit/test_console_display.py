@@ -11,10 +11,10 @@ from rich.style import Style
 
 from jobs.events import ReplicaValues, RunFinished, Table
 from screens.history import run_status_text
-from tpudash.runview import status_text as dashboard_status_text
-from tpudash.console import STATUS_GLYPHS, ConsoleSink, render_devices, render_runs, short_device_names
-from tpudash.records import RunInfo
-from tpudash.runtime import LogicalDeviceInfo, RuntimeDescription
+from tpudash.tui.runview import status_text as dashboard_status_text
+from tpudash.cli.render import STATUS_GLYPHS, ConsoleSink, render_devices, render_runs, short_device_names
+from tpudash.runs.store import RunInfo
+from tpudash.accel.runtime import LogicalDeviceInfo, RuntimeDescription
 
 EVERY_STATUS = ("queued", "running", "live", "done", "failed", "cancelled", "interrupted")
 LOCAL_CPUS = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(8)]

@@ -212,7 +212,7 @@ def test_a_smaller_synthetic_set_is_the_start_of_a_larger_one():
 
 # `tpudash run` as a user types it, in a fresh process whose network probe finds no host.
 OFFLINE_CLI = ("import sys, jobs.datasets as datasets; datasets.network_reachable = lambda hosts, **kw: False; "
-               "from tpudash.cli import main; sys.exit(main(sys.argv[1:]))")
+               "from tpudash.cli.main import main; sys.exit(main(sys.argv[1:]))")
 
 
 def test_tpudash_run_offline_says_what_to_do_without_tfds_stray_warning(tmp_path):

@@ -16,9 +16,9 @@ import pytest
 from jobs.base import JobSpec, Param
 from jobs.events import Metric
 from tpudash.config import Settings, settings_environment
-from tpudash.engine import EXTRA_JOBS_VARIABLE, EngineThread, engine_job_specs
-from tpudash.records import RunStore
-from tpudash.runtime import RuntimeDescription
+from tpudash.engine.process import EXTRA_JOBS_VARIABLE, EngineThread, engine_job_specs
+from tpudash.runs.store import RunStore
+from tpudash.accel.runtime import RuntimeDescription
 
 WAIT = 30.0
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import tpudash
-from tpudash.cli import main
-from tpudash.follow import RunFollower, RunsDirectoryWatch, newest_live_run
-from tpudash.records import SOURCE_RECORD
+from tpudash.cli.main import main
+from tpudash.runs.follow import RunFollower, RunsDirectoryWatch, newest_live_run
+from tpudash.runs.store import SOURCE_RECORD
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
@@ -156,7 +156,7 @@ def test_watch_prints_a_run_as_tpudash_run_does_and_refuses_what_it_cannot_follo
 
 
 def test_watch_imports_no_tensorflow():
-    code = ("import sys; from tpudash.cli import main; "
+    code = ("import sys; from tpudash.cli.main import main; "
             "code = main(['watch', '--runs-dir', sys.argv[1]]); "
             "assert 'tensorflow' not in sys.modules and 'textual' not in sys.modules; print(code)")
     result = subprocess.run([sys.executable, "-c", code, str(REPO_ROOT / "no-runs-here")], capture_output=True,

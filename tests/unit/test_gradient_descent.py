@@ -7,7 +7,7 @@ import pytest
 from jobs import get_job
 from jobs.base import ParamError
 from jobs.events import Progress
-from tpudash import cli
+from tpudash.cli import main as cli
 
 WALKTHROUGH_LINE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
 

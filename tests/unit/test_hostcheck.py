@@ -14,8 +14,8 @@ import tomllib
 from tpu_info import device as tpu_info_device
 
 from tests.conftest import REPO_ROOT
-from tpudash import hostcheck
-from tpudash.hostcheck import Chips, TpuHolder, diagnose
+from tpudash.accel import hostcheck
+from tpudash.accel.hostcheck import Chips, TpuHolder, diagnose
 
 V4 = Chips(chip_type="TPU v4 chip", count=4, hbm_gib_per_chip=32, cores_per_chip=1)
 TPU_BUILD = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17"}
@@ -184,7 +184,7 @@ def test_a_held_tpu_names_the_pid_and_command_and_offers_the_cpu_default():
 def test_inspect_finds_tensorflow_without_importing_it():
     import subprocess
 
-    script = ("import sys; from tpudash import hostcheck; check = hostcheck.inspect(); "
+    script = ("import sys; from tpudash.accel import hostcheck; check = hostcheck.inspect(); "
               "print(check.tensorflow_found, check.tensorflow_build is not None, 'tensorflow' in sys.modules)")
     output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
     assert output.stdout.split() == ["True", "True", "False"]

@@ -12,10 +12,10 @@ import pytest
 
 from jobs.base import JobSpec, Param
 from jobs.events import Metric, Progress, RunFinished, RunStarted
-from tpudash.engine import EngineExit, EngineHandle
-from tpudash.lane import (ENGINE_CRASHED, ENGINE_READY, ENGINE_RELEASED, ENGINE_RUNNING, ENGINE_STARTING, Lane,
+from tpudash.engine.process import EngineExit, EngineHandle
+from tpudash.engine.lane import (ENGINE_CRASHED, ENGINE_READY, ENGINE_RELEASED, ENGINE_RUNNING, ENGINE_STARTING, Lane,
                           LaneObserver)
-from tpudash.records import RunStore
+from tpudash.runs.store import RunStore
 
 STEPS = JobSpec("steps", "Steps", "counts", (Param("steps", "int", 3, minimum=1), Param("lr", "float", 0.1)),
                 run=lambda ctx, params: {})

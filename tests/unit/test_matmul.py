@@ -13,7 +13,7 @@ from jobs.base import JobContext, ParamError
 from jobs.events import Progress
 from jobs.checks import relative_tolerance
 from jobs.matmul import padding_warnings, parse_device_selection
-from tpudash import cli
+from tpudash.cli import main as cli
 
 SMALL = {"m": 48, "k": 64, "n": 40, "repeats": 2}
 

@@ -10,9 +10,9 @@ import pytest
 
 import tpudash
 from jobs.events import Metric, Progress, ReplicaValues, RunFinished, RunStarted, Table
-from tpudash.records import SOURCE_CALLBACK, SOURCE_RECORD, EventTail, RunStore
+from tpudash.runs.store import SOURCE_CALLBACK, SOURCE_RECORD, EventTail, RunStore
 from tpudash.recording import RecordingError, _finish_open_runs
-from tpudash.runmodel import RunModel
+from tpudash.runs.model import RunModel
 from tests.fit_process import GLOBAL_BATCH, separable_data, separable_model
 
 
@@ -134,7 +134,7 @@ def test_the_training_thread_never_fsyncs_until_the_run_ends(store, monkeypatch)
     import os
     import threading
 
-    import tpudash.records as records
+    import tpudash.runs.store as records
 
     fsyncs: list[str] = []
     real_fsync = os.fsync

@@ -16,8 +16,8 @@ import threading
 import pytest
 
 from jobs.events import Metric, Progress, RunFinished, RunStarted
-from tpudash import records
-from tpudash.records import RunStore, new_run_id
+from tpudash.runs import store as records
+from tpudash.runs.store import RunStore, new_run_id
 
 
 def make_run(store: RunStore, job: str = "train", finish: str | None = "done") -> str:
@@ -201,8 +201,8 @@ KILLED_WRITER = textwrap.dedent(
     import sys, threading
     from jobs.base import JobSpec
     from jobs.events import Metric
-    from tpudash.records import RunStore
-    from tpudash.runner import Runner
+    from tpudash.runs.store import RunStore
+    from tpudash.engine.runner import Runner
 
     class Runtime:
         def summary(self):

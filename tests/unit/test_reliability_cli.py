@@ -24,8 +24,8 @@ from jobs.events import Metric
 from tests.conftest import REPO_ROOT
 from tests.unit.test_config import lock_directory
 from tests.unit.test_cli import USER_UNSET
-from tpudash import cli
-from tpudash.records import RunStore
+from tpudash.cli import main as cli
+from tpudash.runs.store import RunStore
 
 TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
 

@@ -8,7 +8,7 @@ import pytest
 from jobs import get_job
 from jobs.base import ParamError
 from jobs.events import Progress
-from tpudash import cli
+from tpudash.cli import main as cli
 
 
 def run_dirs(runs_dir):

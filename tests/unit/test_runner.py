@@ -9,11 +9,11 @@ import pytest
 
 from jobs.base import JobSpec, Param
 from jobs.events import Log, Metric, Progress, RunFinished, RunStarted
-from tpudash.runner import Runner
+from tpudash.engine.runner import Runner
 
 
 class FakeRuntime:
-    """Stands in for tpudash.runtime.Runtime; the runner only needs summary()."""
+    """Stands in for tpudash.accel.runtime.Runtime; the runner only needs summary()."""
 
     def summary(self):
         return {"kind": "CPU", "strategy": "MirroredStrategy", "num_replicas": 8}

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpudash.hostcheck import Chips, HostCheck, diagnose
-from tpudash.runtime import RuntimeSetupError, TpuFallback, detect, parse_device_name, tpu_request
+from tpudash.accel.hostcheck import Chips, HostCheck, diagnose
+from tpudash.accel.runtime import RuntimeSetupError, TpuFallback, detect, parse_device_name, tpu_request
 
 V4_CHIPS = Chips(chip_type="TPU v4 chip", count=4, hbm_gib_per_chip=32, cores_per_chip=1)
 
@@ -224,7 +224,7 @@ def test_the_cpu_build_on_a_tpu_host_is_never_tried_on_the_tpu_and_says_how_to_f
 
 
 def test_a_tpu_held_by_another_process_leaves_jobs_on_the_cpu_default():
-    from tpudash.hostcheck import TpuHolder
+    from tpudash.accel.hostcheck import TpuHolder
 
     holder = TpuHolder(4242, "python3 notebook_kernel.py", ("/dev/accel0",))
     installed = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17"}
@@ -239,7 +239,7 @@ def test_a_tpu_held_by_another_process_leaves_jobs_on_the_cpu_default():
 
 
 def test_a_libtpu_mismatch_on_a_tpu_host_refuses_before_tensorflow_is_imported(monkeypatch):
-    import tpudash.runtime as runtime_module
+    import tpudash.accel.runtime as runtime_module
 
     def must_not_import(timeout):
         raise AssertionError("TensorFlow would abort this process")
@@ -251,7 +251,7 @@ def test_a_libtpu_mismatch_on_a_tpu_host_refuses_before_tensorflow_is_imported(m
 
 
 def test_without_tensorflow_detection_stops_with_the_install_line():
-    from tpudash.runtime import TensorFlowMissing
+    from tpudash.accel.runtime import TensorFlowMissing
 
     no_tensorflow = HostCheck(chips=Chips(), distributions={}, tensorflow_found=False,
                               diagnoses=diagnose(Chips(), {}, [], tensorflow_found=False))
@@ -260,9 +260,9 @@ def test_without_tensorflow_detection_stops_with_the_install_line():
 
 
 def test_a_tensorflow_start_up_that_hangs_is_bounded_and_says_what_it_waited_for(tmp_path, monkeypatch):
-    import tpudash.runtime as runtime_module
-    from tpudash import nativelog
-    from tpudash.runtime import StartupTimeout
+    import tpudash.accel.runtime as runtime_module
+    from tpudash.accel import nativelog
+    from tpudash.accel.runtime import StartupTimeout
 
     log = tmp_path / "session.log"
     log.write_text("E0000 cuda_platform.cc:52] failed call to cuInit: written before the import began\n")

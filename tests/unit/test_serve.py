@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from tests.serve_process import http_get, start_server
-from tpudash import cli
-from tpudash.serve import WEB_DRIVER, is_served
+from tpudash.cli import main as cli
+from tpudash.web.serve import WEB_DRIVER, is_served
 
 DASHBOARD_TEXT = b"tpudash"  # the header's title, in the first frame
 ENGINE_READY_TEXT = b"owns TensorFlow"  # the Devices screen, once its engine answers
@@ -206,7 +206,7 @@ async def test_a_polling_page_that_stops_asking_has_its_dashboard_ended(tmp_path
 
     from tests.serve_process import USER_UNSET
     from tpudash.config import Settings
-    from tpudash.serve import DashboardServer
+    from tpudash.web.serve import DashboardServer
 
     settings = Settings.load({"runs_dir": str(tmp_path / "runs")})
     server = DashboardServer(settings, port=0, environ={key: value for key, value in os.environ.items()

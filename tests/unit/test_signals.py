@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.unit.test_cli import USER_UNSET
-from tpudash.records import RunStore
+from tpudash.runs.store import RunStore
 
 TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
 EXIT_CANCELLED = 130
@@ -132,7 +132,7 @@ CONSOLE_SCRIPT_WITH_A_BLOCKED_JOB = textwrap.dedent(
 
     from jobs import registry
     from jobs.base import JobSpec
-    from tpudash.cli import main
+    from tpudash.cli.main import main
 
     def wait_for_release(ctx, params):
         ctx.log("inside the job; it ignores cancel until released")

@@ -10,8 +10,8 @@ import io
 from rich.console import Console
 
 from jobs.events import RunFinished, RunStarted, Stage, StageAnnouncer, dumps, loads
-from tpudash.console import ConsoleSink
-from tpudash.runmodel import RunModel
+from tpudash.cli.render import ConsoleSink
+from tpudash.runs.model import RunModel
 
 DATA = "making synthetic MNIST-shaped data"
 

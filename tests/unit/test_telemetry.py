@@ -21,10 +21,10 @@ from jobs.events import Metric, RunStarted, Telemetry
 from tests.conftest import REPO_ROOT
 from tests.fake_tpu_metrics import GIB, FakeTpuMetrics, _Servicer
 from tpudash.config import Settings, SettingsError
-from tpudash.follow import RunFollower
-from tpudash.records import TELEMETRY_FILE, RunStore, read_events
-from tpudash.runmodel import RunModel
-from tpudash.telemetry import (
+from tpudash.runs.follow import RunFollower
+from tpudash.runs.store import TELEMETRY_FILE, RunStore, read_events
+from tpudash.runs.model import RunModel
+from tpudash.telemetry.sampling import (
     AddressError,
     HostMetrics,
     TelemetryRecorder,

@@ -14,8 +14,8 @@ from textual.screen import Screen
 from textual.widgets import Label, OptionList, Select, TabbedContent, TabPane
 
 from screens.base import DashScreen
-from tpudash.runview import RunTabs
-from tpudash.textual_seams import TEXTUAL_MOVE_PAGE, UndelayedRevisits, guard_option_list_page_keys
+from tpudash.tui.runview import RunTabs
+from tpudash.tui.seams import TEXTUAL_MOVE_PAGE, UndelayedRevisits, guard_option_list_page_keys
 
 
 def test_textual_still_fails_on_a_page_key_before_layout():

@@ -1,4 +1,4 @@
-"""A stand-in for libtpu on PYTHONPATH, for ``tpudash.telemetry.TensorCoreProbe``'s tests.
+"""A stand-in for libtpu on PYTHONPATH, for ``tpudash.telemetry.sampling.TensorCoreProbe``'s tests.
 
 ``FAKE_LIBTPU=values`` serves ``FAKE_TENSORCORE_UTIL`` (comma-separated
 percentages, one per core) as ``sdk.monitoring.get_metric("tensorcore_util")``;

@@ -30,14 +30,14 @@ from jobs.events import (
     is_finite_number,
     split_final_name,
 )
-from tpudash.clock import format_seconds
-from tpudash.series import DecimatedSeries, Ema
-from tpudash.telemetry import idle_accelerator_hint, summarize
+from tpudash.format import format_seconds
+from tpudash.runs.series import DecimatedSeries, Ema
+from tpudash.telemetry.sampling import idle_accelerator_hint, summarize
 
 MAX_LOG_LINES = 5000
 # Metrics named like these are one point of a 2-D path (gradient descent's x0, x1).
 PATH_FAMILIES = ("x0", "x1")
-# The telemetry plot's lines: label, ``tpudash.telemetry.Summary`` field (all percentages).
+# The telemetry plot's lines: label, ``tpudash.telemetry.sampling.Summary`` field (all percentages).
 TELEMETRY_LINES = (("TPU duty cycle", "duty_cycle_pct"), ("HBM used", "hbm_used_pct"),
                    ("host CPU", "cpu_pct"), ("host memory", "memory_used_pct"))
 # Enough recent samples for the idle-accelerator hint's window at the fastest rate.

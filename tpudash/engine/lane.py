@@ -1,6 +1,6 @@
 """The accelerator lane as the dashboard sees it: the queue, the engine's lifecycle, cancel, crashes.
 
-The dashboard never imports TensorFlow; an engine process (``tpudash.engine``)
+The dashboard never imports TensorFlow; an engine process (``python -m tpudash.engine``)
 does, and runs one job at a time. ``Lane`` holds what the user asked for in
 order, starts the engine on first need, sends it one run at a time, and
 follows each run by tailing its events.jsonl — the same way any run on disk
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from jobs.base import JobSpec
-from tpudash.engine import EngineExit, EngineHandle, Listener
-from tpudash.records import EVENTS_FILE, TELEMETRY_FILE, EventTail, RunStore, new_run_id
-from tpudash.runmodel import RunModel
+from tpudash.engine.process import EngineExit, EngineHandle, Listener
+from tpudash.runs.store import EVENTS_FILE, TELEMETRY_FILE, EventTail, RunStore, new_run_id
+from tpudash.runs.model import RunModel
 
 ENGINE_NONE = "none"
 ENGINE_STARTING = "starting"

@@ -41,7 +41,7 @@ from jobs.events import (
 EVENTS_FILE = "events.jsonl"
 RUN_FILE = "run.json"
 # Samples of the accelerator and host taken while the run was live, written
-# by whoever observed it (tpudash.telemetry), never by the run's own process.
+# by whoever observed it (tpudash.telemetry.sampling), never by the run's own process.
 TELEMETRY_FILE = "telemetry.jsonl"
 FSYNC_INTERVAL_SECONDS = 1.0
 STATUS_RUNNING = "running"
@@ -561,7 +561,7 @@ class RunStore:
         ``host_cpu_pct``…) with split ``telemetry`` and the sample's number
         as its step; JSON has the samples whole under ``telemetry``.
         """
-        from tpudash.telemetry import scalars
+        from tpudash.telemetry.sampling import scalars
 
         data = self.load(run_id)
         rows = [

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from jobs.events import Telemetry, dumps
-from tpudash.records import TELEMETRY_FILE
+from tpudash.runs.store import TELEMETRY_FILE
 
 DEFAULT_TPU_METRICS_ADDRESS = "localhost:8431"
 RPC_DEADLINE_SECONDS = 0.5
@@ -533,7 +533,7 @@ class TensorCoreProbe:
     libtpu 0.0.17's ``get_metric`` raises RuntimeError, then the process dies
     of SIGSEGV at exit; a libtpu that does not match aborts at import). So a
     child process does it
-    (``python -m tpudash.telemetry --tensorcore-probe``), answering one JSON
+    (``python -m tpudash.telemetry.sampling --tensorcore-probe``), answering one JSON
     line per request; when it dies the reason names the signal, and it is not
     started again: it would die the same way.
     """
@@ -542,7 +542,7 @@ class TensorCoreProbe:
                  deadline: float = TENSORCORE_PROBE_DEADLINE_SECONDS):
         import sys
 
-        self._command = [python or sys.executable, "-m", "tpudash.telemetry", "--tensorcore-probe"]
+        self._command = [python or sys.executable, "-m", "tpudash.telemetry.sampling", "--tensorcore-probe"]
         self._environment = dict(os.environ if environment is None else environment)
         self.deadline = deadline
         self._process = None
@@ -623,6 +623,58 @@ def _serve_tensorcore_probe() -> None:
             answer({"values": [float(str(value).rstrip("%")) for value in values]})
         except Exception as error:  # an older SDK, no chips: a reason, and the child lives on
             answer({"error": f"{type(error).__name__}: {error}"})
+
+
+def telemetry_sampler(settings):
+    """A TelemetrySampler for this host and the configured metrics address."""
+    from tpudash.accel.hostcheck import scan_chips
+
+    chips = scan_chips()
+    # libtpu's SDK only where it has chips to describe: elsewhere it crashes (see TensorCoreProbe).
+    tensorcore = TensorCoreProbe() if chips.count and libtpu_installed() else None
+    return TelemetrySampler(settings.tpu_metrics, chips_on_host=None if chips.scan_error else chips.count,
+                            tensorcore=tensorcore)
+
+
+class RecordingTelemetry:
+    """While a run is live under this process (``run``, ``watch``): sample, and record the samples with the run.
+
+    ``run_dir`` is set by the caller (``watch``), or by this object as a
+    runner sink when the run starts (``run``). Nothing is sampled when
+    ``--telemetry-interval`` is 0.
+    """
+
+    def __init__(self, settings, processes: dict[str, int]):
+        self.run_dir: Path | None = None
+        self.recorder = TelemetryRecorder()
+        self.loop = None
+        if settings.telemetry_interval:
+            self.loop = SamplingLoop(telemetry_sampler(settings), settings.telemetry_interval, self._record,
+                                     processes=lambda: processes)
+
+    def _record(self, stamp, sample) -> None:
+        if self.run_dir is not None:
+            self.recorder.record(stamp, sample, [self.run_dir])
+
+    def __call__(self, run, event, timestamp=None) -> None:
+        """A runner sink: the run's directory exists once it has started; sample it at once."""
+        from jobs.events import RunStarted
+
+        if isinstance(event, RunStarted) and run is not None and run.run_dir is not None:
+            self.run_dir = run.run_dir
+            if self.loop is not None:
+                self.loop.wake()
+
+    def __enter__(self) -> "RecordingTelemetry":
+        if self.loop is not None:
+            self.loop.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.loop is not None:
+            self.loop.stop()
+        self.recorder.close()
+
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Detection order (design.md), each step's reason recorded for the Devices screen:
 
-0. Before TensorFlow is imported, ``tpudash.hostcheck`` scans the chips, the
+0. Before TensorFlow is imported, ``tpudash.accel.hostcheck`` scans the chips, the
    installed builds and the TPU's holder; what it finds can rule the TPU out
    (or refuse to import a TensorFlow that would abort).
 1. ``--tpu NAME|grpc://host:port|local``: TPUClusterResolver, connect,
@@ -10,7 +10,7 @@ Detection order (design.md), each step's reason recorded for the Devices screen:
    ``--tpu none`` leaves the TPU alone.
 2. Automatic: COLAB_TPU_ADDR or TPU_NAME set, or TPU chips on the PCI bus. A
    failure falls back to the CPU default with the reason. With local chips
-   the TPU is first tried in a child process (``tpudash.tpuprobe``); a
+   the TPU is first tried in a child process (``tpudash.accel.tpuprobe``); a
    failure after TensorFlow started in this process (``TpuFallback``) needs
    a fresh process, as this one can no longer split its CPU.
 3. GPUs visible: MirroredStrategy.
@@ -36,8 +36,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Mapping, MutableMapping
 
-from tpudash import hostcheck, nativelog
-from tpudash.hostcheck import Chips, HostCheck
+from tpudash.accel import hostcheck, nativelog
+from tpudash.accel.hostcheck import Chips, HostCheck
 
 # TensorFlow reads this when it is first imported; tpudash imports TF only
 # through this module (or after it), so the C++ INFO chatter stays off.
@@ -395,8 +395,8 @@ def detect(
             raise RuntimeSetupError(fatal[0].message)
         if tpu_argument is not None and host.chips.count and "tensorflow" not in sys.modules:
             # libtpu loads with TensorFlow here and can hang the import with
-            # the GIL held: try it in a child first (tpudash.tpuprobe).
-            from tpudash.tpuprobe import probe_tpu
+            # the GIL held: try it in a child first (tpudash.accel.tpuprobe).
+            from tpudash.accel.tpuprobe import probe_tpu
 
             probe = probe_tpu(tpu_argument, tpu_timeout)
             if not probe.ok:

@@ -38,10 +38,10 @@ class ProbeResult:
 
 def probe_tpu(tpu_argument: str, timeout: float) -> ProbeResult:
     """Import TensorFlow and initialise ``tpu_argument`` in a child; never longer than ``timeout``."""
-    from tpudash.runtime import waited_for
+    from tpudash.accel.runtime import waited_for
 
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as child_stderr:
-        child = subprocess.Popen([sys.executable, "-m", "tpudash.tpuprobe", tpu_argument, str(os.getpid())],
+        child = subprocess.Popen([sys.executable, "-m", "tpudash.accel.tpuprobe", tpu_argument, str(os.getpid())],
                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=child_stderr, text=True,
                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
         try:
@@ -85,7 +85,7 @@ def die_with_parent(parent_pid: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from tpudash.runtime import RuntimeSetupError, _connect_tpu
+    from tpudash.accel.runtime import RuntimeSetupError, _connect_tpu
 
     tpu_argument = argv[0] if argv else "local"
     if len(argv) > 1:

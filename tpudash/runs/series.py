@@ -1,7 +1,7 @@
 """Bounded metric histories and smoothing, without Textual.
 
 A run can report millions of points; ``DecimatedSeries`` keeps a bounded,
-evenly spread subset, so the run model (``tpudash.runmodel``), the plots and
+evenly spread subset, so the run model (``tpudash.runs.model``), the plots and
 the history benchmark all hold the same small amount whatever the run's length.
 """
 

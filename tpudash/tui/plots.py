@@ -3,7 +3,7 @@
 Each plot subclasses ``PlotextPlot``, draws with its own ``self.plt`` and has
 one ``replot()`` that turns the current data into a figure. A plot's lines
 share a budget of about two points per column (the histories themselves are
-bounded: ``tpudash.series``), so a redraw costs the same after a million
+bounded: ``tpudash.runs.series``), so a redraw costs the same after a million
 points as after a thousand. Redraws share a ``RedrawBudget``: plotext renders
 in pure Python, and a dashboard that steals a core from training would cost
 its user the very throughput they are watching.
@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from textual_plotext import PlotextPlot
 
-from tpudash.series import DecimatedSeries, decimate_min_max, decimate_stride
+from tpudash.runs.series import DecimatedSeries, decimate_min_max, decimate_stride
 
 
 # Points all lines of a plot draw together, per character column.

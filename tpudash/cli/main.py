@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Before anything heavy is imported: without a terminal the dashboard
         # would only write escape codes into a file or a pipe. A dashboard
         # served to a browser tab talks through pipes by design.
-        from tpudash.serve import is_served
+        from tpudash.web.serve import is_served
 
         not_terminals = [] if is_served() else streams_not_terminals()
         if not_terminals:
@@ -276,8 +276,8 @@ _restartable = False
 def _runtime(settings):
     """Detect the runtime with TensorFlow's native chatter sent to the session log."""
     global _native_stderr
-    from tpudash.nativelog import NativeStderr, session_log_path
-    from tpudash.runtime import RuntimeSetupError, TpuFallback, get_runtime
+    from tpudash.accel.nativelog import NativeStderr, session_log_path
+    from tpudash.accel.runtime import RuntimeSetupError, TpuFallback, get_runtime
 
     if _native_stderr is None and os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal" and _stderr_is_fd2():
         _native_stderr = NativeStderr(session_log_path(settings.runs_dir)).start()
@@ -297,7 +297,7 @@ def _start_over_on_cpu(reason: str) -> None:
     libtpu), so this process can no longer split the CPU; nothing has run yet,
     so starting over loses nothing. Only for the real command line.
     """
-    from tpudash.runtime import FALLBACK_REASON_VARIABLE, NO_TPU
+    from tpudash.accel.runtime import FALLBACK_REASON_VARIABLE, NO_TPU
 
     if not _restartable:
         return
@@ -325,14 +325,14 @@ def _release_native_stderr() -> None:
 
 
 def command_tui(settings) -> int:
-    from tpudash.app import run_app
+    from tpudash.tui.app import run_app
 
     settings.check_runs_dir()
     return run_app(settings) or 0
 
 
 def command_devices(args, settings) -> int:
-    from tpudash.console import render_devices, render_host
+    from tpudash.cli.render import render_devices, render_host
 
     try:
         runtime = _runtime(settings)
@@ -349,7 +349,7 @@ def command_devices(args, settings) -> int:
 
 
 def _print_host(as_json: bool, render_host, error: str) -> None:
-    from tpudash.hostcheck import inspect
+    from tpudash.accel.hostcheck import inspect
 
     host = inspect().to_dict()
     if as_json:
@@ -360,7 +360,7 @@ def _print_host(as_json: bool, render_host, error: str) -> None:
 
 def command_jobs(args, settings) -> int:
     from jobs import registry
-    from tpudash.console import render_jobs
+    from tpudash.cli.render import render_jobs
 
     specs = list(registry().values())
     if args.json:
@@ -405,7 +405,7 @@ def show_run_help(run_parser: argparse.ArgumentParser, spec) -> int:
     from rich.console import Console
 
     from jobs import registry
-    from tpudash.console import render_job
+    from tpudash.cli.render import render_job
 
     run_parser.print_help()
     print()
@@ -418,9 +418,10 @@ def show_run_help(run_parser: argparse.ArgumentParser, spec) -> int:
 
 def execute_headless(spec, params, runtime, settings, runs_dir: Path, as_json: bool) -> int:
     """Run on a job thread so Ctrl-C and SIGTERM become a clean, recorded cancel."""
-    from tpudash.console import ConsoleSink, JsonLinesSink
-    from tpudash.records import RunStore
-    from tpudash.runner import Runner
+    from tpudash.cli.render import ConsoleSink, JsonLinesSink
+    from tpudash.runs.store import RunStore
+    from tpudash.engine.runner import Runner
+    from tpudash.telemetry.sampling import RecordingTelemetry
 
     def on_output_closed():
         # The reader of standard output went away (`tpudash run … | head`).
@@ -462,8 +463,8 @@ def execute_headless(spec, params, runtime, settings, runs_dir: Path, as_json: b
 
 
 def command_runs(args, settings) -> int:
-    from tpudash.console import render_runs
-    from tpudash.records import RunStore
+    from tpudash.cli.render import render_runs
+    from tpudash.runs.store import RunStore
 
     runs_dir = readable_runs_dir(settings)
     if not runs_dir.exists():
@@ -491,9 +492,10 @@ def command_watch(args, settings) -> int:
     """Print a run's events as they are written; the exit code of how it ended."""
     from rich.text import Text
 
-    from tpudash.console import ConsoleSink, JsonLinesSink, status_text
-    from tpudash.follow import POLL_SECONDS, RunFollower, newest_live_run
-    from tpudash.records import STATUS_INTERRUPTED, STATUS_RUNNING, RunStore
+    from tpudash.cli.render import ConsoleSink, JsonLinesSink, status_text
+    from tpudash.runs.follow import POLL_SECONDS, RunFollower, newest_live_run
+    from tpudash.runs.store import STATUS_INTERRUPTED, STATUS_RUNNING, RunStore
+    from tpudash.telemetry.sampling import RecordingTelemetry
 
     store = RunStore(readable_runs_dir(settings))
     run_id = args.run_id
@@ -546,68 +548,14 @@ def command_watch(args, settings) -> int:
 ONCE_CPU_WINDOW_SECONDS = 0.25
 
 
-def telemetry_sampler(settings):
-    """A TelemetrySampler for this host and the configured metrics address."""
-    from tpudash.hostcheck import scan_chips
-    from tpudash.telemetry import TelemetrySampler, TensorCoreProbe, libtpu_installed
-
-    chips = scan_chips()
-    # libtpu's SDK only where it has chips to describe: elsewhere it crashes (see TensorCoreProbe).
-    tensorcore = TensorCoreProbe() if chips.count and libtpu_installed() else None
-    return TelemetrySampler(settings.tpu_metrics, chips_on_host=None if chips.scan_error else chips.count,
-                            tensorcore=tensorcore)
-
-
-class RecordingTelemetry:
-    """While a run is live under this process (``run``, ``watch``): sample, and record the samples with the run.
-
-    ``run_dir`` is set by the caller (``watch``), or by this object as a
-    runner sink when the run starts (``run``). Nothing is sampled when
-    ``--telemetry-interval`` is 0.
-    """
-
-    def __init__(self, settings, processes: dict[str, int]):
-        from tpudash.telemetry import SamplingLoop, TelemetryRecorder
-
-        self.run_dir: Path | None = None
-        self.recorder = TelemetryRecorder()
-        self.loop = None
-        if settings.telemetry_interval:
-            self.loop = SamplingLoop(telemetry_sampler(settings), settings.telemetry_interval, self._record,
-                                     processes=lambda: processes)
-
-    def _record(self, stamp, sample) -> None:
-        if self.run_dir is not None:
-            self.recorder.record(stamp, sample, [self.run_dir])
-
-    def __call__(self, run, event, timestamp=None) -> None:
-        """A runner sink: the run's directory exists once it has started; sample it at once."""
-        from jobs.events import RunStarted
-
-        if isinstance(event, RunStarted) and run is not None and run.run_dir is not None:
-            self.run_dir = run.run_dir
-            if self.loop is not None:
-                self.loop.wake()
-
-    def __enter__(self) -> "RecordingTelemetry":
-        if self.loop is not None:
-            self.loop.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.loop is not None:
-            self.loop.stop()
-        self.recorder.close()
-
-
 def command_telemetry(args, settings) -> int:
     """Print telemetry samples: one (``--once``), or one per interval until interrupted."""
     from rich.console import Console
     from rich.live import Live
 
     from jobs.events import dumps
-    from tpudash.console import silence_output, telemetry_view
-    from tpudash.telemetry import SamplingLoop
+    from tpudash.cli.render import silence_output, telemetry_view
+    from tpudash.telemetry.sampling import SamplingLoop, telemetry_sampler
 
     if not settings.telemetry_interval and not args.once:
         raise BadInput("--telemetry-interval: 0 turns sampling off; allowed here: 0.1 to 60 seconds, or --once")
@@ -646,7 +594,7 @@ def command_telemetry(args, settings) -> int:
 
 
 def command_export(args, settings) -> int:
-    from tpudash.records import RunStore
+    from tpudash.runs.store import RunStore
 
     store = RunStore(readable_runs_dir(settings))
     try:
@@ -666,7 +614,7 @@ def command_export(args, settings) -> int:
 
 def command_serve(args, settings) -> int:
     """The dashboard in a web browser: tpudash/serve.py."""
-    from tpudash.serve import command_serve as serve
+    from tpudash.web.serve import command_serve as serve
 
     return serve(args, settings)
 

@@ -11,7 +11,7 @@ from typing import Callable
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from screens import MODE_SCREENS
+from tpudash.tui.modes import MODE_SCREENS
 
 
 class TpudashCommands(Provider):

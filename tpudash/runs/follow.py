@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from jobs.events import Event
-from tpudash.records import (
+from tpudash.runs.store import (
     EVENTS_FILE,
     RUN_FILE,
     SOURCE_CALLBACK,
@@ -32,7 +32,7 @@ from tpudash.records import (
     RunStore,
     files_key,
 )
-from tpudash.runmodel import RunModel
+from tpudash.runs.model import RunModel
 
 WRITER_CHECK_SECONDS = 1.0
 # How often ``tpudash watch`` reads the file: what a person following a run perceives as at once.

@@ -135,7 +135,7 @@ def dashboard_environment(settings: Any, environ: Mapping[str, str]) -> dict[str
 
 def command_serve(args: Any, settings: Any) -> int:
     """``tpudash serve``: serve until SIGINT or SIGTERM; 0 once every dashboard has gone."""
-    from tpudash.cli import BadInput
+    from tpudash.cli.main import BadInput
     from tpudash.config import SettingsError
 
     try:

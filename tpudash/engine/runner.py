@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable
 
 from jobs.base import JobCancelled, JobContext, JobSpec
 from jobs.events import Event, RunFinished, RunStarted, to_jsonable
-from tpudash.records import RunRecorder, RunStore, new_run_id
+from tpudash.runs.store import RunRecorder, RunStore, new_run_id
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class QueuedRun:
 class Runner:
     """One lane, a FIFO queue, cancel tokens and sinks.
 
-    ``runtime_provider`` returns the ``tpudash.runtime.Runtime`` (it is called
+    ``runtime_provider`` returns the ``tpudash.accel.runtime.Runtime`` (it is called
     on the lane, so a TUI can start before the accelerator is connected).
     ``store`` is None to keep no records (tests of the runner alone).
     """

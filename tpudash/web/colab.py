@@ -81,7 +81,7 @@ def show(height: int = DEFAULT_HEIGHT, *, tpu: str | None = None, runs_dir: str 
         output.serve_kernel_port_as_iframe(server.port, path="/", height=str(height))
     else:
         print(f"tpudash: the dashboard is at {server.url} (open it in a browser; each tab runs its own "
-              "dashboard; tpudash.colab.stop() ends them)")
+              "dashboard; tpudash.web.colab.stop() ends them)")
 
 
 def url() -> str | None:
@@ -122,7 +122,7 @@ def _ensure_server(options: tuple, behind_proxy: bool) -> _Server:
 
 
 def _start_server(options: tuple, behind_proxy: bool) -> _Server:
-    from tpudash.serve import _parent_death_signal
+    from tpudash.web.serve import _parent_death_signal
 
     descriptor, log_name = tempfile.mkstemp(prefix="tpudash-serve-", suffix=".log")
     log_path = Path(log_name)

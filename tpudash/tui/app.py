@@ -1,7 +1,7 @@
 """The Textual app shell: modes, key bindings, the session's lane, and the signals.
 
-The dashboard never imports TensorFlow. An engine process (``tpudash.engine``)
-owns it and the accelerator; ``tpudash.lane.Lane`` queues this session's runs,
+The dashboard never imports TensorFlow. An engine process (``python -m tpudash.engine``)
+owns it and the accelerator; ``tpudash.engine.lane.Lane`` queues this session's runs,
 starts the engine on first need (the Devices screen or a launch), sends it
 one run at a time and follows each run by tailing its events.jsonl, as any
 run on disk is read. The lane reports on the UI thread, through ``poll`` on
@@ -36,22 +36,22 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.worker import Worker, WorkerState
 
-from screens import MODE_SCREENS
+from tpudash.tui.modes import MODE_SCREENS
 from screens.base import DisplayTick
-from tpudash.clock import display_beat, format_seconds
+from tpudash.format import display_beat, format_seconds
 from tpudash.config import Settings
-from tpudash.palette import TpudashCommands
-from tpudash.textual_seams import UndelayedRevisits, guard_option_list_page_keys
+from tpudash.tui.palette import TpudashCommands
+from tpudash.tui.seams import UndelayedRevisits, guard_option_list_page_keys
 
 if TYPE_CHECKING:  # the lane, records and host check load after the first frame
     from textual.screen import Screen
 
-    from tpudash.engine import EngineHandle, Listener
-    from tpudash.follow import RunsDirectoryWatch, RunsScan
-    from tpudash.hostcheck import HostCheck
-    from tpudash.records import RunInfo
-    from tpudash.lane import Lane, LiveRun
-    from tpudash.records import RunStore
+    from tpudash.engine.process import EngineHandle, Listener
+    from tpudash.runs.follow import RunsDirectoryWatch, RunsScan
+    from tpudash.accel.hostcheck import HostCheck
+    from tpudash.runs.store import RunInfo
+    from tpudash.engine.lane import Lane, LiveRun
+    from tpudash.runs.store import RunStore
 
 # How many runs may wait for the lane: a longer queue is more likely a key
 # held down than a plan, and each waiting run is one more to cancel on quit.
@@ -193,7 +193,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
         """``runtime_provider`` runs the engine on a thread of this process with that runtime
         (tests whose jobs live in the test); otherwise the engine is a process.
 
-        ``host_check_provider`` replaces ``tpudash.hostcheck.inspect`` (tests pass a TPU host).
+        ``host_check_provider`` replaces ``tpudash.accel.hostcheck.inspect`` (tests pass a TPU host).
         ``engine_factory`` replaces how an engine is started; ``job_specs`` the job registry.
         ``redirect_stderr`` sends fd 2 to the session log while the app runs
         (off by default so tests keep pytest's capture); ``handle_signals``
@@ -251,7 +251,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
     def store(self) -> "RunStore":
         """The runs directory (created on first use, after the first frame)."""
         if self._store is None:
-            from tpudash.records import RunStore
+            from tpudash.runs.store import RunStore
 
             self._store = RunStore(self.runs_dir)
         return self._store
@@ -260,7 +260,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
     def lane(self) -> "Lane":
         """The session's runs and the engine that executes them (made on first use)."""
         if self._lane is None:
-            from tpudash.lane import Lane
+            from tpudash.engine.lane import Lane
 
             self._lane = Lane(self.store, self._start_engine, self, self._wake_for_lane,
                               cancel_grace=self.settings.cancel_grace, release_after=self.settings.release_after,
@@ -276,7 +276,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
     def redraw_budget(self) -> Any:
         """The ``RedrawBudget`` every plot of this app shares."""
         if self._redraw_budget is None:
-            from tpudash.plots import RedrawBudget
+            from tpudash.tui.plots import RedrawBudget
 
             self._redraw_budget = RedrawBudget()
         return self._redraw_budget
@@ -311,11 +311,11 @@ class TpudashApp(UndelayedRevisits, App[int]):
         if self._engine_factory is not None:
             return self._engine_factory(listener)
         if self._runtime_provider is not None:
-            from tpudash.engine import EngineThread
+            from tpudash.engine.process import EngineThread
 
             return EngineThread(listener, self.settings, self.job_specs, self._runtime_provider)
-        from tpudash.engine import EngineProcess
-        from tpudash.nativelog import session_log_path
+        from tpudash.engine.process import EngineProcess
+        from tpudash.accel.nativelog import session_log_path
 
         self.store.root.mkdir(parents=True, exist_ok=True)
         log_path = self.session_log.log_path if self.session_log is not None else session_log_path(self.runs_dir)
@@ -333,7 +333,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
             self._lane_changed()
 
     def lane_runtime(self, description: dict) -> None:
-        from tpudash.runtime import Runtime
+        from tpudash.accel.runtime import Runtime
 
         runtime = Runtime.from_description(description)
         self.runtime_settled.set()
@@ -389,7 +389,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
             return
         status = lane.engine_line()
         if status != self.engine_status:
-            from tpudash.lane import ENGINE_CRASHED
+            from tpudash.engine.lane import ENGINE_CRASHED
 
             if lane.engine_state == ENGINE_CRASHED and lane.last_exit is not None:
                 self.notify(f"{lane.last_exit.describe()}; the next launch starts a new one. "
@@ -402,7 +402,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
         # Before the driver exists, so Textual draws on a private copy of the
         # terminal while fd 2 (TensorFlow's C++ logs, tqdm) goes to the log.
         if self.redirect_stderr:
-            from tpudash.nativelog import NativeStderr, session_log_path
+            from tpudash.accel.nativelog import NativeStderr, session_log_path
 
             self.session_log = NativeStderr(session_log_path(self.runs_dir)).start()
 
@@ -512,7 +512,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
         if self._host_check_provider is not None:
             report = self._host_check_provider().to_dict()
         else:
-            from tpudash.hostcheck import inspect
+            from tpudash.accel.hostcheck import inspect
 
             report = inspect().to_dict()
         self.post_message(HostChecked(report))
@@ -753,7 +753,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
     def scan_runs_directory(self) -> None:
         try:
             if self._runs_watch is None:
-                from tpudash.follow import RunsDirectoryWatch
+                from tpudash.runs.follow import RunsDirectoryWatch
 
                 self._runs_watch = RunsDirectoryWatch(self.store)
             scan = self._runs_watch.scan()
@@ -763,7 +763,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
         self.post_message(RunsScanned(scan))
 
     def on_runs_scanned(self, message: RunsScanned) -> None:
-        from tpudash.follow import SOURCE_WORDS
+        from tpudash.runs.follow import SOURCE_WORDS
 
         if message.error is not None:
             # Looked at every second: say it once, not every second.
@@ -807,8 +807,8 @@ class TpudashApp(UndelayedRevisits, App[int]):
         and ``workers.wait_for_complete()`` (how callers wait for a job's
         worker) would otherwise never return.
         """
-        from tpudash.cli import telemetry_sampler
-        from tpudash.telemetry import SamplingLoop, TelemetryRecorder
+        from tpudash.telemetry.sampling import telemetry_sampler
+        from tpudash.telemetry.sampling import SamplingLoop, TelemetryRecorder
 
         recorder = TelemetryRecorder()
 
@@ -857,7 +857,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
     # -- the last device check ------------------------------------------------------------
     @work(thread=True, exit_on_error=False, group="device-check", description="Find the last matmul check on disk")
     def load_last_device_check(self) -> None:
-        from tpudash.runmodel import RunModel
+        from tpudash.runs.model import RunModel
 
         for info in reversed(self.store.list_runs()):
             if info.job != "matmul" or info.status not in ("done", "failed"):

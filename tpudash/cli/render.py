@@ -44,8 +44,8 @@ from jobs.events import (
     dumps,
     split_final_name,
 )
-from tpudash.clock import format_seconds
-from tpudash.runmodel import StageTimeline
+from tpudash.format import format_seconds
+from tpudash.runs.model import StageTimeline
 
 LEVEL_STYLES = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold red"}
 # Each status's glyph and colour, the one table for the CLI and the dashboard
@@ -218,7 +218,7 @@ def telemetry_view(sample: Telemetry, history: Iterable[Telemetry] = (), tpu_add
     (no sparkline column without them). A source that gave nothing is a line
     saying why. The Devices screen and ``tpudash telemetry`` show the same.
     """
-    from tpudash.telemetry import summarize
+    from tpudash.telemetry.sampling import summarize
 
     past = list(history)[-(SPARK_WIDTH - 1):]
     trend_of = (lambda values: sparkline(values)) if past else None
@@ -584,7 +584,7 @@ def print_fitted(console: Console, build: Callable[[tuple[str, ...]], RichTable]
 
 
 def render_host(host_check: dict, console: Console | None = None) -> None:
-    from tpudash.hostcheck import host_lines
+    from tpudash.accel.hostcheck import host_lines
 
     console = console or Console()
     for label, text, style in host_lines(host_check):

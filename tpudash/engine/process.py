@@ -56,7 +56,7 @@ def detect_runtime(settings: Any) -> Any:
     The TPU is left alone and the failure becomes the reason the Devices
     screen gives for "why not TPU".
     """
-    from tpudash import runtime as runtime_module
+    from tpudash.accel import runtime as runtime_module
 
     try:
         return runtime_module.get_runtime(settings)
@@ -90,8 +90,8 @@ class EngineServer:
 
     def __init__(self, send: Listener, settings: Any, job_specs: Mapping[str, Any],
                  runtime_provider: Callable[[], Any], grace_seconds: float = 2.0):
-        from tpudash.records import RunStore
-        from tpudash.runner import Runner
+        from tpudash.runs.store import RunStore
+        from tpudash.engine.runner import Runner
 
         self._send = send
         self._job_specs = dict(job_specs)
@@ -114,7 +114,7 @@ class EngineServer:
         try:
             runtime = self._runtime_provider()
         except BaseException as error:  # noqa: BLE001 - reported, never fatal to the engine
-            from tpudash.runtime import TensorFlowMissing
+            from tpudash.accel.runtime import TensorFlowMissing
 
             self._runtime_error = error
             self._send({"type": "runtime_failed", "error": f"{type(error).__name__}: {error}",
@@ -361,7 +361,7 @@ class EngineProcess(EngineHandle):
             self._read_replies(self._process.stdout)
         finally:
             returncode = self._process.wait()
-            from tpudash.nativelog import read_tail
+            from tpudash.accel.nativelog import read_tail
 
             signal_name = None
             if returncode is not None and returncode < 0:

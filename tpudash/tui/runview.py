@@ -18,10 +18,10 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, ProgressBar, RichLog, Static, TabbedContent, TabPane, Tabs
 
 from jobs import registry
-from tpudash.clock import display_beat, format_seconds
-from tpudash.console import DeviceNames, format_value, status_text, table_devices  # the CLI's rules
-from tpudash.runmodel import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
-from tpudash.plots import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
+from tpudash.format import display_beat, format_seconds
+from tpudash.cli.render import DeviceNames, format_value, status_text, table_devices  # the CLI's rules
+from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
+from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
 
 # A plot flatter than this shows little but its axes: plots then go side by side, even at
 # 80 columns, as long as each stays this wide.

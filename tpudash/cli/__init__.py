@@ -1,0 +1,1 @@
+"""The headless front end: ``tpudash`` commands, their renderers and the run sinks."""
