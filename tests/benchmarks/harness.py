@@ -128,7 +128,7 @@ def process_cpu_seconds(pid: int) -> float | None:
 
 
 def wait_for_engine_exit(engine, timeout: float = 60.0) -> bool:
-    """Block until a dashboard's engine process (``tpudash.engine.process.EngineProcess``) has exited; False on timeout.
+    """Block until a dashboard's engine process (``tpudash.engine.handle.EngineProcess``) has exited; False on timeout.
 
     After an app under Pilot has closed, its engine records its job's end and
     exits on its own; the next measurement must not share the cores with it.

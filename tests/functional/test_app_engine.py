@@ -17,12 +17,13 @@ import sys
 
 from jobs import registry
 from screens.jobs import JobsScreen
-from tests.engine_jobs import ABORT_LINE, SPECS as TEST_ENGINE_JOBS
 from tests.conftest import REPO_ROOT
+from tests.engine_jobs import ABORT_LINE
+from tests.engine_jobs import SPECS as TEST_ENGINE_JOBS
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
-from tpudash.tui.app import TpudashApp
-from tpudash.engine.process import EXTRA_JOBS_VARIABLE
+from tpudash.engine.server import EXTRA_JOBS_VARIABLE
 from tpudash.runs.store import RunStore
+from tpudash.tui.app import TpudashApp
 
 SEED_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
 LONG_SYNTHETIC_TRAIN = {"source": "synthetic", "epochs": "50", "batch_per_replica": "8", "limit_train": "2048",

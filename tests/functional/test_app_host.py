@@ -17,7 +17,8 @@ from screens.devices import DevicesScreen
 from screens.jobs import JobsScreen
 from tpudash.accel import hostcheck, runtime as runtime_module
 from tpudash.config import Settings
-from tpudash.engine.process import detect_runtime
+from tpudash.accel.startup import TensorFlowMissing, TpuFallback
+from tpudash.engine.__main__ import detect_runtime
 from tpudash.runs.store import RunStore, new_run_id
 
 CPU_INSTALL_LINE = hostcheck.install_line("cpu")
@@ -39,7 +40,7 @@ def host_without_tensorflow() -> hostcheck.HostCheck:
 
 def raise_tensorflow_missing():
     """What ``get_runtime`` raises on a host without TensorFlow: the host check's own diagnosis."""
-    raise runtime_module.TensorFlowMissing(host_without_tensorflow().blocking(tensorflow=True)[0].message)
+    raise TensorFlowMissing(host_without_tensorflow().blocking(tensorflow=True)[0].message)
 
 
 def screen_text(screen) -> str:
@@ -133,7 +134,7 @@ async def test_a_failed_automatic_tpu_attempt_falls_back_to_the_cpu_default(make
     def get_runtime(settings, reinitialize=False):
         requests.append((settings.tpu, reinitialize))
         if settings.tpu != runtime_module.NO_TPU:
-            raise runtime_module.TpuFallback(reason)
+            raise TpuFallback(reason)
         return runtime
 
     monkeypatch.setattr(runtime_module, "get_runtime", get_runtime)

@@ -27,9 +27,9 @@ from jobs import registry
 from jobs.events import Log, Metric, Progress, ReplicaValues, RunFinished, RunStarted, Stage, Table
 from tpudash.tui.app import TpudashApp
 from tpudash.config import Settings
-from tpudash.engine.process import EngineThread
+from tpudash.engine.handle import EngineThread
 from tpudash.runs.store import SOURCE_JOB, RunRecorder
-from tpudash.accel.runtime import LogicalDeviceInfo, Runtime, RuntimeDescription
+from tpudash.accel.description import LogicalDeviceInfo, Runtime, RuntimeDescription
 
 SIZES = {"80x24": (80, 24), "160x48": (160, 48)}
 # Fixed, not tmp_path: the runs directory's path is on screen (Help, History).

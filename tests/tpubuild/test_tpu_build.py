@@ -83,7 +83,8 @@ def test_the_dashboards_engine_takes_the_cpu_default_in_its_own_process_when_the
     import queue
 
     from tpudash.config import Settings
-    from tpudash.engine.process import EngineProcess
+    from tpudash.engine.handle import EngineExit, EngineProcess
+    from tpudash.engine.protocol import RuntimeFailed, RuntimeReady
 
     environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
     environment.update(fake_host(tmp_path / "host", chips=("V4", 4)), TPUDASH_TPU_TIMEOUT="15",
@@ -93,19 +94,19 @@ def test_the_dashboards_engine_takes_the_cpu_default_in_its_own_process_when_the
                            environ=environment)
     try:
         kinds = []
-        while not kinds or kinds[-1]["type"] not in ("runtime", "runtime_failed", "exited"):
+        while not kinds or not isinstance(kinds[-1], (RuntimeReady, RuntimeFailed, EngineExit)):
             kinds.append(messages.get(timeout=300))
         answer = kinds[-1]
-        assert answer["type"] == "runtime", answer
-        description = answer["description"]
+        assert isinstance(answer, RuntimeReady), answer
+        description = answer.description
         assert (description["kind"], description["num_replicas"]) == ("CPU", 8)
         assert description["reasons"]["TPU"].startswith("the chip scan finds 4 × TPU v4 chip")
     finally:
         engine.release()
     exited = messages.get(timeout=60)
-    while exited["type"] != "exited":
+    while not isinstance(exited, EngineExit):
         exited = messages.get(timeout=60)
-    assert exited["exit"].requested and exited["exit"].returncode == 0
+    assert exited.requested and exited.returncode == 0
 
 
 def test_the_real_libtpu_sdk_is_asked_in_a_child_and_its_failure_costs_only_tensorcore_utilisation():

@@ -179,7 +179,7 @@ def test_the_dashboard_and_every_screen_import_no_tensorflow():
 
 
 def test_the_run_model_the_lane_the_engine_handle_and_the_writers_import_neither_textual_nor_tensorflow():
-    code = ("import sys, tpudash.runs.model, tpudash.format, tpudash.runs.series, tpudash.engine.lane, tpudash.engine.process, "
+    code = ("import sys, tpudash.runs.model, tpudash.format, tpudash.runs.series, tpudash.engine.lane, tpudash.engine.handle, "
             "tpudash.runs.follow, tpudash.recording; "
             "print(sorted(m for m in ('textual', 'tensorflow', 'screens', 'tpudash.tui.app') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)

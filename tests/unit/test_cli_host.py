@@ -135,8 +135,10 @@ def test_a_tpu_probe_dies_with_the_tpudash_that_started_it(tmp_path):
     (tmp_path / "tensorflow.py").write_text("import threading\nthreading.Event().wait()\n")
     parent_script = (
         "import os, subprocess, sys\n"
-        "probe = subprocess.Popen([sys.executable, '-m', 'tpudash.accel.tpuprobe', 'local', str(os.getpid())],\n"
-        "                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "probe = subprocess.Popen([sys.executable, '-m', 'tpudash.accel.tpuprobe', str(os.getpid())],\n"
+        "                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)\n"
+        "probe.stdin.write('{\"type\": \"probe\", \"tpu\": \"local\", \"id\": 1}\\n')\n"
+        "probe.stdin.flush()\n"
         "print(probe.pid, flush=True)\n"
         "sys.stdin.read()\n")
     parent = subprocess.Popen([sys.executable, "-c", parent_script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -14,7 +14,7 @@ from screens.history import run_status_text
 from tpudash.tui.runview import status_text as dashboard_status_text
 from tpudash.cli.render import STATUS_GLYPHS, ConsoleSink, render_devices, render_runs, short_device_names
 from tpudash.runs.store import RunInfo
-from tpudash.accel.runtime import LogicalDeviceInfo, RuntimeDescription
+from tpudash.accel.description import LogicalDeviceInfo, RuntimeDescription
 
 EVERY_STATUS = ("queued", "running", "live", "done", "failed", "cancelled", "interrupted")
 LOCAL_CPUS = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(8)]

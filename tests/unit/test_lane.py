@@ -12,9 +12,32 @@ import pytest
 
 from jobs.base import JobSpec, Param
 from jobs.events import Metric, Progress, RunFinished, RunStarted
-from tpudash.engine.process import EngineExit, EngineHandle
-from tpudash.engine.lane import (ENGINE_CRASHED, ENGINE_READY, ENGINE_RELEASED, ENGINE_RUNNING, ENGINE_STARTING, Lane,
-                          LaneObserver)
+from tpudash.childproc import decode_line, encode_line
+from tpudash.engine.handle import EngineExit, EngineHandle
+from tpudash.engine.lane import (
+    ENGINE_CRASHED,
+    ENGINE_INCOMPATIBLE,
+    ENGINE_READY,
+    ENGINE_RELEASED,
+    ENGINE_RUNNING,
+    ENGINE_STARTING,
+    Lane,
+    LaneObserver,
+)
+from tpudash.engine.protocol import (
+    PROTOCOL_VERSION,
+    REPLIES,
+    Cancel,
+    Command,
+    Hello,
+    JobFinished,
+    JobStarted,
+    Launch,
+    Reply,
+    RuntimeReady,
+    decode,
+    encode,
+)
 from tpudash.runs.store import RunStore
 
 STEPS = JobSpec("steps", "Steps", "counts", (Param("steps", "int", 3, minimum=1), Param("lr", "float", 0.1)),
@@ -27,11 +50,11 @@ class ScriptedEngine(EngineHandle):
 
     def __init__(self, listener):
         super().__init__(listener)
-        self.sent: list[dict] = []
+        self.sent: list[Command] = []
         self.killed = False
         self.released = False
 
-    def send(self, command: dict) -> bool:
+    def send(self, command: Command) -> bool:
         self.sent.append(command)
         return True
 
@@ -47,24 +70,29 @@ class ScriptedEngine(EngineHandle):
     def alive(self) -> bool:
         return not (self.killed or self.released)
 
-    def say(self, message: dict) -> None:
-        self._listener(message)
+    def say(self, message: Reply) -> None:
+        """What the engine says, the way the handle hears it: through the pipe's encoding."""
+        self._listener(decode(decode_line(encode_line(encode(message))), REPLIES))
 
     def exit(self, returncode: int | None, signal_name: str | None = None, stderr_tail=()) -> None:
         requested = self.release_requested or self.kill_reason is not None
-        self._listener({"type": "exited", "exit": EngineExit(returncode, signal_name, list(stderr_tail), requested)})
+        self._listener(EngineExit(returncode, signal_name, list(stderr_tail), requested))
 
 
 class Recorder(LaneObserver):
     def __init__(self):
         self.settled = []
         self.runtimes = []
+        self.failures = []
 
     def lane_run_settled(self, live):
         self.settled.append((live.run_id, live.model.status))
 
     def lane_runtime(self, description):
         self.runtimes.append(description)
+
+    def lane_runtime_failed(self, failure):
+        self.failures.append(failure)
 
 
 class Clock:
@@ -105,13 +133,13 @@ def make_lane(store, engines, observer, clock):
 
 def start_run(lane: Lane, engine: ScriptedEngine, store: RunStore, live, metrics=2):
     """Play the engine: the runtime answers, the run starts and reports ``metrics`` steps."""
-    engine.say({"type": "runtime", "description": DESCRIPTION})
+    engine.say(RuntimeReady(DESCRIPTION))
     recorder = store.create(live.run_id, live.job, STEPS.as_text(live.params), DESCRIPTION)
     recorder.record(RunStarted(live.run_id, live.job, live.params, DESCRIPTION, 1.0))
     for step in range(metrics):
         recorder.record(Metric("loss", 1.0 / (step + 1), step))
         recorder.record(Progress(step + 1, 10, "step"))
-    engine.say({"type": "started", "run_id": live.run_id})
+    engine.say(JobStarted(live.run_id, str(store.root / live.run_id)))
     lane.poll()
     return recorder
 
@@ -122,7 +150,7 @@ def test_runs_go_to_one_warm_engine_one_at_a_time_with_their_params_as_text(make
     second = lane.launch(STEPS, {"steps": 7, "lr": 0.1})
     assert len(engines) == 1 and lane.engine_state == ENGINE_STARTING
     engine = engines[0]
-    assert engine.sent == [{"op": "launch", "run_id": first.run_id, "job": "steps", "params": {"steps": "5", "lr": "0.25"}}]
+    assert engine.sent == [Launch(first.run_id, "steps", {"steps": "5", "lr": "0.25"})]
     assert second.queue_position == 1 and first.queue_position == 0
 
     recorder = start_run(lane, engine, store, first)
@@ -132,11 +160,11 @@ def test_runs_go_to_one_warm_engine_one_at_a_time_with_their_params_as_text(make
     recorder.record(Metric("loss", 0.25, 3))
     assert lane.poll() is False and first.model.final_metrics == {"loss": 0.25}
     recorder.record(RunFinished("done", {"steps": 5}))
-    engine.say({"type": "finished", "run_id": first.run_id, "status": "done", "error": None})
+    engine.say(JobFinished(first.run_id, "done", None))
     lane.poll()
     assert observer.settled == [(first.run_id, "done")] and first.settled.is_set()
     # The same engine takes the next run: no second TensorFlow import.
-    assert len(engines) == 1 and engine.sent[-1]["run_id"] == second.run_id
+    assert len(engines) == 1 and engine.sent[-1] == Launch(second.run_id, "steps", {"steps": "7", "lr": "0.1"})
     assert lane.engine_starts == 1
 
 
@@ -146,8 +174,7 @@ def test_cancel_a_queued_run_never_reaches_the_engine_and_leaves_no_record(make_
     queued = lane.launch(STEPS, {"steps": 5, "lr": 0.1})
     lane.cancel(queued)
     assert queued.model.status == "cancelled" and queued.settled.is_set()
-    assert [command["op"] for command in engines[0].sent] == ["launch"]
-    assert engines[0].sent[0]["run_id"] == running.run_id
+    assert engines[0].sent == [Launch(running.run_id, "steps", {"steps": "5", "lr": "0.1"})]
     assert not (store.root / queued.run_id).exists()
 
 
@@ -158,7 +185,7 @@ def test_a_job_that_ignores_cancel_has_its_engine_ended_after_the_grace_and_is_r
     engine = engines[0]
     start_run(lane, engine, store, live, metrics=3)
     lane.cancel(live)
-    assert engine.sent[-1] == {"op": "cancel", "run_id": live.run_id} and live.cancelling
+    assert engine.sent[-1] == Cancel(live.run_id) and live.cancelling
     clock.now += 1.9
     lane.poll()
     assert not engine.killed
@@ -212,8 +239,7 @@ def test_an_engine_that_dies_before_the_run_began_still_leaves_a_failed_record(m
 def test_a_run_the_engine_never_began_because_the_runtime_failed_is_recorded_failed(make_lane, engines, store):
     lane = make_lane()
     live = lane.launch(STEPS, {"steps": 5, "lr": 0.1})
-    engines[0].say({"type": "finished", "run_id": live.run_id, "status": "failed",
-                    "error": "RuntimeError: the runtime could not be set up: no TPU"})
+    engines[0].say(JobFinished(live.run_id, "failed", "RuntimeError: the runtime could not be set up: no TPU"))
     lane.poll()
     info = store.info(store.root / live.run_id)
     assert info.status == "failed" and "no TPU" in info.error
@@ -226,7 +252,7 @@ def test_release_is_refused_while_a_job_runs_and_frees_the_engine_when_idle(make
     recorder = start_run(lane, engines[0], store, live)
     assert lane.release() == "steps is running; cancel it first" and not engines[0].released
     recorder.record(RunFinished("done", {}))
-    engines[0].say({"type": "finished", "run_id": live.run_id, "status": "done", "error": None})
+    engines[0].say(JobFinished(live.run_id, "done", None))
     lane.poll()
     assert lane.release() is None and engines[0].released
     assert lane.engine_state == ENGINE_RELEASED and lane.engine_line() == "released"
@@ -238,7 +264,7 @@ def test_release_is_refused_while_a_job_runs_and_frees_the_engine_when_idle(make
 def test_an_idle_engine_is_released_after_release_after_seconds(make_lane, engines, clock):
     lane = make_lane(release_after=300)
     lane.ensure_engine()
-    engines[0].say({"type": "runtime", "description": DESCRIPTION})
+    engines[0].say(RuntimeReady(DESCRIPTION))
     lane.poll()
     assert lane.engine_state == ENGINE_READY and lane.engine_line() == "ready on CPU"
     clock.now += 299
@@ -268,8 +294,38 @@ def test_quit_cancels_everything_and_is_stopped_once_the_running_run_is_recorded
     lane.stop()
     assert waiting.model.status == "cancelled" and not lane.stopped
     recorder.record(RunFinished("cancelled", {}))
-    engines[0].say({"type": "finished", "run_id": running.run_id, "status": "cancelled", "error": None})
+    engines[0].say(JobFinished(running.run_id, "cancelled", None))
     lane.poll()
     assert lane.stopped and running.model.status == "cancelled"
     lane.close()
     assert engines[0].released
+
+
+def test_an_engine_of_this_protocol_is_used_and_one_of_another_is_ended_at_its_hello_saying_what_to_do(
+        make_lane, engines, store, observer):
+    lane = make_lane()
+    lane.ensure_engine()
+    engines[0].say(Hello(pid=4242, protocol=PROTOCOL_VERSION))
+    lane.poll()
+    assert not engines[0].killed and observer.failures == []
+    lane.release()
+
+    running = lane.launch(STEPS, {"steps": 5, "lr": 0.1})
+    waiting = lane.launch(STEPS, {"steps": 6, "lr": 0.1})
+    engine = engines[1]
+    engine.say(Hello(pid=4243, protocol=PROTOCOL_VERSION + 1))
+    lane.poll()
+    expected = f"engine speaks protocol {PROTOCOL_VERSION + 1}, dashboard {PROTOCOL_VERSION}: reinstall tpudash"
+    assert engine.killed and engine.kill_reason == expected
+    assert [failure.error for failure in observer.failures] == [expected]  # the Devices screen says it
+    engine.exit(-9, "SIGKILL")
+    lane.poll()
+
+    assert lane.engine_state == ENGINE_INCOMPATIBLE and lane.engine_line() == f"incompatible ({expected})"
+    assert (running.model.status, running.model.error) == ("failed", expected)
+    assert store.info(store.root / running.run_id).error == expected
+    # The runs behind it would meet the same engine: they fail with it, and no engine starts for them.
+    assert (waiting.model.status, waiting.model.error) == ("failed", expected) and waiting.settled.is_set()
+    assert len(engines) == 2 and not lane.busy
+    lane.launch(STEPS, {"steps": 1, "lr": 0.1})  # after a reinstall, the next launch tries a new engine
+    assert len(engines) == 3 and lane.engine_state == ENGINE_STARTING

@@ -13,7 +13,7 @@ from tpudash.engine.runner import Runner
 
 
 class FakeRuntime:
-    """Stands in for tpudash.accel.runtime.Runtime; the runner only needs summary()."""
+    """Stands in for tpudash.accel.description.Runtime; the runner only needs summary()."""
 
     def summary(self):
         return {"kind": "CPU", "strategy": "MirroredStrategy", "num_replicas": 8}

@@ -14,12 +14,14 @@ from types import SimpleNamespace
 import pytest
 
 from tpudash.accel.hostcheck import Chips, HostCheck, diagnose
-from tpudash.accel.runtime import RuntimeSetupError, TpuFallback, detect, parse_device_name, tpu_request
+from tpudash.accel.runtime import detect, parse_device_name, tpu_request
+from tpudash.accel.startup import RuntimeSetupError, TpuFallback
 
 V4_CHIPS = Chips(chip_type="TPU v4 chip", count=4, hbm_gib_per_chip=32, cores_per_chip=1)
+NO_CHIPS = Chips()
 
 
-def host(chips: Chips = Chips(), **distributions: str) -> HostCheck:
+def host(chips: Chips = NO_CHIPS, **distributions: str) -> HostCheck:
     """A host scan result: these chips, these distributions (default: the CPU build), real diagnoses."""
     installed = {name.replace("_", "-"): version for name, version in (distributions or {"tensorflow": "2.21.0"}).items()}
     return HostCheck(chips=chips, distributions=installed, tensorflow_found=True,
@@ -251,7 +253,7 @@ def test_a_libtpu_mismatch_on_a_tpu_host_refuses_before_tensorflow_is_imported(m
 
 
 def test_without_tensorflow_detection_stops_with_the_install_line():
-    from tpudash.accel.runtime import TensorFlowMissing
+    from tpudash.accel.startup import TensorFlowMissing
 
     no_tensorflow = HostCheck(chips=Chips(), distributions={}, tensorflow_found=False,
                               diagnoses=diagnose(Chips(), {}, [], tensorflow_found=False))
@@ -262,7 +264,7 @@ def test_without_tensorflow_detection_stops_with_the_install_line():
 def test_a_tensorflow_start_up_that_hangs_is_bounded_and_says_what_it_waited_for(tmp_path, monkeypatch):
     import tpudash.accel.runtime as runtime_module
     from tpudash.accel import nativelog
-    from tpudash.accel.runtime import StartupTimeout
+    from tpudash.accel.startup import StartupTimeout
 
     log = tmp_path / "session.log"
     log.write_text("E0000 cuda_platform.cc:52] failed call to cuInit: written before the import began\n")

@@ -69,14 +69,16 @@ class NativeStderr:
                              errors="backslashreplace")
         self._saved_streams = (sys.stderr, sys.__stderr__)
         sys.stderr = terminal
-        sys.__stderr__ = terminal
+        # typeshed calls it final; faulthandler and Textual's driver write to
+        # sys.__stderr__, and they must reach the terminal too.
+        setattr(sys, "__stderr__", terminal)
         global _active
         _active = self
         return self
 
     def stop(self) -> None:
         global _active
-        if self._saved_fd is None:
+        if self._saved_fd is None or self._saved_streams is None:
             return
         if _active is self:
             _active = None
@@ -85,7 +87,8 @@ class NativeStderr:
             terminal.flush()
         except (OSError, ValueError):
             pass
-        sys.stderr, sys.__stderr__ = self._saved_streams
+        sys.stderr = self._saved_streams[0]
+        setattr(sys, "__stderr__", self._saved_streams[1])
         os.dup2(self._saved_fd, 2)
         os.close(self._saved_fd)
         self._saved_fd = None

@@ -28,16 +28,23 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
-import socket
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
+from typing import Any
 
-from tpudash.accel import hostcheck, nativelog
+from tpudash.accel import hostcheck
+from tpudash.accel.description import LogicalDeviceInfo, Runtime, RuntimeDescription
 from tpudash.accel.hostcheck import Chips, HostCheck
+from tpudash.accel.startup import (
+    RuntimeSetupError,
+    StartupTimeout,
+    TensorFlowMissing,
+    TpuFallback,
+    call_with_timeout,
+    connect_tpu,
+)
 
 # TensorFlow reads this when it is first imported; tpudash imports TF only
 # through this module (or after it), so the C++ INFO chatter stays off.
@@ -51,122 +58,6 @@ NO_TPU = "none"
 # Set for a process that starts again on the CPU default after an automatic
 # TPU attempt failed: the reason the first process found, for the Devices screen.
 FALLBACK_REASON_VARIABLE = "TPUDASH_TPU_FALLBACK_REASON"
-
-
-class RuntimeSetupError(RuntimeError):
-    """The requested accelerator could not be set up; the message says why."""
-
-
-class StartupTimeout(RuntimeSetupError):
-    """TensorFlow or the TPU did not answer in time (a thread may still be stuck in it)."""
-
-
-class TensorFlowMissing(RuntimeSetupError):
-    """No TensorFlow is installed; the message carries the install line for this host."""
-
-
-class TpuFallback(RuntimeSetupError):
-    """An automatic TPU attempt failed after TensorFlow started.
-
-    This process can no longer split the CPU into logical devices (TensorFlow's
-    runtime is up, a stuck TPU call may still hold it), so the CPU default has
-    to start in a fresh process with ``--tpu none``; ``reason`` says why.
-    """
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass
-class LogicalDeviceInfo:
-    """One logical device as the strategy sees it."""
-
-    index: int
-    name: str
-    device_type: str
-    job: str | None = None
-    replica: int | None = None
-    task: int | None = None
-    memory: dict | None = None
-
-
-@dataclass
-class RuntimeDescription:
-    """Everything the Devices screen and ``tpudash devices`` show."""
-
-    kind: str
-    strategy: str
-    num_replicas: int
-    devices: list[LogicalDeviceInfo]
-    simulated: bool = False
-    topology: dict | None = None
-    tpu_address: str | None = None
-    tf_version: str = ""
-    keras_version: str = ""
-    host: str = field(default_factory=socket.gethostname)
-    init_seconds: float = 0.0
-    reasons: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    host_check: dict | None = None
-    """What the host scan found before TensorFlow was imported (chips, builds, diagnoses)."""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "RuntimeDescription":
-        """The inverse of ``to_dict`` (the engine sends its description to the dashboard as JSON)."""
-        known = {item.name for item in fields(cls)}
-        values = {name: value for name, value in data.items() if name in known}
-        values["devices"] = [LogicalDeviceInfo(**device) for device in data.get("devices", [])]
-        return cls(**values)
-
-
-@dataclass
-class Runtime:
-    """The live session: the strategy and the logical devices it spans."""
-
-    strategy: Any
-    description: RuntimeDescription
-    logical_devices: list = field(default_factory=list)
-    resolver: Any = None
-
-    @property
-    def device_names(self) -> list[str]:
-        return [device.name for device in self.description.devices]
-
-    @property
-    def num_replicas(self) -> int:
-        return self.description.num_replicas
-
-    @property
-    def kind(self) -> str:
-        return self.description.kind
-
-    @classmethod
-    def from_description(cls, data: dict) -> "Runtime":
-        """The dashboard's view of the engine's runtime: the description, no strategy.
-
-        Enough for every job's ``check_runtime`` (device count, kind, names);
-        a check that needs the live devices leaves it to the engine.
-        """
-        description = RuntimeDescription.from_dict(data)
-        return cls(strategy=None, description=description, logical_devices=list(description.devices))
-
-    def summary(self) -> dict:
-        """The compact description stored with every run."""
-        description = self.description
-        return {
-            "kind": description.kind,
-            "strategy": description.strategy,
-            "num_replicas": description.num_replicas,
-            "simulated": description.simulated,
-            "devices": self.device_names,
-            "tf_version": description.tf_version,
-            "keras_version": description.keras_version,
-            "host": description.host,
-        }
 
 
 def parse_device_name(name: str) -> dict:
@@ -224,89 +115,16 @@ def keep_libtpu_unloaded(environ: MutableMapping[str, str]) -> None:
     environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 
-# Words of TensorFlow's and libtpu's log lines that say what a TPU start-up is
-# waiting on; the rest (CUDA probing, CPU features) is noise at that moment.
-GLOG_PREFIX = re.compile(r"^(?:\d{4}-\d\d-\d\d [\d:.]+: |[IWEF]\d{4} [\d:.]+ +\d+ )[IWEF]?\s*[\w/.-]+:\d+\] ")
-WAITING_WORDS = ("tpu", "metadata", "grpc", "worker", "retry", "waiting", "tries")
-
-
-def waited_for(log_lines: list[str]) -> str:
-    """The last thing the native log said about the TPU start-up, for a timeout message."""
-    for line in reversed(log_lines):
-        # glog's prefix ("2026-11-23 10:48:20.498432: I tensorflow/…/file.cc:121] ") says nothing to a user.
-        text = GLOG_PREFIX.sub("", line.strip())
-        if text and not text.startswith(("===", "learning/", "external/")) and any(
-                word in text.lower() for word in WAITING_WORDS):
-            return text[:300]
-    return ""
-
-
-def _call_with_timeout(function: Callable[[], Any], seconds: float | None, what: str) -> Any:
-    """Run a possibly hanging TF call (connect to an unreachable gRPC address); None: no limit."""
-    if seconds is None:
-        return function()
-    box: dict[str, Any] = {}
-    log_start = nativelog.active_position()
-
-    def target():
-        try:
-            box["value"] = function()
-        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = error
-
-    thread = threading.Thread(target=target, name=f"tpudash-{what}", daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        last = waited_for(nativelog.active_tail(since=log_start))
-        raise StartupTimeout(f"{what} did not answer within {seconds:g} s"
-                             + (f"; TensorFlow's last words: {last}" if last else "")
-                             + " (raise TPUDASH_TPU_TIMEOUT to wait longer)")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
 def import_tensorflow(timeout: float) -> Any:
     """``import tensorflow``, bounded: libtpu's start-up can block for minutes."""
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
     try:
-        return _call_with_timeout(lambda: importlib.import_module("tensorflow"), timeout, "importing TensorFlow")
+        return call_with_timeout(lambda: importlib.import_module("tensorflow"), timeout, "importing TensorFlow")
     except RuntimeSetupError:
         raise
     except Exception as error:  # noqa: BLE001 - a broken install is reported, not raised raw
         raise RuntimeSetupError(f"importing TensorFlow failed: {type(error).__name__}: {error}") from error
-
-
-def _connect_tpu(tf: Any, tpu_argument: str, timeout: float | None) -> tuple[Any, Any, Any]:
-    """Resolver → connect → initialize → TPUStrategy, each failure explained."""
-    try:
-        if tpu_argument == "":
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver()
-        else:
-            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_argument)
-    except Exception as error:  # noqa: BLE001 - any resolver failure is reported as such
-        raise RuntimeSetupError(f"TPUClusterResolver(tpu={tpu_argument!r}) failed: {type(error).__name__}: {error}") from error
-
-    def connect_and_initialize():
-        if tpu_argument != "local":
-            tf.config.experimental_connect_to_cluster(resolver)
-        return tf.tpu.experimental.initialize_tpu_system(resolver)
-
-    try:
-        topology = _call_with_timeout(connect_and_initialize, timeout, f"connecting to TPU {tpu_argument or 'from TPU_NAME'}")
-    except RuntimeSetupError:
-        raise
-    except Exception as error:  # noqa: BLE001
-        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        # TensorFlow appends the op's whole attribute list; the op's name says enough.
-        message = re.sub(r" with these attrs: \[.*$", "", message)
-        raise RuntimeSetupError(f"initializing TPU {tpu_argument!r} failed: {type(error).__name__}: {message}") from error
-    if not tf.config.list_logical_devices("TPU"):
-        raise RuntimeSetupError(f"TPU {tpu_argument!r} initialized but shows no TPU devices")
-    strategy = tf.distribute.TPUStrategy(resolver)
-    return resolver, topology, strategy
 
 
 def _topology_dict(topology: Any) -> dict | None:
@@ -415,7 +233,7 @@ def detect(
 
     if tpu_argument is not None:
         try:
-            resolver, topology, strategy = _connect_tpu(tf, tpu_argument, tpu_timeout)
+            resolver, topology, strategy = connect_tpu(tf, tpu_argument, tpu_timeout)
         except RuntimeSetupError as error:
             if explicit:
                 raise
@@ -490,8 +308,3 @@ def get_runtime(settings: Any, reinitialize: bool = False) -> Runtime:
                 tpu_timeout=getattr(settings, "tpu_timeout", DEFAULT_TPU_TIMEOUT_SECONDS),
             )
         return _current
-
-
-def current_runtime() -> Runtime | None:
-    """The runtime if it has been detected, else None (never triggers detection)."""
-    return _current

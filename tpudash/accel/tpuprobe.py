@@ -8,23 +8,37 @@ TensorFlow can no longer split its CPU for the fallback. So a short-lived
 child does the import, the resolver and the initialisation; the parent waits
 at most the TPU timeout, kills the child if it must, and only then decides.
 
-The child prints one JSON line: ``{"ok": true, "cores": N}`` or
-``{"ok": false, "error": "..."}``; its stderr (TensorFlow's and libtpu's
-logs) tells what a stuck start-up was waiting for.
+The child (``python -m tpudash.accel.tpuprobe PARENT_PID``) answers one
+request line, ``{"type": "probe", "tpu": ...}``, through ``tpudash.childproc``:
+``{"ok": true, "cores": N}`` or ``{"ok": false, "error": "..."}``, then exits
+when its stdin closes. Its stderr (TensorFlow's and libtpu's logs) tells
+what a stuck start-up was waiting for. It dies with its parent: a probe left
+behind by a killed tpudash would keep holding the TPU, and libtpu admits one
+process per host.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
+from tpudash.accel.startup import RuntimeSetupError, connect_tpu, waited_for
+from tpudash.childproc import (
+    AnswerTimeout,
+    ChildGone,
+    RequestChannel,
+    claim_stdout,
+    parent_death_signal,
+    serve_requests,
+)
 
-PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
+PROBE_REQUEST = "probe"
 
 
 @dataclass(frozen=True)
@@ -38,70 +52,60 @@ class ProbeResult:
 
 def probe_tpu(tpu_argument: str, timeout: float) -> ProbeResult:
     """Import TensorFlow and initialise ``tpu_argument`` in a child; never longer than ``timeout``."""
-    from tpudash.accel.runtime import waited_for
-
+    started = time.monotonic()
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as child_stderr:
-        child = subprocess.Popen([sys.executable, "-m", "tpudash.accel.tpuprobe", tpu_argument, str(os.getpid())],
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=child_stderr, text=True,
-                                 env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
+        child = RequestChannel([sys.executable, "-m", "tpudash.accel.tpuprobe", str(os.getpid())],
+                               name="tpudash-tpu-probe-reader", stderr=child_stderr,
+                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
         try:
-            output, _ = child.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+            answer = child.request({"type": PROBE_REQUEST, "tpu": tpu_argument}, timeout)
+        except AnswerTimeout:
             child.kill()
-            child.communicate()
             child_stderr.seek(0)
             last = waited_for(child_stderr.read().splitlines()[-200:])
             return ProbeResult(False, error=f"TensorFlow's TPU start-up did not finish within {timeout:g} s"
                                             + (f"; it was waiting on: {last}" if last else "")
                                             + " (raise TPUDASH_TPU_TIMEOUT to wait longer)")
-        child_stderr.seek(0)
-        log_lines = child_stderr.read().splitlines()
-    for line in reversed(output.splitlines()):
-        try:
-            answer = json.loads(line)
-        except ValueError:
-            continue
-        return ProbeResult(bool(answer.get("ok")), int(answer.get("cores", 0)), str(answer.get("error", "")))
-    # No answer at all: the child died, most often by libtpu's abort.
-    last = waited_for(log_lines) or (log_lines[-1].strip()[:300] if log_lines else "")
-    return ProbeResult(False, error=f"TensorFlow's TPU start-up ended the process (exit code {child.returncode})"
-                                    + (f": {last}" if last else ""))
+        except ChildGone:
+            # No answer at all: the child died, most often by libtpu's abort.
+            returncode = child.kill()
+            child_stderr.seek(0)
+            log_lines = child_stderr.read().splitlines() + child.noise
+            last = waited_for(log_lines) or (log_lines[-1].strip()[:300] if log_lines else "")
+            return ProbeResult(False, error=f"TensorFlow's TPU start-up ended the process (exit code {returncode})"
+                                            + (f": {last}" if last else ""))
+        # The child holds the TPU until it exits: it must be gone before this process takes it.
+        child.finish(max(0.0, timeout - (time.monotonic() - started)))
+    return _result(answer)
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Have the kernel kill this process when its parent dies (Linux).
-
-    A probe left behind by a killed tpudash would keep holding the TPU, and
-    libtpu admits one process per host.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the parent's timeout still applies
-        return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
+def _result(answer: Mapping[str, Any]) -> ProbeResult:
+    cores = answer.get("cores", 0)
+    return ProbeResult(answer.get("ok") is True, cores if isinstance(cores, int) else 0, str(answer.get("error", "")))
 
 
-def main(argv: list[str]) -> int:
-    from tpudash.accel.runtime import RuntimeSetupError, _connect_tpu
-
-    tpu_argument = argv[0] if argv else "local"
-    if len(argv) > 1:
-        die_with_parent(int(argv[1]))
+def _answer(request: Mapping[str, Any]) -> dict[str, Any]:
+    """The child's side: the import, the resolver and the initialisation, every failure the answer."""
+    if request.get("type") != PROBE_REQUEST or not isinstance(request.get("tpu"), str):
+        return {"ok": False, "error": f"not a probe request: {dict(request)!r:.200}"}
     try:
         import tensorflow as tf
 
-        _, _, strategy = _connect_tpu(tf, tpu_argument, timeout=None)  # the parent keeps the time
+        _, _, strategy = connect_tpu(tf, request["tpu"], timeout=None)  # the parent keeps the time
     except RuntimeSetupError as error:
-        print(json.dumps({"ok": False, "error": str(error)}), flush=True)
-        return 1
+        return {"ok": False, "error": str(error)}
     except Exception as error:  # noqa: BLE001 - every failure is the answer
         first_line = (str(error).strip().splitlines() or [""])[0]
-        print(json.dumps({"ok": False, "error": f"{type(error).__name__}: {first_line}"}), flush=True)
-        return 1
-    print(json.dumps({"ok": True, "cores": int(strategy.num_replicas_in_sync)}), flush=True)
+        return {"ok": False, "error": f"{type(error).__name__}: {first_line}"}
+    return {"ok": True, "cores": int(strategy.num_replicas_in_sync)}
+
+
+def main(argv: list[str]) -> int:
+    if argv:
+        die_with_parent = parent_death_signal(signal.SIGKILL, expected_parent=int(argv[0]))
+        if die_with_parent is not None:  # elsewhere than Linux the parent's timeout still applies
+            die_with_parent()
+    serve_requests(_answer, sys.stdin, claim_stdout())
     return 0
 
 

@@ -277,7 +277,8 @@ def _runtime(settings):
     """Detect the runtime with TensorFlow's native chatter sent to the session log."""
     global _native_stderr
     from tpudash.accel.nativelog import NativeStderr, session_log_path
-    from tpudash.accel.runtime import RuntimeSetupError, TpuFallback, get_runtime
+    from tpudash.accel.runtime import get_runtime
+    from tpudash.accel.startup import RuntimeSetupError, TpuFallback
 
     if _native_stderr is None and os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal" and _stderr_is_fd2():
         _native_stderr = NativeStderr(session_log_path(settings.runs_dir)).start()

@@ -9,7 +9,9 @@ grace period has its engine ended, and the run is recorded as cancelled
 with everything it had reported. An engine that dies on its own (a signal,
 the OOM killer, an abort in native code) leaves the dashboard up: the run is
 recorded as failed with the signal and the engine's last stderr lines, and
-the next launch starts a new engine.
+the next launch starts a new engine. An engine that speaks another protocol
+(a dashboard and an engine from two installs of tpudash) is ended at its
+hello, and says so.
 
 Textual-free: engine messages arrive on reader threads and are queued; the
 app calls ``poll`` on its UI timer (and when ``wake`` fires), so every state
@@ -21,13 +23,25 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from jobs.base import JobSpec
-from tpudash.engine.process import EngineExit, EngineHandle, Listener
-from tpudash.runs.store import EVENTS_FILE, TELEMETRY_FILE, EventTail, RunStore, new_run_id
+from tpudash.engine.handle import EngineExit, EngineHandle, EngineNews, Listener
+from tpudash.engine.protocol import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Hello,
+    JobFinished,
+    JobStarted,
+    Launch,
+    LaunchRefused,
+    RuntimeFailed,
+    RuntimeReady,
+)
 from tpudash.runs.model import RunModel
+from tpudash.runs.store import EVENTS_FILE, TELEMETRY_FILE, EventTail, RunStore, new_run_id
 
 ENGINE_NONE = "none"
 ENGINE_STARTING = "starting"
@@ -35,6 +49,7 @@ ENGINE_READY = "ready"
 ENGINE_RUNNING = "running"
 ENGINE_RELEASED = "released"
 ENGINE_CRASHED = "crashed"
+ENGINE_INCOMPATIBLE = "incompatible"
 DEFAULT_CANCEL_GRACE_SECONDS = 2.0
 
 STAGE_QUEUED = "queued"
@@ -76,8 +91,8 @@ class LaneObserver:
     def lane_runtime(self, description: dict) -> None:
         """The engine detected the runtime."""
 
-    def lane_runtime_failed(self, message: dict) -> None:
-        """The engine could not set up the runtime (``message``: error, missing_tensorflow)."""
+    def lane_runtime_failed(self, failure: RuntimeFailed) -> None:
+        """The engine could not set up the runtime, or speaks another protocol."""
 
     def lane_run_settled(self, live: LiveRun) -> None:
         """A run ended and its end is recorded."""
@@ -103,7 +118,7 @@ class Lane:
         self.release_after = release_after
         self.keep_runs = keep_runs
         self._clock = clock
-        self._inbox: list[tuple[list, dict]] = []
+        self._inbox: list[tuple[list, EngineNews]] = []
         self._inbox_lock = threading.Lock()
         self.runs: list[LiveRun] = []
         """Runs of this session in launch order (queued, sent, ended)."""
@@ -154,7 +169,7 @@ class Lane:
         if state == ENGINE_RUNNING:
             current = self.current
             return f"running {current.job}" if current is not None else "running"
-        if state in (ENGINE_CRASHED, ENGINE_RELEASED) and self.engine_detail:
+        if state in (ENGINE_CRASHED, ENGINE_RELEASED, ENGINE_INCOMPATIBLE) and self.engine_detail:
             return f"{state} ({self.engine_detail})"
         return "starting…" if state == ENGINE_STARTING else state
 
@@ -174,17 +189,20 @@ class Lane:
     def cancel(self, live: LiveRun) -> None:
         """A queued run never starts; a running one is asked to stop, then ended after the grace period."""
         if live.stage == STAGE_QUEUED:
-            live.stage = STAGE_ENDED
-            live.model.status = "cancelled"
-            live.model.finished = time.time()
-            live.model.version += 1
-            self._settle(live)
+            self._end_queued(live, "cancelled")
         elif live.stage == STAGE_SENT and live.cancel_requested_at is None:
             live.cancel_requested_at = self._clock()
-            if self.engine is None or not self.engine.send({"op": "cancel", "run_id": live.run_id}):
+            if self.engine is None or not self.engine.send(Cancel(live.run_id)):
                 self._kill_engine("cancelled")
         self._number_queue()
         self._observer.lane_engine_changed()
+
+    def _end_queued(self, live: LiveRun, status: str, error: str | None = None) -> None:
+        """End a run that never reached an engine: no record is written, as for a run never launched."""
+        live.stage = STAGE_ENDED
+        live.model.status, live.model.error, live.model.finished = status, error, time.time()
+        live.model.version += 1
+        self._settle(live)
 
     def cancel_all(self) -> None:
         for live in list(self.runs):
@@ -232,7 +250,7 @@ class Lane:
     def _listener_for(self, engine_ref: list) -> Listener:
         # The engine may speak before its constructor has returned, so the
         # reference is resolved when the message is handled, on the UI thread.
-        def listen(message: dict) -> None:
+        def listen(message: EngineNews) -> None:
             with self._inbox_lock:
                 self._inbox.append((engine_ref, message))
             self._wake()
@@ -264,63 +282,78 @@ class Lane:
             self._observer.lane_engine_changed()
         return changed
 
-    def _on_message(self, engine: EngineHandle | None, message: dict) -> bool:
-        kind = message.get("type")
-        if kind == "exited":
-            return self._engine_exited(engine, message["exit"])
+    def _on_message(self, engine: EngineHandle | None, message: EngineNews) -> bool:
+        if isinstance(message, EngineExit):
+            return self._engine_exited(engine, message)
         if engine is not self.engine:
             return False  # a released engine's last words
-        if kind == "runtime":
-            self.description = message.get("description") or {}
+        if isinstance(message, Hello):
+            if message.protocol != PROTOCOL_VERSION:
+                self._refuse_engine(message.protocol)
+        elif isinstance(message, RuntimeReady):
+            self.description = message.description
             self.engine_detail = str(self.description.get("kind", ""))
             self._set_state(ENGINE_RUNNING if self.current is not None else ENGINE_READY)
             self._observer.lane_runtime(self.description)
-        elif kind == "runtime_failed":
+        elif isinstance(message, RuntimeFailed):
             self._observer.lane_runtime_failed(message)
-        elif kind == "started":
+        elif isinstance(message, JobStarted):
             self._set_state(ENGINE_RUNNING)
-        elif kind in ("finished", "refused"):
-            live = self._find(message.get("run_id"))
+        elif isinstance(message, (JobFinished, LaunchRefused)):
+            live = self._find(message.run_id)
             if live is not None:
                 self._read_events(live)
             if live is not None and live.stage == STAGE_SENT:
                 # Nothing on disk says it ended: refused (a version skew), failed
                 # before its record existed (no runtime), or cancelled before it began.
-                status = "failed" if kind == "refused" else str(message.get("status"))
-                error = f"the engine refused the run: {message.get('error')}" if kind == "refused" else message.get("error")
-                self._end_unrecorded(live, status, error)
+                if isinstance(message, LaunchRefused):
+                    self._end_unrecorded(live, "failed", f"the engine refused the run: {message.error}")
+                else:
+                    self._end_unrecorded(live, message.status, message.error)
             self._set_state(ENGINE_READY if self.description is not None else ENGINE_STARTING)
         return True
 
+    def _refuse_engine(self, protocol: int) -> None:
+        """An engine from another install of tpudash: end it, and say what to do."""
+        self._incompatible = f"engine speaks protocol {protocol}, dashboard {PROTOCOL_VERSION}: reinstall tpudash"
+        self._kill_engine(self._incompatible)
+        self._observer.lane_runtime_failed(RuntimeFailed(error=self._incompatible, message=self._incompatible,
+                                                         missing_tensorflow=False))
+
     def _end_unrecorded(self, live: LiveRun, status: str, error: str | None) -> None:
         """End a run whose end is not on disk: a run that never began leaves no record, as if still queued."""
-        if status == "cancelled" and not live.tail.path.exists():
-            live.stage = STAGE_ENDED
-            live.model.status, live.model.finished = "cancelled", time.time()
-            live.model.version += 1
-            self._settle(live)
+        if status == "cancelled" and (live.tail is None or not live.tail.path.exists()):
+            self._end_queued(live, "cancelled")
             return
         self.store.finish_abandoned(live.run_id, live.job, live.spec.as_text(live.params), status, error)
         self._read_events(live)
 
     def _engine_exited(self, engine: EngineHandle | None, exit: EngineExit) -> bool:
-        if engine is not self.engine:
+        if engine is None or engine is not self.engine:
             return False
         self.engine = None
         self.last_exit = exit
         current = self.current
         if current is not None:
             self._read_events(current)
+        incompatible, self._incompatible = self._incompatible, None
         if current is not None and current.stage == STAGE_SENT:
-            cancelled = current.cancel_requested_at is not None
+            cancelled = current.cancel_requested_at is not None and incompatible is None
             tail = "; its last stderr lines: " + " | ".join(exit.stderr_tail) if exit.stderr_tail else ""
-            if cancelled:
+            if incompatible is not None:
+                error = incompatible
+            elif cancelled:
                 reason = engine.kill_reason or exit.describe()
                 error = f"cancelled: {reason}; {exit.describe()}"
             else:
                 error = f"{exit.describe()} while running {current.job}{tail}"
             self._end_unrecorded(current, "cancelled" if cancelled else "failed", error)
-        if exit.requested:
+        if incompatible is not None:
+            for live in self.waiting:  # each would start an engine that speaks the same other protocol
+                self._end_queued(live, "failed", incompatible)
+            self.engine_detail = incompatible
+            self._set_state(ENGINE_INCOMPATIBLE)
+        elif exit.requested:
             self.engine_detail = engine.kill_reason or self._release_reason or ""
             self._set_state(ENGINE_RELEASED)
         else:
@@ -332,22 +365,24 @@ class Lane:
         return next((live for live in self.runs if live.run_id == run_id), None)
 
     def _read_events(self, live: LiveRun) -> bool:
-        if live.tail is None:
-            return False
         """Apply the run's new events to its model; True only when the run started or ended.
 
         Metrics, logs and progress reach the model here and the screens draw
         them on their own beat; reporting each batch as a lane change would
         redraw every list of runs ten times a second, on CPU training needs.
         """
+        if live.tail is None:
+            return False
         events = live.tail.read_new()
         if events:
             live.model.apply_all(events)
-        live.model.apply_all(live.telemetry_tail.read_new())
+        if live.telemetry_tail is not None:
+            live.model.apply_all(live.telemetry_tail.read_new())
         if live.tail.finished and live.stage == STAGE_SENT:
             live.stage = STAGE_ENDED
             live.tail.close()
-            live.telemetry_tail.close()
+            if live.telemetry_tail is not None:
+                live.telemetry_tail.close()
             self._settle(live)
             return True
         return any(event.type == "run_started" for _, event in events)
@@ -360,16 +395,19 @@ class Lane:
 
     # -- the engine --------------------------------------------------------------------------------
     _release_reason: str | None = None
+    _incompatible: str | None = None
+    """Why the engine was ended at its hello (another protocol), until its exit is handled."""
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> EngineHandle:
         engine_ref: list = [None]
         self._release_reason = None
         self.description = None
         self.engine_detail = ""
         self._set_state(ENGINE_STARTING)
         self._engine_starts += 1
-        self.engine = self._start_engine(self._listener_for(engine_ref))
-        engine_ref[0] = self.engine
+        engine = self.engine = self._start_engine(self._listener_for(engine_ref))
+        engine_ref[0] = engine
+        return engine
 
     def _release_engine(self, reason: str) -> None:
         engine, self.engine = self.engine, None
@@ -394,14 +432,12 @@ class Lane:
         waiting = self.waiting
         if not waiting:
             return False
-        if self.engine is None:
-            self._spawn()
+        engine = self.engine if self.engine is not None else self._spawn()
         live = waiting[0]
         live.stage = STAGE_SENT
         live.tail = EventTail(self.store.root / live.run_id / EVENTS_FILE)
         live.telemetry_tail = EventTail(self.store.root / live.run_id / TELEMETRY_FILE)
-        if not self.engine.send({"op": "launch", "run_id": live.run_id, "job": live.job,
-                                 "params": live.spec.as_text(live.params)}):
+        if not engine.send(Launch(live.run_id, live.job, live.spec.as_text(live.params))):
             self._kill_engine("its control pipe closed")
         if self.engine_state == ENGINE_READY:
             self._set_state(ENGINE_RUNNING)

@@ -16,9 +16,10 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from jobs.base import JobCancelled, JobContext, JobSpec
 from jobs.events import Event, RunFinished, RunStarted, to_jsonable
@@ -64,7 +65,7 @@ class QueuedRun:
 class Runner:
     """One lane, a FIFO queue, cancel tokens and sinks.
 
-    ``runtime_provider`` returns the ``tpudash.accel.runtime.Runtime`` (it is called
+    ``runtime_provider`` returns the ``tpudash.accel.description.Runtime`` (it is called
     on the lane, so a TUI can start before the accelerator is connected).
     ``store`` is None to keep no records (tests of the runner alone).
     """
@@ -88,11 +89,6 @@ class Runner:
     def add_sink(self, sink: Sink) -> None:
         with self._condition:
             self._sinks.append(sink)
-
-    def remove_sink(self, sink: Sink) -> None:
-        with self._condition:
-            if sink in self._sinks:
-                self._sinks.remove(sink)
 
     # -- queue -----------------------------------------------------------
     def submit(self, spec: JobSpec, params: dict, sinks: Iterable[Sink] = (), run_id: str | None = None) -> QueuedRun:

@@ -46,7 +46,8 @@ from tpudash.tui.seams import UndelayedRevisits, guard_option_list_page_keys
 if TYPE_CHECKING:  # the lane, records and host check load after the first frame
     from textual.screen import Screen
 
-    from tpudash.engine.process import EngineHandle, Listener
+    from tpudash.engine.handle import EngineHandle, Listener
+    from tpudash.engine.protocol import RuntimeFailed
     from tpudash.runs.follow import RunsDirectoryWatch, RunsScan
     from tpudash.accel.hostcheck import HostCheck
     from tpudash.runs.store import RunInfo
@@ -311,10 +312,10 @@ class TpudashApp(UndelayedRevisits, App[int]):
         if self._engine_factory is not None:
             return self._engine_factory(listener)
         if self._runtime_provider is not None:
-            from tpudash.engine.process import EngineThread
+            from tpudash.engine.handle import EngineThread
 
             return EngineThread(listener, self.settings, self.job_specs, self._runtime_provider)
-        from tpudash.engine.process import EngineProcess
+        from tpudash.engine.handle import EngineProcess
         from tpudash.accel.nativelog import session_log_path
 
         self.store.root.mkdir(parents=True, exist_ok=True)
@@ -333,7 +334,7 @@ class TpudashApp(UndelayedRevisits, App[int]):
             self._lane_changed()
 
     def lane_runtime(self, description: dict) -> None:
-        from tpudash.accel.runtime import Runtime
+        from tpudash.accel.description import Runtime
 
         runtime = Runtime.from_description(description)
         self.runtime_settled.set()
@@ -344,18 +345,18 @@ class TpudashApp(UndelayedRevisits, App[int]):
         self.tensorflow_missing = None
         self.runtime = runtime
 
-    def lane_runtime_failed(self, message: dict) -> None:
+    def lane_runtime_failed(self, failure: RuntimeFailed) -> None:
         self.runtime_settled.set()
-        if message.get("missing_tensorflow"):
+        if failure.missing_tensorflow:
             # Not a failure of the dashboard: everything but launching works.
-            missing = str(message.get("message") or message.get("error"))
+            missing = failure.message or failure.error
             self.runtime_status = "no TensorFlow"
             self.tensorflow_missing = missing
             self.runtime_error = missing
             self.runtime = None
             self.notify(missing, title="No TensorFlow: jobs cannot run", severity="warning", timeout=15)
             return
-        error = str(message.get("error") or "unknown error")
+        error = failure.error or "unknown error"
         self.runtime_status = "runtime failed"
         self.runtime_error = error
         self.runtime = None

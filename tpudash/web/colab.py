@@ -122,7 +122,9 @@ def _ensure_server(options: tuple, behind_proxy: bool) -> _Server:
 
 
 def _start_server(options: tuple, behind_proxy: bool) -> _Server:
-    from tpudash.web.serve import _parent_death_signal
+    import signal
+
+    from tpudash.childproc import parent_death_signal
 
     descriptor, log_name = tempfile.mkstemp(prefix="tpudash-serve-", suffix=".log")
     log_path = Path(log_name)
@@ -134,14 +136,17 @@ def _start_server(options: tuple, behind_proxy: bool) -> _Server:
         # must not stop the dashboards; the kernel's end does (parent-death
         # signal, and atexit below).
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, preexec_fn=_parent_death_signal())
+                                   start_new_session=True, preexec_fn=parent_death_signal(signal.SIGTERM))
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while True:
         text = log_path.read_text(encoding="utf-8", errors="replace")
         match = _URL_LINE.search(text)
         if match:
             address = match.group(1)
-            port = int(re.search(r":(\d+)/", address).group(1))
+            port_match = re.search(r":(\d+)/", address)
+            if port_match is None:
+                raise ColabError(f"the dashboard server printed an address without a port: {address}")
+            port = int(port_match.group(1))
             return _Server(process, address, port, options, log_path)
         if process.poll() is not None:
             raise ColabError(f"tpudash serve exited with code {process.returncode}: {text.strip()[-2000:]} "

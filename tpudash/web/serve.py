@@ -153,29 +153,6 @@ def command_serve(args: Any, settings: Any) -> int:
         raise BadInput(str(error)) from None
 
 
-@functools.cache
-def _parent_death_signal() -> Callable[[], None] | None:
-    """Linux: a child's hook that sends it SIGTERM when the server dies, even by SIGKILL.
-
-    Without it a dashboard whose server was killed would go on running
-    unseen (the web driver does not quit when its input ends).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def set_parent_death_signal() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-    return set_parent_death_signal
-
-
 def _descendants(pid: int) -> list:
     """The process and everything under it now (the engine starts a session of its own)."""
     import psutil
@@ -251,10 +228,14 @@ def _dashboard_service_class():
             environment.update({key: value for key, value in self._build_environment(width=width, height=height).items()
                                 if os.environ.get(key) != value})
             # No shell (textual-serve's default): paths with spaces need no
-            # quoting, and the pid is the dashboard's own.
+            # quoting, and the pid is the dashboard's own. It gets SIGTERM when
+            # the server dies, even by SIGKILL: the web driver does not quit when
+            # its input ends, so it would go on running unseen.
+            from tpudash.childproc import parent_death_signal
+
             self._process = process = await asyncio.create_subprocess_exec(
                 *dashboard_command(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=environment, preexec_fn=_parent_death_signal())
+                stderr=asyncio.subprocess.PIPE, env=environment, preexec_fn=parent_death_signal(signal.SIGTERM))
             self._stdin = process.stdin
             return process
 

@@ -1,0 +1,104 @@
+"""The runtime as the dashboard and the runs see it: what was detected, and a ``Runtime`` that carries it.
+
+``tpudash.accel.runtime`` detects the runtime in the process that owns
+TensorFlow (the engine, headless ``tpudash run``) and fills these in; the
+engine sends the description to the dashboard as JSON, and the dashboard
+rebuilds it here (``Runtime.from_description``) without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass
+class LogicalDeviceInfo:
+    """One logical device as the strategy sees it."""
+
+    index: int
+    name: str
+    device_type: str
+    job: str | None = None
+    replica: int | None = None
+    task: int | None = None
+    memory: dict | None = None
+
+
+@dataclass
+class RuntimeDescription:
+    """Everything the Devices screen and ``tpudash devices`` show."""
+
+    kind: str
+    strategy: str
+    num_replicas: int
+    devices: list[LogicalDeviceInfo]
+    simulated: bool = False
+    topology: dict | None = None
+    tpu_address: str | None = None
+    tf_version: str = ""
+    keras_version: str = ""
+    host: str = field(default_factory=socket.gethostname)
+    init_seconds: float = 0.0
+    reasons: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    host_check: dict | None = None
+    """What the host scan found before TensorFlow was imported (chips, builds, diagnoses)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RuntimeDescription:
+        """The inverse of ``to_dict`` (the engine sends its description to the dashboard as JSON)."""
+        known = {item.name for item in fields(cls)}
+        values = {name: value for name, value in data.items() if name in known}
+        values["devices"] = [LogicalDeviceInfo(**device) for device in data.get("devices", [])]
+        return cls(**values)
+
+
+@dataclass
+class Runtime:
+    """The live session: the strategy and the logical devices it spans."""
+
+    strategy: Any
+    description: RuntimeDescription
+    logical_devices: list = field(default_factory=list)
+    resolver: Any = None
+
+    @property
+    def device_names(self) -> list[str]:
+        return [device.name for device in self.description.devices]
+
+    @property
+    def num_replicas(self) -> int:
+        return self.description.num_replicas
+
+    @property
+    def kind(self) -> str:
+        return self.description.kind
+
+    @classmethod
+    def from_description(cls, data: dict) -> Runtime:
+        """The dashboard's view of the engine's runtime: the description, no strategy.
+
+        Enough for every job's ``check_runtime`` (device count, kind, names);
+        a check that needs the live devices leaves it to the engine.
+        """
+        description = RuntimeDescription.from_dict(data)
+        return cls(strategy=None, description=description, logical_devices=list(description.devices))
+
+    def summary(self) -> dict:
+        """The compact description stored with every run."""
+        description = self.description
+        return {
+            "kind": description.kind,
+            "strategy": description.strategy,
+            "num_replicas": description.num_replicas,
+            "simulated": description.simulated,
+            "devices": self.device_names,
+            "tf_version": description.tf_version,
+            "keras_version": description.keras_version,
+            "host": description.host,
+        }

@@ -1,0 +1,214 @@
+"""The dashboard's handle on its engine: send commands, kill it, hear its replies and how it ended.
+
+``EngineProcess`` starts ``python -m tpudash.engine`` as a child in a session
+of its own, with its stderr (TensorFlow's C++ logs) going to the session log.
+``EngineThread`` runs the same loop (``tpudash.engine.server``) on a thread
+of this process over real pipes, for tests that run jobs defined in the test
+itself. Both read the engine's replies on a reader thread and pass each, as
+a ``tpudash.engine.protocol`` message, to the listener, then once an
+``EngineExit``. This module never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from tpudash.childproc import ID_FIELD, LineReader, Payload, encode_line
+from tpudash.engine.protocol import REPLIES, Command, Release, Reply, decode, encode
+from tpudash.engine.server import EngineServer, ReplySender, serve
+
+STDERR_TAIL_LINES = 12
+
+
+@dataclass(frozen=True)
+class EngineExit:
+    """How an engine ended: its return code, the signal that killed it, its last stderr lines."""
+
+    returncode: int | None
+    signal_name: str | None
+    stderr_tail: list[str]
+    requested: bool
+    """True when the dashboard released or killed it (not a crash)."""
+
+    def describe(self) -> str:
+        if self.signal_name:
+            return f"the engine was killed by {self.signal_name}"
+        return f"the engine exited with status {self.returncode}"
+
+
+EngineNews = Reply | EngineExit
+Listener = Callable[[EngineNews], None]
+
+
+class EngineHandle:
+    """What the dashboard's lane needs of an engine: send, kill, and the messages it reports.
+
+    ``listener`` is called on a reader thread with every reply, then once
+    with the ``EngineExit``. Replies the dashboard cannot read are kept in
+    ``noise`` with the reason.
+    """
+
+    pid: int | None = None
+
+    def __init__(self, listener: Listener):
+        self._listener = listener
+        self._write_lock = threading.Lock()
+        self._commands: IO[str] | None = None
+        self._last_id = 0
+        self._reader: LineReader | None = None
+        self.release_requested = False
+        self.kill_reason: str | None = None
+
+    def send(self, command: Command) -> bool:
+        """Write one command (with an id of its own); False when the engine is gone."""
+        with self._write_lock:
+            return self._write(command)
+
+    def _write(self, command: Command) -> bool:
+        if self._commands is None:
+            return False
+        self._last_id += 1
+        try:
+            self._commands.write(encode_line({**encode(command), ID_FIELD: self._last_id}))
+            self._commands.flush()
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def release(self) -> None:
+        """Ask the engine to exit (it cancels its job, records it, and leaves)."""
+        self.release_requested = True
+        with self._write_lock:
+            if self._commands is not None:
+                self._write(Release())
+                try:
+                    self._commands.close()
+                except (OSError, ValueError):
+                    pass
+                self._commands = None
+
+    def kill(self, reason: str) -> None:
+        raise NotImplementedError
+
+    @property
+    def alive(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def noise(self) -> list[str]:
+        """Lines from the engine that were no reply it could read (the last few, for diagnostics)."""
+        return list(self._reader.noise) if self._reader is not None else []
+
+    def _read_replies(self, replies: IO[str], on_end: Callable[[], None], name: str) -> None:
+        self._reader = LineReader(replies, self._deliver, name=name, on_end=on_end).start()
+
+    def _deliver(self, payload: Payload) -> None:
+        self._listener(decode(payload, REPLIES))  # a ProtocolError keeps the line as noise
+
+
+class EngineProcess(EngineHandle):
+    """``python -m tpudash.engine`` as a child: new session, stderr to ``log_path``."""
+
+    def __init__(self, listener: Listener, settings: Any, log_path: Path, environ: Mapping[str, str] | None = None):
+        super().__init__(listener)
+        from tpudash.config import settings_environment
+
+        self.log_path = Path(log_path)
+        environment = settings_environment(settings, dict(os.environ if environ is None else environ))
+        try:
+            self._log_offset = self.log_path.stat().st_size
+        except OSError:
+            self._log_offset = 0
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "tpudash.engine"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                env=environment, text=True, encoding="utf-8", errors="replace", bufsize=1,
+                start_new_session=True, close_fds=True)
+        self.pid = self._process.pid
+        self._commands = self._process.stdin
+        assert self._process.stdout is not None
+        self._read_replies(self._process.stdout, self._report_exit, "tpudash-engine-reader")
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def kill(self, reason: str) -> None:
+        self.kill_reason = reason
+        try:
+            self._process.kill()
+        except OSError:
+            pass
+
+    def _report_exit(self) -> None:
+        returncode = self._process.wait()
+        from tpudash.accel.nativelog import read_tail
+
+        signal_name = None
+        if returncode is not None and returncode < 0:
+            try:
+                signal_name = signal.Signals(-returncode).name
+            except ValueError:
+                signal_name = f"signal {-returncode}"
+        tail = [line for line in read_tail(self.log_path, 200, self._log_offset) if line.strip()]
+        requested = self.release_requested or self.kill_reason is not None
+        self._listener(EngineExit(returncode, signal_name, tail[-STDERR_TAIL_LINES:], requested))
+
+
+class EngineThread(EngineHandle):
+    """The engine's loop on a thread of this process, over real pipes (tests with in-test jobs).
+
+    It shares this process's runtime, so it cannot be killed: ``kill``
+    cancels its job and closes the pipe instead.
+    """
+
+    def __init__(self, listener: Listener, settings: Any, job_specs: Mapping[str, Any],
+                 runtime_provider: Callable[[], Any]):
+        super().__init__(listener)
+        command_read, command_write = os.pipe()
+        reply_read, reply_write = os.pipe()
+        self._commands = os.fdopen(command_write, "w", encoding="utf-8", buffering=1)
+        replies = os.fdopen(reply_read, "r", encoding="utf-8")
+        self._server: EngineServer | None = None
+
+        def make_server(send: ReplySender) -> EngineServer:
+            self._server = EngineServer(send, settings, job_specs, runtime_provider, grace_seconds=0.0)
+            return self._server
+
+        def run_engine() -> None:
+            with os.fdopen(command_read, "r", encoding="utf-8") as commands, \
+                    os.fdopen(reply_write, "w", encoding="utf-8", buffering=1) as reply_stream:
+                serve(commands, reply_stream, make_server)
+
+        self._engine = threading.Thread(target=run_engine, name="tpudash-engine-thread", daemon=True)
+        self._engine.start()
+
+        def report_exit() -> None:
+            replies.close()
+            self._listener(EngineExit(0, None, [], self.release_requested or self.kill_reason is not None))
+
+        self._read_replies(replies, report_exit, "tpudash-engine-thread-reader")
+        self.pid = os.getpid()
+
+    @property
+    def alive(self) -> bool:
+        return self._reader is not None and self._reader.alive
+
+    @property
+    def server(self) -> EngineServer | None:
+        """The engine's loop (a test may add a sink to its runner, as a job's own code would)."""
+        return self._server
+
+    def kill(self, reason: str) -> None:
+        self.kill_reason = reason
+        if self._server is not None:
+            self._server.runner.cancel_all()
+        self.release()

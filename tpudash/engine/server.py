@@ -1,0 +1,225 @@
+"""The engine's loop: the control pipe's commands executed, jobs run one at a time, the replies sent.
+
+A TPU host admits one process to its chips, a mismatched libtpu aborts the
+process that imports it, and TensorFlow's threads compete with whatever
+shares their process. So the dashboard never imports TensorFlow: it starts
+an engine (``python -m tpudash.engine``, see ``tpudash.engine.__main__``),
+which detects the runtime once, stays warm between jobs, and runs them one
+at a time through the same ``Runner`` as ``tpudash run``. Runs report the
+way every run does, into their run directory; the dashboard tails
+``events.jsonl`` like any other run.
+
+``serve`` reads commands and writes replies, the messages of
+``tpudash.engine.protocol``, until the dashboard releases the engine or
+closes the pipe; then ``EngineServer`` cancels its job and waits a grace
+period for the record. The runtime is handed in (``runtime_provider``), so
+this loop imports no TensorFlow itself: ``EngineThread`` runs it in a test's
+own process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from tpudash.accel.startup import TensorFlowMissing
+from tpudash.childproc import ID_FIELD, decode_line, encode_line
+from tpudash.engine.protocol import (
+    COMMANDS,
+    PROTOCOL_VERSION,
+    Cancel,
+    Command,
+    Describe,
+    Hello,
+    JobFinished,
+    JobStarted,
+    Launch,
+    LaunchRefused,
+    ProtocolError,
+    Release,
+    Reply,
+    RuntimeFailed,
+    RuntimeReady,
+    decode,
+    encode,
+)
+
+# A module named here (importable, with ``SPECS``) adds jobs to the engine's
+# registry: tests use it for jobs that must never ship (one aborts its process).
+EXTRA_JOBS_VARIABLE = "TPUDASH_ENGINE_EXTRA_JOBS"
+
+RequestId = Any
+"""A command's ``id`` as the dashboard sent it (an int; None for replies that answer no command)."""
+ReplySender = Callable[[Reply, RequestId], None]
+
+
+def engine_job_specs(environ: Mapping[str, str] = os.environ) -> dict:
+    """The registry, plus the jobs of the module named by ``TPUDASH_ENGINE_EXTRA_JOBS``."""
+    import importlib
+
+    from jobs import registry
+
+    specs = dict(registry())
+    extra = environ.get(EXTRA_JOBS_VARIABLE)
+    if extra:
+        for spec in importlib.import_module(extra).SPECS:
+            specs[spec.name] = spec
+    return specs
+
+
+class EngineServer:
+    """Executes the dashboard's commands: detection, one job at a time, cancel, release.
+
+    ``send`` writes one reply with the id of the command it answers; commands
+    come to ``handle`` one at a time (the control pipe's reader). Detection
+    and jobs run on threads of their own, so a cancel is read while a job runs.
+    """
+
+    def __init__(self, send: ReplySender, settings: Any, job_specs: Mapping[str, Any],
+                 runtime_provider: Callable[[], Any], grace_seconds: float = 2.0):
+        from tpudash.engine.runner import Runner
+        from tpudash.runs.store import RunStore
+
+        self._send = send
+        self._job_specs = dict(job_specs)
+        self._runtime_provider = runtime_provider
+        self._runtime_ready = threading.Event()
+        self._runtime: Any = None
+        self._runtime_error: BaseException | None = None
+        self.grace_seconds = grace_seconds
+        self.runner = Runner(self._runtime_for_lane, RunStore(Path(settings.runs_dir)), settings,
+                             sinks=[self._report])
+        self._job_threads: list[threading.Thread] = []
+        self._launch_ids: dict[str, RequestId] = {}
+        """Each run's launch command id, echoed by the run's started and finished."""
+        self._detection = threading.Thread(target=self._detect, name="tpudash-engine-detect", daemon=True)
+
+    def start(self) -> None:
+        self._send(Hello(pid=os.getpid(), protocol=PROTOCOL_VERSION), None)
+        self._detection.start()
+
+    # -- the runtime -----------------------------------------------------------------
+    def _detect(self) -> None:
+        try:
+            runtime = self._runtime_provider()
+        except BaseException as error:  # noqa: BLE001 - reported, never fatal to the engine
+            self._runtime_error = error
+            self._send(RuntimeFailed(error=f"{type(error).__name__}: {error}", message=str(error),
+                                     missing_tensorflow=isinstance(error, TensorFlowMissing)), None)
+        else:
+            self._runtime = runtime
+            self._send(RuntimeReady(runtime.description.to_dict()), None)
+        finally:
+            self._runtime_ready.set()
+
+    def _runtime_for_lane(self) -> Any:
+        self._runtime_ready.wait()
+        if self._runtime_error is not None:
+            raise RuntimeError(f"the runtime could not be set up: {self._runtime_error}")
+        return self._runtime
+
+    # -- commands ------------------------------------------------------------------------
+    def handle(self, command: Command, request_id: RequestId = None) -> None:
+        if isinstance(command, Describe):
+            if self._runtime_ready.is_set():
+                threading.Thread(target=self._redescribe, args=(request_id,), daemon=True).start()
+        elif isinstance(command, Launch):
+            self._launch(command, request_id)
+        elif isinstance(command, Cancel):
+            for run in ([self.runner.current] if self.runner.current else []) + self.runner.queued():
+                if command.run_id in (None, run.run_id):
+                    self.runner.cancel(run)
+
+    def _redescribe(self, request_id: RequestId) -> None:
+        if self._runtime is not None:
+            self._send(RuntimeReady(self._runtime.description.to_dict()), request_id)
+
+    def _launch(self, command: Launch, request_id: RequestId) -> None:
+        spec = self._job_specs.get(command.job)
+        try:
+            if spec is None:
+                raise KeyError(f"job {command.job!r} is not installed in the engine")
+            params = spec.resolve(command.params)
+        except Exception as error:  # noqa: BLE001 - the dashboard validated; this is a version skew
+            self._send(LaunchRefused(command.run_id, f"{type(error).__name__}: {error}"), request_id)
+            return
+        self._launch_ids[command.run_id] = request_id
+        queued = self.runner.submit(spec, params, run_id=command.run_id)
+        thread = threading.Thread(target=self._execute, args=(queued,), name=f"tpudash-job-{command.job}",
+                                  daemon=True)
+        self._job_threads = [item for item in self._job_threads if item.is_alive()] + [thread]
+        thread.start()
+
+    def _execute(self, queued: Any) -> None:
+        self.runner.execute(queued)
+        if queued.started is None:
+            # Cancelled before its turn: the runner reported nothing, so say it here.
+            self._send(JobFinished(queued.run_id, queued.state, None), self._launch_ids.pop(queued.run_id, None))
+
+    def _report(self, run: Any, event: Any) -> None:
+        # A sink: the recorder has written the event before this runs, so the
+        # dashboard reading events.jsonl on "finished" finds the end there.
+        if event.type == "run_started":
+            self._send(JobStarted(run.run_id, str(run.run_dir)), self._launch_ids.get(run.run_id))
+        elif event.type == "run_finished":
+            self._send(JobFinished(run.run_id, event.status, event.error), self._launch_ids.pop(run.run_id, None))
+
+    def stop(self) -> None:
+        """Cancel everything, give the jobs the grace period to record their end."""
+        self.runner.cancel_all()
+        deadline = time.monotonic() + self.grace_seconds
+        for thread in self._job_threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def serve(commands: IO[str], replies: IO[str], make_server: Callable[[ReplySender], EngineServer]) -> None:
+    """Read commands line by line until ``Release`` or the pipe closes; reply on ``replies``.
+
+    A line that is no command is skipped; a launch the engine cannot read is refused, saying why.
+    """
+    lock = threading.Lock()
+
+    def send(reply: Reply, request_id: RequestId) -> None:
+        payload = encode(reply)
+        if request_id is not None:
+            payload[ID_FIELD] = request_id
+        line = encode_line(payload)
+        with lock:
+            try:
+                replies.write(line)
+                replies.flush()
+            except (OSError, ValueError):
+                pass  # the dashboard is gone; the records on disk still say everything
+
+    server = make_server(send)
+    server.start()
+    try:
+        for line in commands:
+            payload = decode_line(line)
+            if payload is None:
+                continue
+            try:
+                command = decode(payload, COMMANDS)
+            except ProtocolError as error:
+                run_id = payload.get("run_id")
+                if payload.get("type") == Launch.TYPE and isinstance(run_id, str):
+                    send(LaunchRefused(run_id, f"ProtocolError: {error}"), payload.get(ID_FIELD))
+                continue
+            if isinstance(command, Release):
+                break
+            server.handle(command, payload.get(ID_FIELD))
+    finally:
+        server.stop()
+
+
+def lower_priority(increment: int) -> None:
+    """Let the dashboard's keys win the CPU over training (``Settings.engine_nice``)."""
+    if increment > 0:
+        try:
+            os.nice(increment)
+        except OSError:
+            pass
