@@ -267,7 +267,7 @@ def parse_assignments(assignments: Sequence[str]) -> dict[str, str]:
 class JobContext:
     """What a running job sees: the runtime, an emitter, cancel, its run dir.
 
-    ``runtime`` is a ``tpudash.accel.runtime.Runtime`` (strategy, logical devices,
+    ``runtime`` is a ``tpudash.accel.description.Runtime`` (strategy, logical devices,
     description); jobs use it duck-typed so ``jobs`` stays independent of the
     shell around it. ``settings`` carries paths such as ``data_dir``.
     """

@@ -8,7 +8,7 @@ The train job and ``TpudashCallback`` both read Keras logs this way.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 from jobs.events import is_finite_number
 
@@ -30,7 +30,7 @@ class BatchMeans:
         """Steps of this epoch accounted for so far."""
         return self._steps
 
-    def since_last(self, steps_done: int, running_means: Mapping[str, object]) -> dict[str, float]:
+    def since_last(self, steps_done: int, running_means: Mapping[str, Any]) -> dict[str, float]:
         """The mean of each metric over the steps after the previous call, up to ``steps_done``.
 
         A value that is not a finite number (a NaN loss) comes back as NaN

@@ -14,7 +14,7 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Union
+from typing import Any, Callable, ClassVar, Union, get_args
 
 RUN_STATUSES = ("done", "failed", "cancelled")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -204,10 +204,7 @@ class Telemetry:
 
 
 Event = Union[RunStarted, Log, Progress, Stage, Metric, ReplicaValues, Table, Artifact, RunFinished, Telemetry]
-EVENT_TYPES: dict[str, type] = {
-    cls.type: cls
-    for cls in (RunStarted, Log, Progress, Stage, Metric, ReplicaValues, Table, Artifact, RunFinished, Telemetry)
-}
+EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in get_args(Event)}
 
 
 class UnknownEventError(ValueError):
@@ -216,7 +213,7 @@ class UnknownEventError(ValueError):
 
 def event_to_dict(event: Event, timestamp: float | None = None) -> dict:
     """The JSON object for ``event``; ``timestamp`` is stored as ``t``."""
-    payload = {"type": event.type}
+    payload: dict[str, Any] = {"type": event.type}
     if timestamp is not None:
         payload["t"] = round(timestamp, 6)
     for item in dataclasses.fields(event):
@@ -228,7 +225,7 @@ def event_from_dict(payload: dict) -> Event:
     """Rebuild an event from ``event_to_dict`` output; extra keys are ignored."""
     if not isinstance(payload, dict):
         raise UnknownEventError(f"not an event object: {payload!r:.80}")
-    cls = EVENT_TYPES.get(payload.get("type"))
+    cls = EVENT_TYPES.get(str(payload.get("type")))
     if cls is None:
         raise UnknownEventError(f"unknown event type {payload.get('type')!r}")
     names = {item.name for item in dataclasses.fields(cls)}

@@ -41,8 +41,9 @@ def train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits
         callbacks.append(early_stopping)
     model.fit(train, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch, callbacks=callbacks, verbose=0,
               shuffle=False)
-    stopped_early = bool(early_stopping is not None and early_stopping.stopped_epoch > 0 and not ctx.cancelled())
-    if stopped_early:
+    stopped_early = False
+    if early_stopping is not None and early_stopping.stopped_epoch > 0 and not ctx.cancelled():
+        stopped_early = True
         ctx.log(early_stopping_text(early_stopping.stopped_epoch + 1, params["early_stopping_patience"],
                                     early_stopping.best, early_stopping.best_weights is not None))
     if not ctx.cancelled():

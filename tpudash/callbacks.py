@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
 import time
 from typing import Any
 
@@ -190,8 +191,9 @@ class TpudashCallback(keras.callbacks.Callback):
                     callback._fit_raised(exception)
                 raise
 
-        guarded.__wrapped__ = original
-        guarded._tpudash_guard = self
+        # Marked so _unguard finds its own wrapper and what it wrapped.
+        setattr(guarded, "__wrapped__", original)
+        setattr(guarded, "_tpudash_guard", self)
         setattr(model, attribute, guarded)
 
     def _unguard(self) -> None:
@@ -199,7 +201,7 @@ class TpudashCallback(keras.callbacks.Callback):
         for attribute in ("train_function", "test_function"):
             function = getattr(model, attribute, None)
             if getattr(function, "_tpudash_guard", None) is self:
-                setattr(model, attribute, function.__wrapped__)
+                setattr(model, attribute, getattr(function, "__wrapped__"))
 
     def _fit_raised(self, exception: BaseException) -> None:
         run = self.run
@@ -273,7 +275,7 @@ def _batch_size_of_running_fit() -> int | None:
     Keras passes callbacks no batch size; its data adapter, a local of
     ``fit``, does for arrays and for datasets batched with a fixed size.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         iterator = frame.f_locals.get("epoch_iterator") if frame.f_code.co_name == "fit" else None
         if iterator is not None:

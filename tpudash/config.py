@@ -70,7 +70,7 @@ class Settings:
         """Merge flags (None means not given) over TPUDASH_* over defaults, validated."""
         environ = os.environ if environ is None else environ
         flags = flags or {}
-        merged: dict[str, object] = {}
+        merged: dict[str, tuple[object, str]] = {}
         for item in fields(cls):
             flag_value = flags.get(item.name)
             env_value = environ.get(ENV_PREFIX + item.name.upper())
@@ -80,7 +80,8 @@ class Settings:
                 merged[item.name] = (env_value, ENV_PREFIX + item.name.upper())
         settings = cls()
         for name, (raw, source) in merged.items():
-            settings = replace(settings, **{name: _convert(name, raw, source)})
+            # _convert returns the field's own type, which mypy cannot follow through a name.
+            settings = replace(settings, **{name: _convert(name, raw, source)})  # type: ignore[arg-type]
         if settings.runs_dir is None:
             settings = replace(settings, runs_dir=default_runs_dir(environ))
         return settings

@@ -33,7 +33,7 @@ import threading
 import time
 import traceback as traceback_module
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Literal, Mapping
 
 from jobs.events import (
     LOG_LEVELS,
@@ -262,7 +262,7 @@ class RecordedRun:
     def __enter__(self) -> "RecordedRun":
         return self
 
-    def __exit__(self, exc_type, exception, trace) -> bool:
+    def __exit__(self, exc_type, exception, trace) -> Literal[False]:
         if exception is None:
             self.finish("done")
         elif isinstance(exception, (Exception, KeyboardInterrupt)):
