@@ -12,9 +12,10 @@ from __future__ import annotations
 import difflib
 import math
 import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from jobs.events import Event, Log, Progress
 
@@ -189,7 +190,7 @@ class JobSpec:
     title: str
     description: str
     params: tuple[Param, ...]
-    run: Callable[["JobContext", dict], dict]
+    run: Callable[[JobContext, dict], dict]
     key: str | None = None
     check_params: Callable[[dict], None] | None = None
     check_runtime: Callable[[dict, Any], None] | None = None

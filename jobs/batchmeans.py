@@ -8,7 +8,8 @@ The train job and ``TpudashCallback`` both read Keras logs this way.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from jobs.events import is_finite_number
 

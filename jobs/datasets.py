@@ -38,9 +38,10 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 SOURCES = ("tfds", "synthetic")
 NETWORK_PROBE_SECONDS = 3.0

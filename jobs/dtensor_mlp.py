@@ -123,7 +123,7 @@ def _unavailable_text(runtime: Any, what: str, error: BaseException) -> str:
     return f"DTensor cannot {what} this runtime's {count} {runtime.kind} devices ({reason}).{hint}"
 
 
-def build_mlp(runtime: Any, dtensor, mesh, sizes: list[int], seed: int) -> "MLP":
+def build_mlp(runtime: Any, dtensor, mesh, sizes: list[int], seed: int) -> MLP:
     """The MLP with replicated weights on ``mesh``; DTensorUnavailable if they cannot be placed."""
     import tensorflow as tf
 
@@ -348,7 +348,8 @@ def repack_local_tensor(dtensor, tf, x, layout):
         if dim == dtensor.UNSHARDED:
             continue
         num_splits = layout.shape[axis]
-        queue = tf.nest.map_structure(lambda tensor: tf.split(tensor, num_splits, axis=axis), queue)
+        queue = tf.nest.map_structure(
+            lambda tensor, num_splits=num_splits, axis=axis: tf.split(tensor, num_splits, axis=axis), queue)
         sharded_dims.append(dim)
     components = []
     for locations in layout.mesh.local_device_locations():

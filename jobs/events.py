@@ -13,10 +13,10 @@ import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Union, get_args
+from typing import Any, ClassVar, get_args
 
-RUN_STATUSES = ("done", "failed", "cancelled")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 SPLITS = ("train", "val", "test")
 # The Stage that says a run's steps have begun: the stages before it were its preparation.
@@ -203,7 +203,7 @@ class Telemetry:
     type: ClassVar[str] = "telemetry"
 
 
-Event = Union[RunStarted, Log, Progress, Stage, Metric, ReplicaValues, Table, Artifact, RunFinished, Telemetry]
+Event = RunStarted | Log | Progress | Stage | Metric | ReplicaValues | Table | Artifact | RunFinished | Telemetry
 EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in get_args(Event)}
 
 

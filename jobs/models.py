@@ -16,8 +16,9 @@ caller. Nothing here imports tensorflow or keras at module level.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from jobs.events import Table
 

@@ -103,7 +103,7 @@ class TrainingPlan:
 
     @classmethod
     def make(cls, params: dict, replicas: int, train_examples: int, test_examples: int,
-             drop_partial_test_batch: bool = False) -> "TrainingPlan":
+             drop_partial_test_batch: bool = False) -> TrainingPlan:
         global_batch = params["batch_per_replica"] * replicas
         if train_examples < global_batch:
             raise data.DatasetUnavailable(

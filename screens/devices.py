@@ -25,8 +25,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, LoadingIndicator, Static
 
 from screens.base import DashScreen
-from tpudash.format import format_seconds
-from tpudash.cli.render import format_bytes, telemetry_view
+from tpudash.format import format_bytes, format_seconds, telemetry_view
 
 DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
 
@@ -89,8 +88,11 @@ def describe_runtime(description) -> Text:
         line("TPU address", description.tpu_address)
     if description.topology:
         topology = description.topology
-        line("TPU topology", f"mesh {topology.get('mesh_shape')}, {topology.get('num_tasks')} task(s), "
-                             f"{topology.get('num_tpus_per_task')} cores per task")
+        line(
+            "TPU topology",
+            f"mesh {topology.get('mesh_shape')}, {topology.get('num_tasks')} task(s), "
+            f"{topology.get('num_tpus_per_task')} cores per task",
+        )
     else:
         line("TPU topology", "n/a (no TPU)", "dim")
     line("versions", f"TensorFlow {description.tf_version}, Keras {description.keras_version}")
@@ -113,8 +115,10 @@ class DevicesScreen(DashScreen):
             yield Static("", id="host-summary")
             yield Static("", id="engine-line")
             yield Static(Text("telemetry: the first sample comes within a second", style="dim"), id="telemetry")
-            yield Static(Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"),
-                         id="runtime-summary")
+            yield Static(
+                Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"),
+                id="runtime-summary",
+            )
             yield LoadingIndicator(id="runtime-loading")
             yield Static("", id="device-check-title")
             yield DataTable(id="device-table", zebra_stripes=True, cursor_type="row")
@@ -133,56 +137,74 @@ class DevicesScreen(DashScreen):
     def _show_telemetry(self, stamped) -> None:
         """The newest sample as bars, with the samples before it as sparklines; why a source gives nothing."""
         panel = self.query_one("#telemetry", Static)
-        settings = self.app.settings
+        settings = self.dashboard.settings
         if not settings.telemetry_interval:
             panel.update(Text("telemetry off (--telemetry-interval 0)", style="dim"))
             return
         if stamped is None:
             return
-        history = [sample for stamp, sample in self.app.telemetry_history if stamp < stamped[0]]
+        history = [sample for stamp, sample in self.dashboard.session.telemetry.history if stamp < stamped[0]]
         panel.update(telemetry_view(stamped[1], history, settings.tpu_metrics))
 
     def _show_engine(self, status: str) -> None:
         """Which process holds TensorFlow, and what to do when none does."""
-        pid = self.app.engine_pid
+        pid = self.dashboard.session.engine_pid
         line = self.query_one("#engine-line", Static)
         if status.startswith("released"):
-            text = Text.assemble(("engine released", "bold"), (status[len("released"):], "dim"),
-                                 (" — the accelerator is free for another process; below is what the engine saw. "
-                                  "A launch starts a new engine (or ctrl+p: re-initialise).", "dim"))
+            text = Text.assemble(
+                ("engine released", "bold"),
+                (status[len("released") :], "dim"),
+                (
+                    " — the accelerator is free for another process; below is what the engine saw. "
+                    "A launch starts a new engine (or ctrl+p: re-initialise).",
+                    "dim",
+                ),
+            )
         elif status.startswith("crashed"):
-            text = Text.assemble((f"engine {status}", "bold red"),
-                                 (" — its run is recorded as failed; the session log (l) has its last lines. "
-                                  "A launch starts a new engine.", "dim"))
+            text = Text.assemble(
+                (f"engine {status}", "bold red"),
+                (
+                    " — its run is recorded as failed; the session log (l) has its last lines. "
+                    "A launch starts a new engine.",
+                    "dim",
+                ),
+            )
         elif pid is not None:
-            text = Text.assemble(("engine ", "bold"), (status, "cyan"),
-                                 (f" — pid {pid} owns TensorFlow and the accelerator; E releases it", "dim"))
+            text = Text.assemble(
+                ("engine ", "bold"),
+                (status, "cyan"),
+                (f" — pid {pid} owns TensorFlow and the accelerator; E releases it", "dim"),
+            )
         else:
             text = Text("")
         line.update(text)
 
     def _show_host(self, _value: object = None) -> None:
         """One host block: the runtime's own scan once it exists (fresher after a re-init), else the app's."""
-        runtime = self.app.runtime
+        runtime = self.dashboard.runtime
         host_check = getattr(runtime.description, "host_check", None) if runtime is not None else None
-        host_check = host_check or self.app.host_check
+        host_check = host_check or self.dashboard.host_check
         block = self.query_one("#host-summary", Static)
         block.display = host_check is not None
         if host_check is not None:
-            block.update(describe_host(host_check, leave_out=self.app.tensorflow_missing))
+            block.update(describe_host(host_check, leave_out=self.dashboard.tensorflow_missing))
 
     def _show_error(self, error: str | None) -> None:
         if error:
             self.query_one("#runtime-loading").display = False
-            missing = self.app.tensorflow_missing
+            missing = self.dashboard.tensorflow_missing
             if missing:
                 self.query_one("#runtime-summary", Static).update(describe_missing_tensorflow(missing))
                 self._show_host()
                 self._show_device_check(None)
                 return
             self.query_one("#runtime-summary", Static).update(
-                Text.assemble(("runtime failed\n", "bold red"), (error, "red"),
-                              ("\nfix the cause, then re-initialise from the command palette (ctrl+p)", "dim")))
+                Text.assemble(
+                    ("runtime failed\n", "bold red"),
+                    (error, "red"),
+                    ("\nfix the cause, then re-initialise from the command palette (ctrl+p)", "dim"),
+                )
+            )
 
     def _show_runtime(self, runtime) -> None:
         loading = self.query_one("#runtime-loading")
@@ -191,7 +213,7 @@ class DevicesScreen(DashScreen):
         table.clear()
         self._show_host()
         if runtime is None:
-            if not self.app.runtime_error:
+            if not self.dashboard.runtime_error:
                 loading.display = True
                 summary.update(Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"))
             return
@@ -200,34 +222,46 @@ class DevicesScreen(DashScreen):
         summary.update(describe_runtime(description))
         for device in description.devices:
             table.add_row(
-                str(device.index), device.name, device.device_type, device.job or "",
+                str(device.index),
+                device.name,
+                device.device_type,
+                device.job or "",
                 "" if device.replica is None else str(device.replica),
                 "" if device.task is None else str(device.task),
-                format_memory(device.memory), "", key=device.name,
+                format_memory(device.memory),
+                "",
+                key=device.name,
             )
-        self._show_device_check(self.app.device_check)
+        self._show_device_check(self.dashboard.device_check)
 
     def _show_device_check(self, check: dict | None) -> None:
         title = self.query_one("#device-check-title", Static)
         table = self.query_one("#device-table", DataTable)
-        if self.app.tensorflow_missing and self.app.runtime is None:
+        if self.dashboard.tensorflow_missing and self.dashboard.runtime is None:
             title.update(Text("Logical devices — none: TensorFlow lists them, and it is not installed", style="dim"))
             return
-        if not check or self.app.runtime is None:
+        if not check or self.dashboard.runtime is None:
             title.update(Text("Logical devices — press m to run the matmul check on every device", style="bold"))
             return
         results = check["results"]
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(check["finished"])) if check.get("finished") else "?"
-        title.update(Text.assemble(("Logical devices", "bold"), f" — last matmul check {check['run_id']} ({when}): ",
-                                   (check.get("status", ""), "bold green" if check.get("status") == "done" else "bold red")))
-        for device in self.app.runtime.description.devices:
+        title.update(
+            Text.assemble(
+                ("Logical devices", "bold"),
+                f" — last matmul check {check['run_id']} ({when}): ",
+                (check.get("status", ""), "bold green" if check.get("status") == "done" else "bold red"),
+            )
+        )
+        for device in self.dashboard.runtime.description.devices:
             result = match_device(results, device.name)
             if result is None:
                 cell = Text("not checked", style="dim")
             else:
                 speed = f" {result['gflops']:.1f} GFLOP/s" if "gflops" in result else ""
-                cell = Text(("✓ pass" if result["passed"] else "✗ FAIL") + speed,
-                            style="green" if result["passed"] else "bold red")
+                cell = Text(
+                    ("✓ pass" if result["passed"] else "✗ FAIL") + speed,
+                    style="green" if result["passed"] else "bold red",
+                )
             table.update_cell(device.name, "last check", cell)
 
 

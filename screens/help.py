@@ -12,12 +12,21 @@ from textual.widgets import Static
 from screens.base import DashScreen
 
 SCREEN_KEYS = (
-    ("Jobs", "↑/↓ pick a job · enter open its form · tab through the form · enter launch · escape back to the list "
-             "(in a form, letters are typing: the keys above wait until escape)"),
-    ("Run view", "[ / ] previous / next run of this session · x cancel the run shown (queued or running) · "
-                 "c cancel the running job · tabs: Plots, Replicas, Results, Log"),
-    ("History", "enter open (a live run keeps growing) · space mark · o overlay two marked runs' loss · "
-                "e export CSV · f5 reload · new runs appear by themselves"),
+    (
+        "Jobs",
+        "↑/↓ pick a job · enter open its form · tab through the form · enter launch · escape back to the list "
+        "(in a form, letters are typing: the keys above wait until escape)",
+    ),
+    (
+        "Run view",
+        "[ / ] previous / next run of this session · x cancel the run shown (queued or running) · "
+        "c cancel the running job · tabs: Plots, Replicas, Results, Log",
+    ),
+    (
+        "History",
+        "enter open (a live run keeps growing) · space mark · o overlay two marked runs' loss · "
+        "e export CSV · f5 reload · new runs appear by themselves",
+    ),
 )
 
 
@@ -35,13 +44,17 @@ class HelpScreen(DashScreen):
             yield Static(self._guarantees(), id="help-guarantees")
 
     def _keys(self) -> RichTable:
-        table = RichTable(title="Keys (anywhere, except in a form)", title_justify="left",
-                          show_header=False, box=None, padding=(0, 2))
-        for binding in self.app.BINDINGS:
+        table = RichTable(
+            title="Keys (anywhere, except in a form)", title_justify="left", show_header=False, box=None, padding=(0, 2)
+        )
+        # The app's bindings are all Binding objects (Textual also takes tuples).
+        for binding in (binding for binding in self.dashboard.BINDINGS if isinstance(binding, Binding)):
             key = binding.key_display or self.app.get_key_display(binding)
             table.add_row(Text(key, style="bold cyan"), binding.tooltip or binding.description)
-        table.add_row(Text("ctrl+p", style="bold cyan"),
-                      "command palette: every job, every screen, release the accelerator, re-initialise the TPU")
+        table.add_row(
+            Text("ctrl+p", style="bold cyan"),
+            "command palette: every job, every screen, release the accelerator, re-initialise the TPU",
+        )
         return table
 
     def _screens(self) -> RichTable:
@@ -51,8 +64,9 @@ class HelpScreen(DashScreen):
         return table
 
     def _guarantees(self) -> Text:
-        runs_dir = self.app.runs_dir
-        log = self.app.session_log.log_path if self.app.session_log is not None else "not redirected in this session"
+        runs_dir = self.dashboard.session.runs_dir
+        session_log = self.dashboard.host_io.session_log
+        log = session_log.log_path if session_log is not None else "not redirected in this session"
         return Text.assemble(
             ("What tpudash keeps\n", "bold"),
             f"Every run is a directory in {runs_dir}: events.jsonl (every event, flushed as it is emitted) "
@@ -63,7 +77,7 @@ class HelpScreen(DashScreen):
             "a native crash) the dashboard stays up, the run is recorded as failed with the signal, and the next "
             "launch starts a new engine.\n",
             f"Cancel (c) stops the job at its next step and records it as cancelled with the metrics so far; "
-            f"a job still running {self.app.settings.cancel_grace:g} s later has its engine ended, and is "
+            f"a job still running {self.dashboard.settings.cancel_grace:g} s later has its engine ended, and is "
             "recorded the same way.\n",
             "Quit (q) while a job runs asks first; yes cancels the job, waits until it is recorded, then exits.\n",
             "Your own training shows here too: model.fit with TpudashCallback, or a loop in tpudash.record, "
@@ -71,8 +85,8 @@ class HelpScreen(DashScreen):
             "newest live run, growing as it trains. A run whose process died shows as interrupted, with "
             "everything it wrote.\n",
             f"Telemetry (Devices, and under a run's plots): each TPU chip's duty cycle and HBM from libtpu's "
-            f"metrics service at {self.app.settings.tpu_metrics}, host CPU and memory, sampled every "
-            f"{self.app.settings.telemetry_interval:g} s without TensorFlow; recorded with every live run "
+            f"metrics service at {self.dashboard.settings.tpu_metrics}, host CPU and memory, sampled every "
+            f"{self.dashboard.settings.telemetry_interval:g} s without TensorFlow; recorded with every live run "
             "(telemetry.jsonl). A missing value says why.\n",
             f"TensorFlow's native log for this session (the engine's stderr): {log}\n",
         )

@@ -43,11 +43,11 @@ class JobsScreen(DashScreen):
 
     def __init__(self) -> None:
         super().__init__()
-        self._forms_being_built: dict[str, AwaitMount] = {}
+        self._forms_being_built: dict[ParamForm, AwaitMount] = {}
         """Forms mounted but maybe not built yet, by id: enter waits for its form."""
 
     def compose_body(self) -> ComposeResult:
-        specs = self.app.job_specs
+        specs = self.dashboard.session.job_specs
         with Horizontal(id="jobs-body"):
             options = []
             for name, spec in specs.items():
@@ -73,8 +73,10 @@ class JobsScreen(DashScreen):
         existing = switcher.query(f"#{form_id(name)}")
         if existing:
             return existing.first(ParamForm)
-        form = ParamForm(self.app.job_specs[name], runtime=lambda: self.app.runtime, id=form_id(name))
-        self._forms_being_built[form.id] = switcher.mount(form)
+        form = ParamForm(
+            self.dashboard.session.job_specs[name], runtime=lambda: self.dashboard.runtime, id=form_id(name)
+        )
+        self._forms_being_built[form] = switcher.mount(form)
         return form
 
     @property
@@ -111,14 +113,14 @@ class JobsScreen(DashScreen):
         form = self._show_form(name)
         if form is None:
             return
-        building = self._forms_being_built.get(form.id)
+        building = self._forms_being_built.get(form)
         if building is not None:
             await building  # its fields exist once it is built
         if form.is_mounted and self.current_form is form:
             form.focus_first()
 
     def _show_form(self, name: str) -> ParamForm | None:
-        if name not in self.app.job_specs:
+        if name not in self.dashboard.session.job_specs:
             self.app.notify(f"job {name!r} is not installed", severity="error")
             return None
         job_list = self.query_one("#job-list", OptionList)
@@ -137,8 +139,9 @@ class JobsScreen(DashScreen):
         if action == "launch":
             focused = self.focused
             # Enter in a Select's open list picks a value; on the job list it opens the form.
-            if (focused is not None and isinstance(focused.parent, Select)) or \
-                    (focused is not None and focused.id == "job-list"):
+            if (focused is not None and isinstance(focused.parent, Select)) or (
+                focused is not None and focused.id == "job-list"
+            ):
                 return False
             if isinstance(focused, Button) and not focused.has_class("launch"):
                 return False
@@ -148,7 +151,7 @@ class JobsScreen(DashScreen):
         form = self.current_form
         if form is None:
             return
-        building = self._forms_being_built.pop(form.id, None)
+        building = self._forms_being_built.pop(form, None)
         if building is not None:
             # Enter typed ahead of a form still being built (down, enter):
             # launch that form once its fields exist.
@@ -168,13 +171,13 @@ class JobsScreen(DashScreen):
             if invalid is not None:
                 invalid.input.focus()
             return
-        self.app.launch(form.spec, params)
+        self.dashboard.session.launch(form.spec, params)
 
     def action_focus_list(self) -> None:
         self.query_one("#job-list", OptionList).focus()
 
     def _show_lane(self, _version: int = 0) -> None:
-        lane = self.app.lane
+        lane = self.dashboard.session.lane
         current = lane.current
         waiting = lane.waiting
         text = Text("lane: ", style="bold")

@@ -14,6 +14,7 @@ from textual.containers import Vertical
 from textual.widgets import RichLog, Static
 
 from screens.base import DashScreen
+from tpudash.runs.tail import LineTail
 
 TAIL_SECONDS = 0.5
 READ_LIMIT = 1 << 20
@@ -32,13 +33,16 @@ class SessionLogScreen(DashScreen):
             yield RichLog(id="notices", max_lines=500, wrap=True, markup=False, highlight=False)
 
     def on_mount(self) -> None:
-        self._offset = 0
         self._notices_shown = 0
-        session_log = self.app.session_log
+        session_log = self.dashboard.host_io.session_log
+        self._log_lines = LineTail(session_log.log_path, limit=READ_LIMIT) if session_log is not None else None
         title = self.query_one("#log-title", Static)
         if session_log is None:
-            title.update(Text("fd 2 is not redirected in this session (TPUDASH_NATIVE_STDERR=terminal or a test run)",
-                              style="dim"))
+            title.update(
+                Text(
+                    "fd 2 is not redirected in this session (TPUDASH_NATIVE_STDERR=terminal or a test run)", style="dim"
+                )
+            )
         else:
             title.update(Text.assemble(("Session log ", "bold"), (str(session_log.log_path), "dim")))
         self.set_interval(TAIL_SECONDS, self.tail)
@@ -46,35 +50,28 @@ class SessionLogScreen(DashScreen):
 
     def tail(self) -> None:
         self._show_notices()
-        session_log = self.app.session_log
-        if session_log is None or not self.is_current:
-            return
-        try:
-            with open(session_log.log_path, "rb") as handle:
-                handle.seek(self._offset)
-                chunk = handle.read(READ_LIMIT)
-        except OSError:
-            return
-        if not chunk:
+        if self._log_lines is None or not self.is_current:
             return
         # Only whole lines: a C++ log line may be half written.
-        end = chunk.rfind(b"\n") + 1
-        if end == 0 and len(chunk) < READ_LIMIT:
+        try:
+            lines = self._log_lines.read_lines()
+        except OSError:
             return
-        chunk = chunk[:end] if end else chunk
-        self._offset += len(chunk)
+        if not lines:
+            return
         log = self.query_one("#session-log", RichLog)
         # tqdm redraws with carriage returns; the last state of a bar is what matters.
-        for line in chunk.decode("utf-8", errors="replace").splitlines():
+        for line in b"".join(piece + b"\n" for piece in lines).decode("utf-8", errors="replace").splitlines():
             log.write(line.rsplit("\r", 1)[-1])
 
     def _show_notices(self) -> None:
-        notices = self.app.notices
+        notices = self.dashboard.notices
         if len(notices) == self._notices_shown:
             return
         log = self.query_one("#notices", RichLog)
         styles = {"error": "bold red", "warning": "yellow"}
-        for stamp, severity, message in notices[self._notices_shown:]:
-            log.write(Text(f"{time.strftime('%H:%M:%S', time.localtime(stamp))} {message}",
-                           style=styles.get(severity, "")))
+        for stamp, severity, message in notices[self._notices_shown :]:
+            log.write(
+                Text(f"{time.strftime('%H:%M:%S', time.localtime(stamp))} {message}", style=styles.get(severity, ""))
+            )
         self._notices_shown = len(notices)

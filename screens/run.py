@@ -13,9 +13,9 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from screens.base import DashScreen, DisplayTick
-from tpudash.cli.render import status_text
-from tpudash.runs.model import RunModel
+from screens.base import DashScreen
+from tpudash.format import status_text
+from tpudash.tui.messages import DisplayTick
 from tpudash.tui.runview import RunView
 
 
@@ -25,14 +25,16 @@ class RunScreen(DashScreen):
     CSS_PATH = "run.tcss"
 
     BINDINGS = [
-        Binding("left_square_bracket", "show_neighbour(-1)", "Prev run", id="run.previous", key_display="[", show=False),
+        Binding(
+            "left_square_bracket", "show_neighbour(-1)", "Prev run", id="run.previous", key_display="[", show=False
+        ),
         Binding("right_square_bracket", "show_neighbour(1)", "Next run", id="run.next", key_display="]", show=False),
         Binding("x", "cancel_shown", "Cancel this run", id="run.cancel_shown"),
     ]
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="run-body"):
-            yield RunView(budget=getattr(self.app, "redraw_budget", None), id="run-view")
+            yield RunView(budget=self.dashboard.redraw_budget, id="run-view")
             with Vertical(id="lane-panel"):
                 yield Label("Session runs", id="lane-title")
                 yield OptionList(id="lane-list")
@@ -47,14 +49,10 @@ class RunScreen(DashScreen):
     def view(self) -> RunView:
         return self.query_one("#run-view", RunView)
 
-    @property
-    def shown_model(self) -> RunModel | None:
-        return self.view.model
-
     def _show_run(self, run_id: str | None) -> None:
-        if getattr(self.app, "exiting", False):
+        if self.dashboard.exiting:
             return  # a signal or quit arrived while this screen was mounting: its widgets are going away
-        live = self.app.live_runs.get(run_id) if run_id else None
+        live = self.dashboard.session.live_runs.get(run_id) if run_id else None
         self.view.show(live.model if live else None)
         self.refresh_lane()
 
@@ -66,9 +64,11 @@ class RunScreen(DashScreen):
 
     def refresh_lane(self, _version: int = 0) -> None:
         """List this session's runs, newest first, with their status."""
-        live_runs = list(self.app.live_runs.values())[::-1]
-        signature = tuple((live.run_id, live.model.status, live.queue_position) for live in live_runs)
-        signature += (self.app.shown_run_id,)
+        live_runs = list(self.dashboard.session.live_runs.values())[::-1]
+        signature: tuple[object, ...] = tuple(
+            (live.run_id, live.model.status, live.queue_position) for live in live_runs
+        )
+        signature += (self.dashboard.shown_run_id,)
         if signature == self._lane_signature:
             return
         self._lane_signature = signature
@@ -77,30 +77,31 @@ class RunScreen(DashScreen):
         for live in live_runs:
             model = live.model
             text = status_text(model.status)
-            text.append(f" {model.job}", "bold" if live.run_id == self.app.shown_run_id else "")
+            text.append(f" {model.job}", "bold" if live.run_id == self.dashboard.shown_run_id else "")
             if model.status == "queued" and live.queue_position:
                 text.append(f" (#{live.queue_position})", "dim")
             lane.add_option(Option(text, id=live.run_id))
-        if self.app.shown_run_id in self.app.live_runs:
-            lane.highlighted = lane.get_option_index(self.app.shown_run_id)
+        if self.dashboard.shown_run_id in self.dashboard.session.live_runs:
+            lane.highlighted = lane.get_option_index(self.dashboard.shown_run_id)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         if event.option_id:
-            self.app.shown_run_id = event.option_id
+            self.dashboard.shown_run_id = event.option_id
 
     def action_cancel_shown(self) -> None:
         """Cancel the run on screen: a queued one leaves the queue without running."""
-        live = self.app.live_runs.get(self.app.shown_run_id)
+        shown = self.dashboard.shown_run_id
+        live = self.dashboard.session.live_runs.get(shown) if shown is not None else None
         if live is None or live.settled.is_set():
             self.app.notify("This run has already ended.", severity="warning")
             return
-        self.app.cancel_run(live)
+        self.dashboard.session.cancel_run(live)
 
     def action_show_neighbour(self, offset: int) -> None:
-        run_ids = list(self.app.live_runs)
+        run_ids = list(self.dashboard.session.live_runs)
         if not run_ids:
             return
-        shown = self.app.shown_run_id
+        shown = self.dashboard.shown_run_id
         current = run_ids.index(shown) if shown in run_ids else len(run_ids) - 1
-        self.app.shown_run_id = run_ids[max(0, min(len(run_ids) - 1, current + offset))]
+        self.dashboard.shown_run_id = run_ids[max(0, min(len(run_ids) - 1, current + offset))]

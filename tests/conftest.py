@@ -30,8 +30,8 @@ import pytest
 from jobs import get_job
 from jobs.events import Event, Metric, ReplicaValues, RunFinished, Table
 from tpudash.config import Settings
-from tpudash.runs.store import RunStore
 from tpudash.engine.runner import QueuedRun, Runner
+from tpudash.runs.store import RunStore
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,13 +19,13 @@ import grpc
 from tpu_info.proto import tpu_metric_service_pb2 as messages
 from tpu_info.proto import tpu_metric_service_pb2_grpc as service
 
-from tpudash.telemetry.sampling import DUTY_CYCLE_METRIC, HBM_BANDWIDTH_METRIC, HBM_TOTAL_METRIC, HBM_USED_METRIC
+from tpudash.telemetry.sources import DUTY_CYCLE_METRIC, HBM_BANDWIDTH_METRIC, HBM_TOTAL_METRIC, HBM_USED_METRIC
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 class _Servicer(service.RuntimeMetricServiceServicer):
-    def __init__(self, fake: "FakeTpuMetrics"):
+    def __init__(self, fake: FakeTpuMetrics):
         self.fake = fake
 
     def GetRuntimeMetric(self, request, context):
@@ -37,9 +37,12 @@ class _Servicer(service.RuntimeMetricServiceServicer):
         metrics = []
         for device_id, value in sorted(values.items()):
             gauge = messages.Gauge(as_double=value) if isinstance(value, float) else messages.Gauge(as_int=value)
-            metrics.append(messages.Metric(attribute=messages.Attribute(key="device-id",
-                                                                        value=messages.AttrValue(int_attr=device_id)),
-                                           gauge=gauge))
+            metrics.append(
+                messages.Metric(
+                    attribute=messages.Attribute(key="device-id", value=messages.AttrValue(int_attr=device_id)),
+                    gauge=gauge,
+                )
+            )
         return messages.MetricResponse(metric=messages.TPUMetric(name=request.metric_name, metrics=metrics))
 
 
@@ -54,9 +57,12 @@ class FakeTpuMetrics:
         self.port = port
         self._server = None
         devices = range(chips * cores_per_chip)
-        self.set(duty={chip: 0.0 for chip in range(chips)}, used={device: 0 for device in devices},
-                 total={device: hbm_total for device in devices},
-                 bandwidth={device: 0.0 for device in devices})
+        self.set(
+            duty={chip: 0.0 for chip in range(chips)},
+            used={device: 0 for device in devices},
+            total={device: hbm_total for device in devices},
+            bandwidth={device: 0.0 for device in devices},
+        )
 
     @property
     def address(self) -> str:
@@ -65,16 +71,21 @@ class FakeTpuMetrics:
     def set(self, duty=None, used=None, total=None, bandwidth=None, drop_bandwidth: bool = False) -> None:
         """Serve these values from now on ({device or chip id: value}); ``drop_bandwidth``: as an older libtpu."""
         with self.lock:
-            for metric, values in ((DUTY_CYCLE_METRIC, duty), (HBM_USED_METRIC, used),
-                                   (HBM_TOTAL_METRIC, total), (HBM_BANDWIDTH_METRIC, bandwidth)):
+            for metric, values in (
+                (DUTY_CYCLE_METRIC, duty),
+                (HBM_USED_METRIC, used),
+                (HBM_TOTAL_METRIC, total),
+                (HBM_BANDWIDTH_METRIC, bandwidth),
+            ):
                 if values is not None:
-                    self.values[metric] = {int(key): (float(value) if metric in (DUTY_CYCLE_METRIC,
-                                                                                 HBM_BANDWIDTH_METRIC)
-                                                      else int(value)) for key, value in values.items()}
+                    self.values[metric] = {
+                        int(key): (float(value) if metric in (DUTY_CYCLE_METRIC, HBM_BANDWIDTH_METRIC) else int(value))
+                        for key, value in values.items()
+                    }
             if drop_bandwidth:
                 self.values.pop(HBM_BANDWIDTH_METRIC, None)
 
-    def start(self) -> "FakeTpuMetrics":
+    def start(self) -> FakeTpuMetrics:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         service.add_RuntimeMetricServiceServicer_to_server(_Servicer(self), server)
         port = server.add_secure_port(f"127.0.0.1:{self.port}", grpc.local_server_credentials())
@@ -90,7 +101,7 @@ class FakeTpuMetrics:
             self._server.stop(grace=None).wait()
             self._server = None
 
-    def __enter__(self) -> "FakeTpuMetrics":
+    def __enter__(self) -> FakeTpuMetrics:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -99,7 +110,10 @@ class FakeTpuMetrics:
 
 if __name__ == "__main__":
     fake = FakeTpuMetrics(port=int(sys.argv[1]) if len(sys.argv) > 1 else 0).start()
-    fake.set(duty={0: 87.5, 1: 62.5, 2: 25.0, 3: 12.5}, used={0: 4 * GIB, 1: 2 * GIB, 2: GIB, 3: 0},
-             bandwidth={0: 40.0, 1: 30.0, 2: 20.0, 3: 10.0})
+    fake.set(
+        duty={0: 87.5, 1: 62.5, 2: 25.0, 3: 12.5},
+        used={0: 4 * GIB, 1: 2 * GIB, 2: GIB, 3: 0},
+        bandwidth={0: 40.0, 1: 30.0, 2: 20.0, 3: 10.0},
+    )
     print(fake.address, flush=True)
     threading.Event().wait()

@@ -1,17 +1,34 @@
 """tpudash: a terminal cockpit for TensorFlow accelerator sessions.
 
-This module holds the version and ``record``, the writer for the user's own
-training loops. Importing tpudash must import neither tensorflow nor textual,
-so the CLI and the TUI can show something at once: ``record`` loads its
-module when it is called.
+This module re-exports the version (``tpudash.version``) and holds
+``record``, the writer for the user's own training loops. Importing tpudash
+must import neither tensorflow nor textual, so the CLI and the TUI can show
+something at once: ``record`` loads its module when it is called, and
+``colab`` when it is asked for.
 """
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import os
+from collections.abc import Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from tpudash.version import __version__
+
+if TYPE_CHECKING:
+    from tpudash.recording import RecordedRun
+
+__all__ = ["__version__", "record"]
 
 
-def record(name, params=None, *, runs_dir=None, strategy=None):
+def record(
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    runs_dir: str | os.PathLike | None = None,
+    strategy: Any = None,
+) -> RecordedRun:
     """Record a custom training loop as a tpudash run the dashboard can watch live.
 
     ``with tpudash.record("name", params={...}) as run:`` then ``run.metric``,
@@ -22,7 +39,7 @@ def record(name, params=None, *, runs_dir=None, strategy=None):
     return start_recording(name, params, runs_dir=runs_dir, strategy=strategy)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> ModuleType:
     # ``from tpudash import colab`` is the notebook's entry point; it lives in
     # tpudash.web and loads only when asked for.
     if name == "colab":

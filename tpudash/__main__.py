@@ -1,4 +1,6 @@
-"""Entry point for ``python -m tpudash``."""
+"""Entry point for ``python -m tpudash``: the same as the ``tpudash`` script."""
+
+from __future__ import annotations
 
 from tpudash.cli.main import main
 

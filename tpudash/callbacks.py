@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import os
 import sys
-from types import FrameType
 import time
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import keras
@@ -34,7 +35,7 @@ import keras
 from jobs.batchmeans import BatchMeans
 from jobs.events import split_final_name, to_jsonable
 from tpudash.recording import RecordedRun, RecordingError, session_runtime
-from tpudash.runs.store import SOURCE_CALLBACK
+from tpudash.runs.layout import SOURCE_CALLBACK
 
 # Without ``every_n_batches``, a batch point at most this often: what the
 # dashboard can show, at a cost training does not notice.
@@ -52,14 +53,21 @@ class TpudashCallback(keras.callbacks.Callback):
     ``batch_size``: the global batch, for examples/s (default: read from ``fit`` when Keras knows it).
     """
 
-    def __init__(self, name: str | None = None, runs_dir: str | os.PathLike | None = None,
-                 every_n_batches: int | None = None, batch_size: int | None = None):
+    def __init__(
+        self,
+        name: str | None = None,
+        runs_dir: str | os.PathLike | None = None,
+        every_n_batches: int | None = None,
+        batch_size: int | None = None,
+    ):
         super().__init__()
         for field, value in (("every_n_batches", every_n_batches), ("batch_size", batch_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise RecordingError(f"{field}: {value!r} is not allowed; allowed: a whole number ≥ 1, or None")
         if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty text, or None for the model's name")
+            raise RecordingError(
+                f"name: {name!r} is not allowed; allowed: a non-empty text, or None for the model's name"
+            )
         self.name = name
         self.runs_dir = runs_dir
         self.every_n_batches = every_n_batches
@@ -78,26 +86,32 @@ class TpudashCallback(keras.callbacks.Callback):
         self._fit_batch_size: int | None = None
 
     # -- fit begins and ends -----------------------------------------------------------------
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if self.run is not None and not self.run.finished:
-            self.run.finish("failed", error="fit raised outside a training step (another callback, or between steps); "
-                                            "the error went to the caller")
+            self.run.finish(
+                "failed",
+                error="fit raised outside a training step (another callback, or between steps); "
+                "the error went to the caller",
+            )
         model = self.model
         self._fit_batch_size = self.batch_size or _batch_size_of_running_fit()
         params, layers = _describe_model(model, self.params or {}, self._fit_batch_size)
         runtime = session_runtime(getattr(model, "distribute_strategy", None))
         runtime["model_summary"] = layers
-        self.run = RecordedRun(self.name or model.name, params, runs_dir=self.runs_dir, runtime=runtime,
-                               source=SOURCE_CALLBACK)
+        self.run = RecordedRun(
+            self.name or model.name, params, runs_dir=self.runs_dir, runtime=runtime, source=SOURCE_CALLBACK
+        )
         self.run.table(f"model {model.name}", ["layer", "type", "output shape", "parameters"], layers)
-        self.run.log(f"{model.name}: {params['parameters']:,} parameters ({params['trainable_parameters']:,} trainable); "
-                     f"{runtime['strategy']} over {runtime['num_replicas']} replica(s) on {runtime['kind']}")
+        self.run.log(
+            f"{model.name}: {params['parameters']:,} parameters ({params['trainable_parameters']:,} trainable); "
+            f"{runtime['strategy']} over {runtime['num_replicas']} replica(s) on {runtime['kind']}"
+        )
         self._mean_metrics = None
         self._steps_before_epoch = self._steps_in_epoch = 0
         self._rates = []
         self._guard("train_function")
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         run = self.run
         self._unguard()
         if run is None or run.finished:
@@ -113,7 +127,7 @@ class TpudashCallback(keras.callbacks.Callback):
         run.finish("done", summary)
 
     # -- epochs ------------------------------------------------------------------------------
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch + 1
         self._steps_before_epoch += self._steps_in_epoch
         self._steps_in_epoch = 0
@@ -121,14 +135,14 @@ class TpudashCallback(keras.callbacks.Callback):
         self._train_seconds = None
         self._epoch_started = self._last_point = time.perf_counter()
 
-    def on_test_begin(self, logs=None):
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         # Validation inside fit: the epoch's training part ends here.
         if self.run is not None and not self.run.finished:
             if self._train_seconds is None:
                 self._train_seconds = time.perf_counter() - self._epoch_started
             self._guard("test_function")
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         run = self.run
         if run is None or run.finished:
             return
@@ -142,12 +156,16 @@ class TpudashCallback(keras.callbacks.Callback):
             per_step = self._fit_batch_size or 1
             rate = self._steps_in_epoch * per_step / seconds
             self._rates.append(rate)
-            run.metric("examples_per_second" if self._fit_batch_size else "steps_per_second", rate, step=step,
-                       epoch=self._epoch)
+            run.metric(
+                "examples_per_second" if self._fit_batch_size else "steps_per_second",
+                rate,
+                step=step,
+                epoch=self._epoch,
+            )
         run.progress(self._epoch, (self.params or {}).get("epochs"), "epoch")
 
     # -- batches -----------------------------------------------------------------------------
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         run = self.run
         if run is None or run.finished:
             return
@@ -178,36 +196,43 @@ class TpudashCallback(keras.callbacks.Callback):
         """Wrap ``model.<attribute>`` so an exception in a step ends the run before it propagates."""
         model = self.model
         function = getattr(model, attribute, None)
-        if function is None or getattr(function, "_tpudash_guard", None) is self:
+        if function is None or (isinstance(function, _GuardedStep) and function.callback is self):
             return
-        original = getattr(function, "__wrapped__", function) if hasattr(function, "_tpudash_guard") else function
-        callback = self
-
-        def guarded(*args, **kwargs):
-            try:
-                return original(*args, **kwargs)
-            except BaseException as exception:
-                if type(exception).__name__ not in END_OF_DATA:
-                    callback._fit_raised(exception)
-                raise
-
-        # Marked so _unguard finds its own wrapper and what it wrapped.
-        setattr(guarded, "__wrapped__", original)
-        setattr(guarded, "_tpudash_guard", self)
-        setattr(model, attribute, guarded)
+        original = function.wrapped if isinstance(function, _GuardedStep) else function
+        setattr(model, attribute, _GuardedStep(original, self))
 
     def _unguard(self) -> None:
         model = self.model
         for attribute in ("train_function", "test_function"):
             function = getattr(model, attribute, None)
-            if getattr(function, "_tpudash_guard", None) is self:
-                setattr(model, attribute, getattr(function, "__wrapped__"))
+            if isinstance(function, _GuardedStep) and function.callback is self:
+                setattr(model, attribute, function.wrapped)
 
     def _fit_raised(self, exception: BaseException) -> None:
         run = self.run
         self._unguard()
         if run is not None and not run.finished:
             run.finish_with(exception)
+
+
+class _GuardedStep:
+    """A model's step function that tells the callback about an exception before it propagates.
+
+    It remembers what it wrapped and whose it is, so the callback that set it
+    (and only that one) puts the original back.
+    """
+
+    def __init__(self, wrapped: Callable[..., Any], callback: TpudashCallback) -> None:
+        self.wrapped = wrapped
+        self.callback = callback
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.wrapped(*args, **kwargs)
+        except BaseException as exception:
+            if type(exception).__name__ not in END_OF_DATA:
+                self.callback._fit_raised(exception)
+            raise
 
 
 def _mean_metric_names(model: Any) -> set[str]:

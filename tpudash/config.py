@@ -7,14 +7,16 @@ directory is a clear message and exit code 2, never a traceback later on.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Mapping
 
-from tpudash.telemetry.sampling import DEFAULT_INTERVAL_SECONDS, DEFAULT_TPU_METRICS_ADDRESS, AddressError, parse_metrics_address
-from tpudash.telemetry.sampling import INTERVAL_RANGE as TELEMETRY_INTERVAL_RANGE
+from tpudash.telemetry.sources import DEFAULT_TPU_METRICS_ADDRESS, AddressError, parse_metrics_address
 
 DEFAULT_CPU_DEVICES = 8
+DEFAULT_TELEMETRY_INTERVAL_SECONDS = 1.0
+# 0 turns telemetry sampling off; otherwise between these.
+TELEMETRY_INTERVAL_RANGE = (0.1, 60.0)
 MAX_CPU_DEVICES = 256
 ENV_PREFIX = "TPUDASH_"
 # Settings given in seconds: (lowest, highest) allowed.
@@ -63,10 +65,10 @@ class Settings:
     cancel_grace: float = 2.0
     engine_nice: int = 10
     tpu_metrics: str = DEFAULT_TPU_METRICS_ADDRESS
-    telemetry_interval: float = DEFAULT_INTERVAL_SECONDS
+    telemetry_interval: float = DEFAULT_TELEMETRY_INTERVAL_SECONDS
 
     @classmethod
-    def load(cls, flags: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> "Settings":
+    def load(cls, flags: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
         """Merge flags (None means not given) over TPUDASH_* over defaults, validated."""
         environ = os.environ if environ is None else environ
         flags = flags or {}
@@ -92,7 +94,9 @@ class Settings:
         try:
             runs_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise SettingsError(f"--runs-dir / TPUDASH_RUNS_DIR: cannot create {runs_dir}: {error.strerror or error}") from None
+            raise SettingsError(
+                f"--runs-dir / TPUDASH_RUNS_DIR: cannot create {runs_dir}: {error.strerror or error}"
+            ) from None
         if not os.access(runs_dir, os.W_OK | os.X_OK):
             raise SettingsError(f"--runs-dir / TPUDASH_RUNS_DIR: {runs_dir} is not writable")
         return runs_dir

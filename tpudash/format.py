@@ -1,19 +1,53 @@
-"""The dashboard's clock: the display beat and how durations are written.
+"""What the CLI and the dashboard both print, written one way: durations, device names, values, statuses, telemetry.
 
-Textual-free, so the run model, the lane and every screen share it without
-importing the app.
+Textual-free, so the run model, the lane, every screen and the headless
+commands share it without importing the app; of tpudash it imports only the
+leaf ``tpudash.telemetry_summary``. Statuses and telemetry are rich
+renderables (``Text``, tables) because the dashboard needs them as they are:
+Textual draws rich's objects, so the Devices screen and ``tpudash
+telemetry``, History and ``tpudash runs`` show the very same ones.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table as RichTable
+from rich.text import Text
+
+from jobs.events import Table, Telemetry, split_final_name
+from tpudash.telemetry_summary import summarize
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # What a running job changes (clocks, progress bars, log, live plots) is
 # redrawn when the clock enters a new second, so all of it lands in one frame
 # instead of each change costing its own: during training every frame is CPU
 # the training step could have had. (nvitop refreshes every 2 s.)
 DISPLAY_BEAT_SECONDS = 1.0
+
+# Each status's glyph and colour, the one table for the CLI and the dashboard
+# (the run view, History). "live": still being written by a process on this host.
+STATUS_GLYPHS = {
+    "queued": ("◌", "dim"),
+    "running": ("▶", "bold cyan"),
+    "live": ("●", "bold yellow"),
+    "done": ("✓", "bold green"),
+    "failed": ("✗", "bold red"),
+    "cancelled": ("■", "bold magenta"),
+    "interrupted": ("!", "bold bright_blue"),
+}
+UNKNOWN_STATUS_GLYPH = ("?", "")
+
+SPARK_LEVELS = "▁▂▃▄▅▆▇█"
+# Sized so a telemetry table fits an 80-column terminal.
+METER_WIDTH = 10
+SPARK_WIDTH = 16
 
 
 def display_beat() -> int:
@@ -35,3 +69,220 @@ def format_seconds(seconds: float | None, precise: bool = True) -> str:
     if hours:
         return f"{hours}:{minutes:02d}:{rest:02d}"
     return f"{seconds:.1f}s" if precise and seconds < 10 else f"{minutes:02d}:{rest:02d}"
+
+
+def status_text(status: str) -> Text:
+    """``✓ done`` in the status's colour, as every front end shows a run's status."""
+    glyph, style = STATUS_GLYPHS.get(status, UNKNOWN_STATUS_GLYPH)
+    return Text(f"{glyph} {status}", style=style)
+
+
+# -- device names ----------------------------------------------------------------------------
+
+
+def short_device_names(names: Iterable[str]) -> dict[str, str]:
+    """Each device name shortened to what tells it apart from the others.
+
+    ``/job:localhost/replica:0/task:0/device:CPU:3`` → ``CPU:3``; devices of
+    several tasks keep the task (``task:1/TPU:0``). Other text is kept as it is.
+    """
+    segments = {name: [part.removeprefix("device:") for part in name.strip("/").split("/")] for name in names}
+    for kept in range(1, max(map(len, segments.values()), default=0) + 1):
+        short = {name: "/".join(parts[-kept:]) for name, parts in segments.items()}
+        if len(set(short.values())) == len(short):
+            return short
+    return {name: name for name in segments}
+
+
+class DeviceNames:
+    """The devices a run has named so far, each shortened as ``short_device_names`` does.
+
+    A run names its devices bit by bit (a table, then per-replica values);
+    the short names are worked out over all of them, so ``CPU:3`` means the
+    same device in every table of a run, in the CLI and in the dashboard.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, None] = {}
+
+    def add(self, devices: Iterable[object]) -> dict[str, str]:
+        """Remember ``devices``; the short name of every device seen so far."""
+        self._seen.update(dict.fromkeys(str(device) for device in devices))
+        return self.short
+
+    @property
+    def short(self) -> dict[str, str]:
+        return short_device_names(self._seen)
+
+
+def column_key(name: str) -> str:
+    """A name as it compares with a column title: ``gflops`` is ``GFLOP/s``, ``median_ms`` is ``median ms``."""
+    return "".join(character for character in name.casefold() if character.isalnum())
+
+
+def table_devices(event: Table) -> list[str]:
+    """The device column of a result table, if it has one (matmul's per-device check)."""
+    keys = [column_key(str(column)) for column in event.columns]
+    if "device" not in keys:
+        return []
+    column = keys.index("device")
+    return [str(row[column]) for row in event.rows if len(row) > column]
+
+
+# -- values ----------------------------------------------------------------------------------
+
+
+def format_value(value: object, device_names: Mapping[str, str] | None = None) -> str:
+    """Numbers compact, matrices and lists as nested brackets, mappings as ``key=value, …``.
+
+    ``device_names`` (from ``short_device_names``) shortens device names
+    wherever they appear as text or as keys.
+    """
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return "[" + ", ".join(format_value(item, device_names) for item in value) + "]"
+    if isinstance(value, dict):
+        return ", ".join(
+            f"{format_value(key, device_names)}={format_value(item, device_names)}" for key, item in value.items()
+        )
+    if isinstance(value, str) and device_names:
+        return device_names.get(value, value)
+    return str(value)
+
+
+def brief_metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
+    """A run's final metrics in a runs list, ``name=value``, at most ``limit``.
+
+    Losses and accuracies first, held-out splits before training (test, then
+    val), and per-batch values only when a run has nothing else.
+    """
+    items = [(name, value) for name, value in metrics.items() if isinstance(value, (int, float))]
+    items = [item for item in items if not item[0].startswith("batch_")] or items
+    split_rank = {"test": 0, "val": 1}
+
+    def rank(item: tuple[str, float]) -> tuple[bool, int]:
+        split, name = split_final_name(item[0])
+        return ("loss" not in name and "acc" not in name, split_rank.get(split, 2))
+
+    return "  ".join(f"{name}={format_value(float(value))}" for name, value in sorted(items, key=rank)[:limit])
+
+
+def format_bytes(count: float | None) -> str:
+    if count is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return str(count)
+
+
+def format_used_of(used: float | None, total: float | None) -> str:
+    """``4.0/16.0 GiB``: both in the total's unit."""
+    if used is None or not total:
+        return format_bytes(used if used is not None else total)
+    unit_total = format_bytes(total)
+    number, unit = unit_total.split(" ", 1)
+    scale = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4}[unit]
+    return f"{used / scale:.1f}/{number} {unit}"
+
+
+# -- telemetry -------------------------------------------------------------------------------
+
+
+def percent_style(percent: float) -> str:
+    return "red" if percent >= 90 else "yellow" if percent >= 70 else "green"
+
+
+def meter(percent: float | None, width: int = METER_WIDTH, label: str | None = None) -> Text:
+    """``█████░░░░░ 47%``: a bar for a percentage, as nvitop draws one; ``n/a`` when not measured."""
+    if percent is None:
+        return Text("n/a".ljust(width + 5), style="dim")
+    clamped = min(100.0, max(0.0, percent))
+    filled = round(width * clamped / 100)
+    text = Text("█" * filled, style=percent_style(clamped))
+    text.append("░" * (width - filled), style="dim")
+    text.append(f" {percent:3.0f}%" if label is None else f" {label}")
+    return text
+
+
+def sparkline(values: Iterable[float | None], width: int = SPARK_WIDTH, top: float = 100.0) -> Text:
+    """The last ``width`` values (0 to ``top``) as ``▁▃▅█``; a gap where a value was not measured."""
+    cells = list(values)[-width:]
+    text = Text()
+    for value in cells:
+        if value is None:
+            text.append(" ")
+        else:
+            level = min(len(SPARK_LEVELS) - 1, max(0, int(value / top * len(SPARK_LEVELS))))
+            text.append(SPARK_LEVELS[level], style=percent_style(100 * value / top))
+    return text
+
+
+def telemetry_view(sample: Telemetry, history: Iterable[Telemetry] = (), tpu_address: str | None = None) -> Group:
+    """One telemetry sample as tables: TPU chips (duty cycle, HBM, bandwidth), host CPU and memory.
+
+    ``history``: the samples before it, oldest first, drawn as sparklines
+    (no sparkline column without them). A source that gave nothing is a line
+    saying why. The Devices screen and ``tpudash telemetry`` show the same.
+    """
+    past = list(history)[-(SPARK_WIDTH - 1) :]
+    trend_of: Callable[[Iterable[float | None]], Text] | None = sparkline if past else None
+    past.append(sample)
+
+    def table(title: str, columns: tuple[str, ...]) -> RichTable:
+        grid = RichTable(title=title, title_justify="left", title_style="bold", box=None, padding=(0, 1))
+        for column in columns + (("last samples",) if trend_of else ()):
+            grid.add_column(column, no_wrap=True)
+        return grid
+
+    def row(grid: RichTable, *cells: RenderableType, trend: Iterable[float | None] | None = None) -> None:
+        grid.add_row(*cells, *((trend_of(trend or ()),) if trend_of else ()))
+
+    parts: list[RenderableType] = []
+    if sample.chips:
+        source = f" — libtpu's metrics service at {tpu_address}" if tpu_address else ""
+        tensorcore = any(chip.get("tensorcore_util_pct") is not None for chip in sample.chips)
+        chips = table(
+            f"TPU{source}", ("chip", "duty cycle", "HBM used", "HBM BW") + (("TensorCore",) if tensorcore else ())
+        )
+        for chip in sample.chips:
+            number = chip.get("chip")
+            used, total = chip.get("hbm_used"), chip.get("hbm_total")
+            hbm = meter(100.0 * used / total if used is not None and total else None, label=format_used_of(used, total))
+            trend = [
+                next((item.get("duty_cycle_pct") for item in old.chips if item.get("chip") == number), None)
+                for old in past
+            ]
+            percents = [
+                Text("n/a", style="dim") if value is None else Text(f"{value:.0f}%")
+                for value in [chip.get("hbm_bandwidth_pct")] + ([chip.get("tensorcore_util_pct")] if tensorcore else [])
+            ]
+            row(chips, str(number), meter(chip.get("duty_cycle_pct")), hbm, *percents, trend=trend)
+        parts.append(chips)
+        if sample.unavailable.get("tensorcore"):
+            parts.append(Text(f"TensorCore utilisation: {sample.unavailable['tensorcore']}", style="dim"))
+    elif sample.unavailable.get("tpu"):
+        parts.append(Text.assemble(("TPU  ", "bold"), (sample.unavailable["tpu"], "yellow")))
+    host = sample.host
+    if host:
+        summaries = [summarize(old) for old in past]
+        grid = table("host", ("", "now"))
+        cores = host.get("cpu_pct") or []
+        row(grid, f"CPU ({len(cores)} cores)", meter(summaries[-1].cpu_pct), trend=[item.cpu_pct for item in summaries])
+        for index, core in enumerate(cores if len(cores) <= 16 else ()):
+            row(grid, Text(f"  core {index}", style="dim"), meter(core))
+        memory = format_used_of(host.get("memory_used"), host.get("memory_total"))
+        row(
+            grid,
+            "memory",
+            meter(summaries[-1].memory_used_pct, label=memory),
+            trend=[item.memory_used_pct for item in summaries],
+        )
+        for label, rss in (host.get("processes") or {}).items():
+            row(grid, f"{label} resident", Text(format_bytes(rss)))
+        parts.append(grid)
+    if sample.unavailable.get("host"):
+        parts.append(Text.assemble(("host  ", "bold"), (sample.unavailable["host"], "yellow")))
+    return Group(*parts)

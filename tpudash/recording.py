@@ -32,8 +32,9 @@ import sys
 import threading
 import time
 import traceback as traceback_module
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Literal
 
 from jobs.events import (
     LOG_LEVELS,
@@ -49,7 +50,9 @@ from jobs.events import (
     Table,
     to_jsonable,
 )
-from tpudash.runs.store import SOURCE_RECORD, RunRecorder, RunStore, new_run_id
+from tpudash.runs.layout import SOURCE_RECORD, new_run_id
+from tpudash.runs.recorder import RunRecorder
+from tpudash.runs.store import RunStore
 
 # How often buffered events reach the file: the dashboard's redraw beat is
 # half a second, and a killed process loses at most this much.
@@ -86,7 +89,9 @@ def session_runtime(strategy: Any = None) -> dict:
     if keras is not None:
         runtime["keras"] = getattr(keras, "__version__", None)
     if tf is None:
-        runtime.update(kind="unknown", strategy=type(strategy).__name__ if strategy is not None else "none", num_replicas=1)
+        runtime.update(
+            kind="unknown", strategy=type(strategy).__name__ if strategy is not None else "none", num_replicas=1
+        )
         return runtime
     runtime["tensorflow"] = getattr(tf, "__version__", None)
     try:
@@ -94,8 +99,9 @@ def session_runtime(strategy: Any = None) -> dict:
         devices = _strategy_devices(tf, strategy)
         replicas = int(strategy.num_replicas_in_sync)
     except Exception as error:  # noqa: BLE001 - describing must never stop the user's training
-        runtime.update(kind="unknown", strategy=type(strategy).__name__, num_replicas=1,
-                       problem=f"{type(error).__name__}: {error}")
+        runtime.update(
+            kind="unknown", strategy=type(strategy).__name__, num_replicas=1, problem=f"{type(error).__name__}: {error}"
+        )
         return runtime
     kind = next((name for name in ("TPU", "GPU") if any(f"{name}:" in device for device in devices)), "CPU")
     runtime.update(
@@ -125,19 +131,23 @@ def per_replica_parts(value: Any, devices: Iterable[str] | None = None) -> tuple
     """(values, devices) of a ``PerReplica`` value, a list, or a {device: value} mapping."""
     if isinstance(value, Mapping):
         parts, names = list(value.values()), [str(key) for key in value]
-    elif hasattr(value, "values") and isinstance(getattr(value, "values"), (tuple, list)):
+    elif hasattr(value, "values") and isinstance(value.values, (tuple, list)):
         # tf.distribute's PerReplica (and Mirrored): one component per local replica.
         parts = list(value.values)
         names = [str(getattr(part, "device", "") or f"replica {index}") for index, part in enumerate(parts)]
     elif isinstance(value, (list, tuple)):
         parts, names = list(value), [f"replica {index}" for index in range(len(value))]
     else:
-        raise RecordingError(f"value: {type(value).__name__} is not per-replica; allowed: a PerReplica value "
-                             "(what strategy.run returns), a list with one value per replica, or a {device: value} dict")
+        raise RecordingError(
+            f"value: {type(value).__name__} is not per-replica; allowed: a PerReplica value "
+            "(what strategy.run returns), a list with one value per replica, or a {device: value} dict"
+        )
     if devices is not None:
         names = [str(device) for device in devices]
         if len(names) != len(parts):
-            raise RecordingError(f"devices: {len(names)} given for {len(parts)} replica values; allowed: one per replica")
+            raise RecordingError(
+                f"devices: {len(names)} given for {len(parts)} replica values; allowed: one per replica"
+            )
     return [to_jsonable(part) for part in parts], names
 
 
@@ -152,8 +162,9 @@ def _number(field: str, value: Any) -> float:
     if isinstance(plain, list) and len(plain) == 1:
         plain = plain[0]
     if isinstance(plain, bool) or not isinstance(plain, (int, float)):
-        raise RecordingError(f"{field}: {value!r:.60} is not a number; allowed: a scalar (float, int, "
-                             "a 0-d tensor or NumPy value)")
+        raise RecordingError(
+            f"{field}: {value!r:.60} is not a number; allowed: a scalar (float, int, a 0-d tensor or NumPy value)"
+        )
     return float(plain)
 
 
@@ -167,8 +178,16 @@ def _step(field: str, value: Any) -> int:
 class RecordedRun:
     """One run written from the user's process; see the module docstring."""
 
-    def __init__(self, name: str, params: Mapping[str, Any] | None = None, *, runs_dir: str | os.PathLike | None = None,
-                 strategy: Any = None, runtime: Mapping[str, Any] | None = None, source: str = SOURCE_RECORD):
+    def __init__(
+        self,
+        name: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        runs_dir: str | os.PathLike | None = None,
+        strategy: Any = None,
+        runtime: Mapping[str, Any] | None = None,
+        source: str = SOURCE_RECORD,
+    ):
         if not isinstance(name, str) or not name.strip():
             raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty text naming the run")
         if params is not None and not isinstance(params, Mapping):
@@ -179,8 +198,9 @@ class RecordedRun:
         store = RunStore(runs_directory(runs_dir))
         store.root.mkdir(parents=True, exist_ok=True)
         self.run_id = new_run_id(_run_id_word(self.name))
-        self._recorder: RunRecorder = store.create(self.run_id, self.name, self.params, self.runtime, source=source,
-                                                   flush_interval=FLUSH_INTERVAL_SECONDS)
+        self._recorder: RunRecorder = store.create(
+            self.run_id, self.name, self.params, self.runtime, source=source, flush_interval=FLUSH_INTERVAL_SECONDS
+        )
         self.status: str | None = None
         """None while running; then done, failed or cancelled."""
         self._steps: dict[tuple[str, str], int] = {}
@@ -217,7 +237,9 @@ class RecordedRun:
         """``done`` of ``total`` ``unit``s (total None: unknown); unit ``epoch`` rewrites run.json."""
         if not isinstance(unit, str) or not unit:
             raise RecordingError(f"unit: {unit!r} is not allowed; allowed: a word such as 'step' or 'epoch'")
-        self._emit(Progress(done=_step("done", done), total=None if total is None else _step("total", total), unit=unit))
+        self._emit(
+            Progress(done=_step("done", done), total=None if total is None else _step("total", total), unit=unit)
+        )
 
     def replica_values(self, name: str, per_replica_value: Any, devices: Iterable[str] | None = None) -> None:
         """One value per replica: a ``PerReplica`` (what ``strategy.run`` returns), a list, or {device: value}."""
@@ -230,7 +252,9 @@ class RecordedRun:
         self._emit(Log(level=level, text=str(text)))
 
     def table(self, title: str, columns: Iterable[Any], rows: Iterable[Iterable[Any]]) -> None:
-        self._emit(Table(title=str(title), columns=to_jsonable(list(columns)), rows=to_jsonable([list(row) for row in rows])))
+        self._emit(
+            Table(title=str(title), columns=to_jsonable(list(columns)), rows=to_jsonable([list(row) for row in rows]))
+        )
 
     def artifact(self, kind: str, path: str | os.PathLike) -> None:
         """A file or directory the run produced (a checkpoint, a TensorBoard logdir)."""
@@ -240,8 +264,13 @@ class RecordedRun:
         """Put everything recorded so far on disk now (it goes there within a quarter second anyway)."""
         self._recorder.flush()
 
-    def finish(self, status: str = "done", summary: Mapping[str, Any] | None = None, error: str | None = None,
-               traceback: str | None = None) -> None:
+    def finish(
+        self,
+        status: str = "done",
+        summary: Mapping[str, Any] | None = None,
+        error: str | None = None,
+        traceback: str | None = None,
+    ) -> None:
         """End the run (once; later calls do nothing): done, failed or cancelled."""
         if status not in ("done", "failed", "cancelled"):
             raise RecordingError(f"status: {status!r} is not allowed; allowed: done, failed, cancelled")
@@ -250,16 +279,19 @@ class RecordedRun:
                 return
             self.status = status
         _open_runs.discard(self)
-        self._emit(RunFinished(status=status, summary=to_jsonable(dict(summary or {})), error=error, traceback=traceback))
+        self._emit(
+            RunFinished(status=status, summary=to_jsonable(dict(summary or {})), error=error, traceback=traceback)
+        )
 
     def finish_with(self, exception: BaseException) -> None:
         """End the run as ``exception`` ended it: KeyboardInterrupt is a cancel, anything else a failure."""
         cancelled = isinstance(exception, KeyboardInterrupt)
         trace = "".join(traceback_module.format_exception(type(exception), exception, exception.__traceback__))
-        self.finish("cancelled" if cancelled else "failed", error=f"{type(exception).__name__}: {exception}",
-                    traceback=trace)
+        self.finish(
+            "cancelled" if cancelled else "failed", error=f"{type(exception).__name__}: {exception}", traceback=trace
+        )
 
-    def __enter__(self) -> "RecordedRun":
+    def __enter__(self) -> RecordedRun:
         return self
 
     def __exit__(self, exc_type, exception, trace) -> Literal[False]:
@@ -275,8 +307,13 @@ class RecordedRun:
         return f"<RecordedRun {self.run_id} {self.status or 'running'} in {self.run_dir}>"
 
 
-def record(name: str, params: Mapping[str, Any] | None = None, *, runs_dir: str | os.PathLike | None = None,
-           strategy: Any = None) -> RecordedRun:
+def record(
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    *,
+    runs_dir: str | os.PathLike | None = None,
+    strategy: Any = None,
+) -> RecordedRun:
     """Start recording a run named ``name``; use it as a context manager (see the module docstring)."""
     return RecordedRun(name, params, runs_dir=runs_dir, strategy=strategy)
 

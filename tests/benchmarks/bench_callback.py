@@ -205,8 +205,8 @@ def prepare(quick: bool):
     """(setup, strategy, global batch, data, compiled model, its parameter count) on the 8-replica CPU runtime."""
     import tensorflow as tf
 
-    from tpudash.config import Settings
     from tpudash.accel.runtime import get_runtime
+    from tpudash.config import Settings
 
     setup = QUICK if quick else FULL
     strategy = get_runtime(Settings()).strategy

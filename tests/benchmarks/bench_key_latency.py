@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from tests.benchmarks.harness import Result, median, percentile, process_cpu_seconds, wait_for_engine_exit
 
@@ -78,7 +78,7 @@ async def _measure(settings, overrides: dict, presses: int, idle_presses: int) -
 
     from tpudash.tui.app import TpudashApp
 
-    app = TpudashApp(settings)  # no runtime_provider: the engine is a process, as users get it
+    app = TpudashApp(settings)  # no engine_factory: the engine is a process, as users get it
     async with app.run_test(size=APP_SIZE) as pilot:
         await asyncio.wait_for(app.runtime_settled.wait(), TIMEOUT)
         if app.runtime is None:
@@ -90,10 +90,10 @@ async def _measure(settings, overrides: dict, presses: int, idle_presses: int) -
                 first_visits[key] = await clock.press(key)
             await app.next_tick()
         idle = await _presses(app, clock, idle_presses, lambda: True)
-        live = app.launch_by_name("train", overrides)
+        live = app.session.launch_by_name("train", overrides)
         if live is None:
             raise RuntimeError(f"the TUI refused the launch: {app.notices[-1:]}")
-        engine = app.lane.engine
+        engine = app.session.lane.engine
 
         def first_epoch_done() -> bool:
             epochs = live.model.progress.get("epoch")

@@ -17,9 +17,9 @@ def run(quick: bool) -> list[Result]:
     import numpy as np
 
     from jobs import get_job
+    from tpudash.accel.runtime import get_runtime
     from tpudash.config import Settings
     from tpudash.engine.runner import Runner
-    from tpudash.accel.runtime import get_runtime
 
     size = 256 if quick else 2048
     repeats = 3 if quick else 10

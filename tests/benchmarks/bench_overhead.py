@@ -20,7 +20,7 @@ alternated plain → headless → TUI, round after round:
   run recorded to disk as usual.
 - **TUI**: ``TpudashApp`` under Pilot (``run_test``, 120×40, headless
   driver: every frame is composed, none is written to a terminal) as users
-  get it: no ``runtime_provider``, so the job runs in the engine process the
+  get it: no ``engine_factory``, so the job runs in the engine process the
   app starts (``python -m tpudash.engine``, nice 10, its own TensorFlow and
   8-device CPU runtime); the app follows the run by tailing its
   events.jsonl and draws the run view live. The engine is started (and its
@@ -272,20 +272,20 @@ async def _tui_run(setup: TrainingSetup, runs_dir: Path) -> dict:
     import os
 
     from tests.benchmarks.harness import process_cpu_seconds, wait_for_engine_exit
-    from tpudash.tui.app import TpudashApp
     from tpudash.config import Settings
+    from tpudash.tui.app import TpudashApp
 
     app = TpudashApp(Settings(runs_dir=runs_dir))
     async with app.run_test(size=TUI_SIZE) as pilot:
         await asyncio.wait_for(app.runtime_settled.wait(), RUN_TIMEOUT)
         if app.runtime is None:
             raise RuntimeError(f"the engine has no runtime: {app.runtime_error}")
-        engine = app.lane.engine
+        engine = app.session.lane.engine
         engine_started = process_cpu_seconds(engine.pid)
         thread_started, wall_started = time.thread_time(), time.perf_counter()
         times = os.times()
         process_started = times.user + times.system
-        live = app.launch_by_name("train", setup.overrides())
+        live = app.session.launch_by_name("train", setup.overrides())
         if live is None:
             raise RuntimeError(f"the TUI refused the launch: {app.notices[-1:]}")
         await asyncio.wait_for(live.settled.wait(), RUN_TIMEOUT)
@@ -321,8 +321,8 @@ def tui_throughputs(setup: TrainingSetup, loads: list[dict] | None = None) -> li
 
 
 def run(quick: bool) -> list[Result]:
-    from tpudash.config import Settings
     from tpudash.accel.runtime import get_runtime
+    from tpudash.config import Settings
 
     setup = QUICK if quick else FULL
     rounds = 1 if quick else 5

@@ -39,8 +39,14 @@ import gc
 import statistics
 import time
 
-from tests.benchmarks.bench_overhead import (FULL, QUICK, TrainingSetup, cpu_input_options,
-                                              plain_keras_throughputs, steady)
+from tests.benchmarks.bench_overhead import (
+    FULL,
+    QUICK,
+    TrainingSetup,
+    cpu_input_options,
+    plain_keras_throughputs,
+    steady,
+)
 from tests.benchmarks.harness import Result, alternate
 
 WITH_PIPELINE_TARGET = 0.95
@@ -79,8 +85,8 @@ def pipeline_examples_per_second(runtime, setup: TrainingSetup, per_replica: boo
 
 
 def run(quick: bool) -> list[Result]:
-    from tpudash.config import Settings
     from tpudash.accel.runtime import get_runtime
+    from tpudash.config import Settings
 
     setup = QUICK if quick else TrainingSetup(batch_per_replica=FULL.batch_per_replica, limit_train=FULL.limit_train,
                                               limit_test=FULL.limit_test, epochs=4)

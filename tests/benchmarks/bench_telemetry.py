@@ -109,8 +109,9 @@ def sampled_fit(fake, model, data, setup: CallbackSetup, global_batch: int, inte
     collection holds the GIL for a few tenths of a second, and the sampler
     waits, as it would beside any Python program's).
     """
-    from tpudash.runs.store import TELEMETRY_FILE
-    from tpudash.telemetry.sampling import SamplingLoop, TelemetryRecorder, TelemetrySampler
+    from tpudash.runs.layout import TELEMETRY_FILE
+    from tpudash.telemetry.recorder import TelemetryRecorder
+    from tpudash.telemetry.sampling import SamplingLoop, TelemetrySampler
 
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=runs_dir))
     recorder = TelemetryRecorder()

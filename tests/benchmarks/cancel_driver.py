@@ -6,7 +6,7 @@ checkout for the "before" figures (``PYTHONPATH=<checkout> python
 tests/benchmarks/cancel_driver.py --cell JOB/STATE/ACTION …``: there the app
 ran jobs on thread workers of its own process and imported TensorFlow
 itself). So it touches only what both apps offer: ``TpudashApp(Settings)``,
-``run_test``, ``runtime_settled``, ``launch_by_name``, a live run's
+``run_test``, ``runtime_settled``, ``launch_by_name`` (the app's, or its session's), a live run's
 ``model`` and ``settled``, ``next_tick``, ``quit_worker``, ``exit``; the
 engine only where there is one.
 
@@ -144,7 +144,7 @@ def _run_json_status(runs_dir: Path, run_id: str) -> str:
 
 def _engine_of(app):
     """The engine process's handle, where the app has one (the older app ran jobs in its own process)."""
-    lane = getattr(app, "_lane", None)
+    lane = getattr(getattr(app, "session", app), "_lane", None)
     engine = getattr(lane, "engine", None)
     return engine if getattr(engine, "_process", None) is not None else None
 
@@ -183,8 +183,8 @@ class EngineExitClock:
 
 async def measure_cell(job: str, state: str, action: str, runs_dir: Path, params: dict | None = None) -> dict:
     """One app, one launch of ``job``, caught in ``state``, ended by ``action``; what it took."""
-    from tpudash.tui.app import TpudashApp
     from tpudash.config import Settings
+    from tpudash.tui.app import TpudashApp
 
     if state not in STATES or action not in ACTIONS:
         raise ValueError(f"unknown state {state!r} or action {action!r}")
@@ -221,7 +221,8 @@ async def measure_cell(job: str, state: str, action: str, runs_dir: Path, params
         _press(app, "v")
         while type(app.screen).__name__ != "RunScreen":
             await _tick(app)
-        live = app.launch_by_name(job, params if params is not None else JOB_PARAMS[job])
+        launcher = getattr(app, "session", app)  # the older app launched itself; this one through its session
+        live = launcher.launch_by_name(job, params if params is not None else JOB_PARAMS[job])
         if live is None:
             raise RuntimeError(f"the TUI refused to launch {job}: {app.notices[-1:]}")
         result["run_id"] = live.run_id

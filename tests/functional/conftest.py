@@ -1,7 +1,7 @@
 """Fixtures for driving the Textual app with Pilot.
 
-The app under test shares the session's 8-device CPU runtime (through
-``runtime_provider``), keeps fd 2 alone (pytest captures it) and records runs
+The app under test shares the session's 8-device CPU runtime (its engine is
+an ``EngineThread`` on it, through ``engine_factory``), keeps fd 2 alone (pytest captures it) and records runs
 in the test's own runs directory. Waiting is always on something the app
 signals — the runtime answering, a run settling, the UI's next timer tick —
 never on a sleep.
@@ -17,6 +17,7 @@ import pytest
 from jobs import registry
 from jobs.base import JobSpec, Param
 from jobs.events import Metric, Table
+from tpudash.engine.inthread import thread_engine_factory
 from tpudash.tui.app import TpudashApp
 
 SIZE = (120, 40)
@@ -91,11 +92,16 @@ def test_specs(job_gate) -> dict:
 
 @pytest.fixture
 def make_app(settings, runtime, test_specs):
-    """``make_app(**options)`` → a TpudashApp on the shared runtime, fd 2 untouched."""
+    """``make_app(runtime_provider=None, **options)`` → a TpudashApp whose engine runs on a thread, fd 2 untouched.
 
-    def make(**options) -> TpudashApp:
-        options.setdefault("runtime_provider", lambda: runtime)
-        options.setdefault("job_specs", test_specs)
+    The engine (``EngineThread``) uses ``runtime_provider``, the shared runtime by default.
+    """
+
+    def make(runtime_provider=None, **options) -> TpudashApp:
+        specs = options.setdefault("job_specs", test_specs)
+        options.setdefault(
+            "engine_factory", thread_engine_factory(settings, specs, runtime_provider or (lambda: runtime))
+        )
         return TpudashApp(settings, **options)
 
     return make
@@ -135,4 +141,4 @@ async def type_into(pilot, widget, text: str) -> None:
 
 def shown_live(app):
     """The session run the Run view shows."""
-    return app.live_runs.get(app.shown_run_id)
+    return app.session.live_runs.get(app.shown_run_id)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from textual.widgets import DataTable, Static
 
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
 from screens.run import RunScreen
-from tpudash.cli.render import short_device_names
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
+from tpudash.format import short_device_names
 from tpudash.tui.plots import PathPlot, ReplicaBarPlot
 
 WALKTHROUGH_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
@@ -92,7 +92,7 @@ async def test_a_run_that_ends_without_per_replica_values_says_why(make_app, job
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
-        live = app.launch_by_name("test-steps")
+        live = app.session.launch_by_name("test-steps")
         await run_settled(pilot, live)
         await pilot.press("v")
         view = app.screen.view

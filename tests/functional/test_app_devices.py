@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.widgets import DataTable
 
 from tests.functional.conftest import SIZE, runtime_ready
-from screens.base import SessionBar
+from tpudash.tui.bars import SessionBar
 
 
 async def test_devices_table_lists_the_eight_logical_cpu_devices(make_app, runtime):
@@ -29,9 +29,13 @@ async def test_devices_show_the_last_matmul_check_on_disk_from_its_summary(make_
     names = runtime.device_names
     recorder = store.create("20261118-120000-matmul-0f0f0f", "matmul", {}, {})
     recorder.record(RunStarted("20261118-120000-matmul-0f0f0f", "matmul", {}, {}, 0.0))
-    recorder.record(RunFinished("failed", {"failed_devices": [names[3]],
-                                           "gflops": {name: 2.0 + index for index, name in enumerate(names)}},
-                                "CheckFailed: matmul check failed on " + names[3]))
+    recorder.record(
+        RunFinished(
+            "failed",
+            {"failed_devices": [names[3]], "gflops": {name: 2.0 + index for index, name in enumerate(names)}},
+            "CheckFailed: matmul check failed on " + names[3],
+        )
+    )
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)

@@ -26,12 +26,18 @@ from tpudash.runs.store import RunStore
 from tpudash.tui.app import TpudashApp
 
 SEED_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
-LONG_SYNTHETIC_TRAIN = {"source": "synthetic", "epochs": "50", "batch_per_replica": "8", "limit_train": "2048",
-                        "limit_test": "128"}
+LONG_SYNTHETIC_TRAIN = {
+    "source": "synthetic",
+    "epochs": "50",
+    "batch_per_replica": "8",
+    "limit_train": "2048",
+    "limit_test": "128",
+}
 
 
 async def test_the_dashboard_survives_its_engine_killed_mid_training_and_aborting_and_the_next_job_runs(
-        settings, monkeypatch):
+    settings, monkeypatch
+):
     monkeypatch.setenv(EXTRA_JOBS_VARIABLE, "tests.engine_jobs")
     specs = dict(registry()) | {spec.name: spec for spec in TEST_ENGINE_JOBS}
     app = TpudashApp(settings, job_specs=specs)
@@ -39,12 +45,14 @@ async def test_the_dashboard_survives_its_engine_killed_mid_training_and_abortin
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
         assert app.engine_status == "ready on CPU" and app.runtime.description.num_replicas == 8
-        first_engine = app.lane.engine.pid
+        first_engine = app.session.lane.engine.pid
         assert first_engine != os.getpid()
         # Training there must not take the keys' CPU: the engine runs at a lower priority.
-        assert os.getpriority(os.PRIO_PROCESS, first_engine) == os.getpriority(os.PRIO_PROCESS, 0) + settings.engine_nice
+        assert (
+            os.getpriority(os.PRIO_PROCESS, first_engine) == os.getpriority(os.PRIO_PROCESS, 0) + settings.engine_nice
+        )
 
-        training = app.launch_by_name("train", LONG_SYNTHETIC_TRAIN)
+        training = app.session.launch_by_name("train", LONG_SYNTHETIC_TRAIN)
         await until(pilot, lambda: "step" in training.model.progress, timeout=180)
         os.kill(first_engine, signal.SIGKILL)
         await run_settled(pilot, training)
@@ -59,18 +67,18 @@ async def test_the_dashboard_survives_its_engine_killed_mid_training_and_abortin
         await pilot.press("j")
         assert isinstance(app.screen, JobsScreen)
 
-        aborting = app.launch_by_name("test-abort")
+        aborting = app.session.launch_by_name("test-abort")
         await run_settled(pilot, aborting)
         assert aborting.model.status == "failed"
         assert "killed by SIGABRT while running test-abort" in aborting.model.error
         assert ABORT_LINE in aborting.model.error  # the engine's last stderr lines
-        assert app.lane.engine_starts == 2
+        assert app.session.lane.engine_starts == 2
 
         await pilot.press("g")
-        descent = app.live_runs[app.shown_run_id]
+        descent = app.session.live_runs[app.shown_run_id]
         await run_settled(pilot, descent)
         assert descent.model.status == "done" and descent.model.outcome_line() == SEED_FIGURE
-        assert app.lane.engine_starts == 3 and app.engine_status == "ready on CPU"
+        assert app.session.lane.engine_starts == 3 and app.engine_status == "ready on CPU"
         assert app._exception is None
 
 
@@ -79,8 +87,14 @@ def test_a_session_that_opens_devices_runs_every_job_and_cancels_one_never_impor
 
     environment = {name: value for name, value in os.environ.items() if name not in USER_UNSET}
     environment["TPUDASH_RUNS_DIR"] = str(isolated_runs_dir)
-    result = subprocess.run([sys.executable, "-m", "tests.functional.tf_free_session"], cwd=REPO_ROOT,
-                            env=environment, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.functional.tf_free_session"],
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     session = json.loads(result.stdout.strip().splitlines()[-1])
     assert session["statuses"] == {name: "done" for name in registry()} | {"train (cancelled mid-run)": "cancelled"}

@@ -6,8 +6,10 @@ import json
 
 from textual.widgets import DataTable, Static
 
+from screens.history import HistoryScreen
+from screens.overlay import OverlayScreen
+from screens.run_detail import RunDetailScreen
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
-from screens.history import HistoryScreen, OverlayScreen, RunDetailScreen
 
 
 def history_rows(screen: HistoryScreen) -> list[list]:
@@ -30,8 +32,8 @@ async def test_history_lists_the_runs_just_made_and_opens_one(make_app, job_gate
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
         await pilot.press("g")
-        await run_settled(pilot, app.live_runs[app.shown_run_id])
-        await run_settled(pilot, app.launch_by_name("test-fails"))
+        await run_settled(pilot, app.session.live_runs[app.shown_run_id])
+        await run_settled(pilot, app.session.launch_by_name("test-fails"))
         screen = await open_history(pilot, 2)
         rows = history_rows(screen)
         assert [row[2] for row in rows] == ["test-fails", "gradient-descent"]  # newest first
@@ -44,8 +46,16 @@ async def test_history_lists_the_runs_just_made_and_opens_one(make_app, job_gate
         await app.workers.wait_for_complete()
         await until(pilot, lambda: detail.loaded and detail.view.plot_for("loss") is not None)
         assert detail.view.model.job == "gradient-descent"
-        assert detail.view.plot_for("loss").points_drawn == detail.view.model.tracks[("loss", "train", "step")].count >= 20
+        assert (
+            detail.view.plot_for("loss").points_drawn == detail.view.model.tracks[("loss", "train", "step")].count >= 20
+        )
         assert "0.0022596875205636024" in str(detail.view.query_one("#run-outcome", Static).content)
+        # e exports the run on show as History's e does, into its run directory.
+        await pilot.press("e")
+        await app.workers.wait_for_complete()
+        exported = app.session.store.find(detail.run_id) / "metrics.csv"
+        await until(pilot, lambda: any(str(exported) in message for _, _, message in app.notices))
+        assert exported.read_text().splitlines()[0] == "time,name,split,step,epoch,value"
         await pilot.press("escape")
         assert app.screen is screen
 
@@ -55,8 +65,8 @@ async def test_two_marked_runs_overlay_their_loss_and_export_writes_csv(make_app
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
-        first = app.launch_by_name("test-steps", {"steps": "10"})
-        second = app.launch_by_name("test-steps", {"steps": "30"})
+        first = app.session.launch_by_name("test-steps", {"steps": "10"})
+        second = app.session.launch_by_name("test-steps", {"steps": "30"})
         await run_settled(pilot, first)
         await run_settled(pilot, second)
         screen = await open_history(pilot, 2)
@@ -68,8 +78,12 @@ async def test_two_marked_runs_overlay_their_loss_and_export_writes_csv(make_app
         await app.workers.wait_for_complete()
         await until(pilot, lambda: len(overlay.plot.lines) == 4)
         labels = [line.label for line in overlay.plot.lines]
-        assert labels == [f"test-steps {second.run_id[-6:]} train", f"test-steps {second.run_id[-6:]} val",
-                          f"test-steps {first.run_id[-6:]} train", f"test-steps {first.run_id[-6:]} val"]
+        assert labels == [
+            f"test-steps {second.run_id[-6:]} train",
+            f"test-steps {second.run_id[-6:]} val",
+            f"test-steps {first.run_id[-6:]} train",
+            f"test-steps {first.run_id[-6:]} val",
+        ]
         await pilot.press("escape")
 
         await pilot.press("e")
@@ -85,8 +99,15 @@ async def test_corrupt_runs_still_list_and_show_what_they_can(make_app, isolated
     broken = isolated_runs_dir / "20260101-000000-train-abcdef"
     broken.mkdir(parents=True)
     (broken / "run.json").write_text("{not json")
-    started = {"type": "run_started", "t": 1.0, "run_id": broken.name, "job": "train", "params": {},
-               "runtime": {}, "time": 1.0}
+    started = {
+        "type": "run_started",
+        "t": 1.0,
+        "run_id": broken.name,
+        "job": "train",
+        "params": {},
+        "runtime": {},
+        "time": 1.0,
+    }
     metric = {"type": "metric", "t": 2.0, "name": "batch_loss", "value": 0.5, "step": 1, "epoch": 0, "split": "train"}
     (broken / "events.jsonl").write_text(json.dumps(started) + "\n" + json.dumps(metric) + "\n" + '{"type": "metr')
     app = make_app()

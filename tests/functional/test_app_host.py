@@ -10,16 +10,18 @@ import threading
 
 from textual.widgets import DataTable, Static
 
-from tests.functional.conftest import RUN_TIMEOUT, SIZE, runtime_ready, until
 from jobs.events import Metric, RunFinished, RunStarted
-from screens.base import SessionBar
 from screens.devices import DevicesScreen
 from screens.jobs import JobsScreen
-from tpudash.accel import hostcheck, runtime as runtime_module
-from tpudash.config import Settings
+from tests.functional.conftest import RUN_TIMEOUT, SIZE, runtime_ready, until
+from tpudash.accel import hostcheck
+from tpudash.accel import runtime as runtime_module
 from tpudash.accel.startup import TensorFlowMissing, TpuFallback
+from tpudash.config import Settings
 from tpudash.engine.__main__ import detect_runtime
-from tpudash.runs.store import RunStore, new_run_id
+from tpudash.runs.layout import new_run_id
+from tpudash.runs.store import RunStore
+from tpudash.tui.bars import SessionBar
 
 CPU_INSTALL_LINE = hostcheck.install_line("cpu")
 
@@ -28,14 +30,19 @@ def tpu_host_with_the_cpu_build() -> hostcheck.HostCheck:
     """A v4-8 TPU VM where someone installed the CPU build of TensorFlow (the most common TPU mistake)."""
     chips = hostcheck.Chips(chip_type="TPU v4 chip", count=4, hbm_gib_per_chip=32, cores_per_chip=1)
     distributions = {"tensorflow": "2.21.0"}
-    return hostcheck.HostCheck(chips=chips, distributions=distributions, tensorflow_found=True,
-                               diagnoses=hostcheck.diagnose(chips, distributions, [], tensorflow_found=True))
+    return hostcheck.HostCheck(
+        chips=chips,
+        distributions=distributions,
+        tensorflow_found=True,
+        diagnoses=hostcheck.diagnose(chips, distributions, [], tensorflow_found=True),
+    )
 
 
 def host_without_tensorflow() -> hostcheck.HostCheck:
     chips = hostcheck.Chips()
-    return hostcheck.HostCheck(chips=chips, tensorflow_found=False,
-                               diagnoses=hostcheck.diagnose(chips, {}, [], tensorflow_found=False))
+    return hostcheck.HostCheck(
+        chips=chips, tensorflow_found=False, diagnoses=hostcheck.diagnose(chips, {}, [], tensorflow_found=False)
+    )
 
 
 def raise_tensorflow_missing():
@@ -88,8 +95,7 @@ async def test_devices_shows_the_host_block_before_the_runtime_is_ready(make_app
         tensorflow_may_answer.set()
 
 
-async def test_without_tensorflow_the_app_works_and_refuses_launches_with_the_install_line(
-        make_app, isolated_runs_dir):
+async def test_without_tensorflow_the_app_works_and_refuses_launches_with_the_install_line(make_app, isolated_runs_dir):
     earlier_run = write_finished_run(isolated_runs_dir)
     app = make_app(runtime_provider=raise_tensorflow_missing, host_check_provider=host_without_tensorflow)
     async with app.run_test(size=SIZE) as pilot:
@@ -112,8 +118,8 @@ async def test_without_tensorflow_the_app_works_and_refuses_launches_with_the_in
         refusals = [message for _, _, message in app.notices if "not launched: no TensorFlow" in message]
         assert len(refusals) == 4 and all(CPU_INSTALL_LINE in message for message in refusals)
         assert [path.name for path in isolated_runs_dir.iterdir()] == [earlier_run]
-        assert not app.live_runs and app.current_mode == "jobs"
-        assert app.screen.query_one("#job-list").option_count == len(app.job_specs)
+        assert not app.session.live_runs and app.current_mode == "jobs"
+        assert app.screen.query_one("#job-list").option_count == len(app.session.job_specs)
 
         await pilot.press("escape", "h")  # out of the form, where letters are typing
         await app.workers.wait_for_complete()

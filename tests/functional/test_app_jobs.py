@@ -5,8 +5,8 @@ from __future__ import annotations
 from textual import events
 from textual.widgets import Button, OptionList, Select
 
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into, until
 from screens.jobs import JobsScreen
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into, until
 from tpudash.tui.paramform import ParamForm
 
 
@@ -39,7 +39,7 @@ async def test_an_invalid_field_is_explained_as_typed_and_blocks_launch(make_app
         assert field.has_class("-invalid")
         assert "out of range" in field.error and "> 0" in field.error
         await pilot.press("enter")
-        assert not app.live_runs and not app.busy
+        assert not app.session.live_runs and not app.session.busy
         assert not isolated_runs_dir.exists() or not any(isolated_runs_dir.iterdir())
         assert any("learning_rate" in message and severity == "error" for _, severity, message in app.notices)
         assert app.focused is field.input
@@ -53,7 +53,7 @@ async def test_an_invalid_field_is_explained_as_typed_and_blocks_launch(make_app
         await type_into(pilot, device.input, "8")
         assert device.has_class("-invalid")
         await pilot.press("enter")
-        assert not app.live_runs
+        assert not app.session.live_runs
 
         await type_into(pilot, device.input, "3")
         await pilot.press("enter")
@@ -147,7 +147,7 @@ async def test_every_bad_value_the_cli_refuses_is_marked_in_the_form_and_launche
             for fragment in fragments:
                 assert fragment in (marked_field.error or ""), (case_id, marked_field.error)
             await pilot.press("enter")
-            assert not app.live_runs, case_id
+            assert not app.session.live_runs, case_id
             entered.append(case_id)
         assert not isolated_runs_dir.exists() or not any(isolated_runs_dir.iterdir())
     assert len(entered) >= 30, entered
@@ -157,7 +157,7 @@ async def test_letters_typed_anywhere_in_a_form_never_act_as_the_apps_keys(make_
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
-        live = app.launch_by_name("test-steps", {"steps": "1000"})
+        live = app.session.launch_by_name("test-steps", {"steps": "1000"})
         await until(pilot, lambda: job_gate.reached.is_set())
         await pilot.press("j")
         assert isinstance(app.screen, JobsScreen)
@@ -165,20 +165,24 @@ async def test_letters_typed_anywhere_in_a_form_never_act_as_the_apps_keys(make_
         await pilot.press("tab", *"abc")
         form = app.screen.current_form
         assert app.focused is not None and form in app.focused.ancestors_with_self
-        assert live.cancel_requested_at is None and not app.live_runs[live.run_id].settled.is_set()
+        assert live.cancel_requested_at is None and not app.session.live_runs[live.run_id].settled.is_set()
         # Every kind of widget in a form: a field, a select, a switch, a button.
         app.screen.select_job("train")
         await pilot.pause()
         form = app.screen.current_form
-        targets = [form.field("epochs").input, form.field("optimizer").input, form.field("deterministic").input,
-                   form.query_one(".launch", Button)]
+        targets = [
+            form.field("epochs").input,
+            form.field("optimizer").input,
+            form.field("deterministic").input,
+            form.query_one(".launch", Button),
+        ]
         for target in targets:
             target.focus()
             await pilot.press(*"cqdmrgth?")
             assert isinstance(app.screen, JobsScreen), type(target)  # no screen switch, no quit dialog
             assert app.focused is target
         assert live.cancel_requested_at is None and live.model.status == "running"
-        assert list(app.live_runs) == [live.run_id], "a letter launched a job"
+        assert list(app.session.live_runs) == [live.run_id], "a letter launched a job"
         job_gate.release.set()
         await run_settled(pilot, live)
 
@@ -194,7 +198,7 @@ async def test_enter_on_the_job_list_opens_the_form_and_launches_nothing(make_ap
         form = app.screen.current_form
         await until(pilot, lambda: app.focused is form.fields[0].input)
         assert form.spec.name == "replica-matmul"
-        assert not app.live_runs and not app.busy
+        assert not app.session.live_runs and not app.session.busy
         # Launching happens from the form.
         await pilot.press("enter")
         live = shown_live(app)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from textual.app import App
 
 from jobs.events import Metric
-from tpudash.tui.runview import plot_lines
 from tpudash.runs.model import RunModel
 from tpudash.runs.series import DEFAULT_SERIES_CAPACITY
 from tpudash.tui.plots import MetricPlot, RedrawBudget
+from tpudash.tui.runview import plot_lines
 
 POINTS = 200_000
 SPIKE_STEP = 131_072  # 2**17: on the grid of every power-of-two stride the reservoir uses

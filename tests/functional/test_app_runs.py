@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from textual.widgets import OptionList, RichLog, Static, TabbedContent
 
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
 from screens.run import RunScreen
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
 from tpudash.runs.store import RunStore
 
 
@@ -13,7 +13,7 @@ async def test_the_loss_plot_updates_while_a_job_runs_and_ends_with_val_metrics(
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
-        live = app.launch_by_name("test-steps", {"steps": "40"})
+        live = app.session.launch_by_name("test-steps", {"steps": "40"})
         await until(pilot, lambda: job_gate.reached.is_set() and live.model.events_seen >= 20)
         view = app.screen.view
         assert isinstance(app.screen, RunScreen) and view.model is live.model
@@ -37,8 +37,8 @@ async def test_c_cancels_the_running_job_and_the_lane_takes_the_next(make_app, j
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
-        live = app.launch_by_name("test-steps", {"steps": "1000"})
-        queued = app.launch_by_name("gradient-descent")
+        live = app.session.launch_by_name("test-steps", {"steps": "1000"})
+        queued = app.session.launch_by_name("gradient-descent")
         await until(pilot, lambda: job_gate.reached.is_set())
         assert queued.model.status == "queued" and queued.queue_position == 1
         lane = app.screen.query_one("#lane-list", OptionList)
@@ -55,7 +55,7 @@ async def test_a_job_that_raises_shows_its_error_and_the_app_keeps_working(make_
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
-        live = app.launch_by_name("test-fails")
+        live = app.session.launch_by_name("test-fails")
         await run_settled(pilot, live)
         view = app.screen.view
         assert live.model.status == "failed"
@@ -79,8 +79,8 @@ async def test_x_on_a_queued_run_removes_it_without_running_it(make_app, job_gat
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
-        running = app.launch_by_name("test-steps", {"steps": "100"})
-        queued = app.launch_by_name("gradient-descent")
+        running = app.session.launch_by_name("test-steps", {"steps": "100"})
+        queued = app.session.launch_by_name("gradient-descent")
         await until(pilot, lambda: job_gate.reached.is_set())
         assert app.shown_run_id == queued.run_id and queued.model.status == "queued"
         await pilot.press("x")
@@ -90,7 +90,9 @@ async def test_x_on_a_queued_run_removes_it_without_running_it(make_app, job_gat
         job_gate.release.set()
         await run_settled(pilot, running)
         assert running.model.status == "done"
-        assert sorted(path.name for path in isolated_runs_dir.iterdir() if not path.name.startswith(".")) == [running.run_id]
+        assert sorted(path.name for path in isolated_runs_dir.iterdir() if not path.name.startswith(".")) == [
+            running.run_id
+        ]
 
 
 async def test_an_unreadable_runs_directory_is_said_once_while_the_scans_go_on(make_app, monkeypatch):
@@ -108,6 +110,7 @@ async def test_an_unreadable_runs_directory_is_said_once_while_the_scans_go_on(m
         await runtime_ready(pilot)
         await until(pilot, lambda: len(scans) >= 3)
         said = [text for _, severity, text in app.notices if text.startswith("Cannot read the runs directory")]
-        assert said == [f"Cannot read the runs directory: PermissionError: [Errno 13] Permission denied: "
-                        f"'{app.store.root}'"]
+        assert said == [
+            f"Cannot read the runs directory: PermissionError: [Errno 13] Permission denied: '{app.session.store.root}'"
+        ]
         assert app.is_running  # the dashboard goes on

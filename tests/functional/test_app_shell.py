@@ -11,12 +11,12 @@ from textual.command import CommandList, CommandPalette
 from textual.widgets import RichLog
 
 from jobs.base import JobSpec
-from tests.functional.conftest import RUN_TIMEOUT, SIZE, run_settled, runtime_ready, shown_live, until
-from screens.dialogs import ConfirmScreen
-from screens.history import RunDetailScreen
 from screens.jobs import JobsScreen
+from screens.run_detail import RunDetailScreen
+from tests.functional.conftest import RUN_TIMEOUT, SIZE, run_settled, runtime_ready, shown_live, until
 from tpudash.runs.store import RunStore
-from screens.base import KeyBar, SessionBar
+from tpudash.tui.bars import KeyBar, SessionBar
+from tpudash.tui.dialogs import ConfirmScreen
 from tpudash.tui.plots import BudgetedPlot
 
 
@@ -24,7 +24,7 @@ async def test_quit_during_a_run_asks_then_records_the_run_as_cancelled(make_app
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
-        live = app.launch_by_name("test-steps", {"steps": "1000"})
+        live = app.session.launch_by_name("test-steps", {"steps": "1000"})
         await until(pilot, lambda: job_gate.reached.is_set())
         await pilot.press("q")
         assert isinstance(app.screen, ConfirmScreen)
@@ -56,7 +56,7 @@ async def test_native_writes_to_fd2_go_to_the_session_log_and_fd2_comes_back(mak
     app = make_app(redirect_stderr=True)
     try:
         async with app.run_test(size=SIZE) as pilot:
-            log_path = app.session_log.log_path
+            log_path = app.host_io.session_log.log_path
             assert log_path.parent == isolated_runs_dir / ".logs"
             os.write(2, b"I0000 native chatter from the C++ runtime\n")
             print("a Python warning printed by a library", file=sys.stderr)
@@ -87,8 +87,13 @@ async def test_the_palette_offers_every_job_and_every_screen(make_app, test_spec
             assert f"Show {screen_name}" in prompts
         assert any(prompt.startswith("Re-initialise the TPU") for prompt in prompts)
         await pilot.press(*"form gradient-descent")
-        await until(pilot, lambda: commands.option_count > 0
-                    and str(commands.get_option_at_index(0).prompt).startswith("Form: gradient-descent"))
+        await until(
+            pilot,
+            lambda: (
+                commands.option_count > 0
+                and str(commands.get_option_at_index(0).prompt).startswith("Form: gradient-descent")
+            ),
+        )
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, JobsScreen))
         assert app.screen.current_form.spec.name == "gradient-descent"
@@ -102,9 +107,15 @@ async def test_every_screen_renders_at_small_and_large_sizes(make_app, job_gate,
         await runtime_ready(pilot)
         await pilot.press("g")
         await run_settled(pilot, shown_live(app))
-        await run_settled(pilot, app.launch_by_name("test-steps"))
-        for key, mode in (("d", "devices"), ("j", "jobs"), ("v", "run"), ("h", "history"), ("l", "log"),
-                          ("question_mark", "help")):
+        await run_settled(pilot, app.session.launch_by_name("test-steps"))
+        for key, mode in (
+            ("d", "devices"),
+            ("j", "jobs"),
+            ("v", "run"),
+            ("h", "history"),
+            ("l", "log"),
+            ("question_mark", "help"),
+        ):
             await pilot.press(key)
             await pilot.pause()
             assert app.current_mode == mode
@@ -129,7 +140,7 @@ async def test_resizing_during_a_run_keeps_the_plots(make_app, job_gate):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
-        live = app.launch_by_name("test-steps", {"steps": "40"})
+        live = app.session.launch_by_name("test-steps", {"steps": "40"})
         await until(pilot, lambda: job_gate.reached.is_set())
         view = app.screen.view
         await until(pilot, lambda: view.plot_for("loss") is not None and view.plot_for("loss").points_drawn >= 20)
@@ -186,8 +197,13 @@ def _slow_to_stop_job(may_stop: threading.Event) -> JobSpec:
         ctx.raise_if_cancelled()
         return {}
 
-    return JobSpec(name="test-slow-stop", title="Test slow stop", description="Winds down slowly when cancelled.",
-                   params=(), run=run)
+    return JobSpec(
+        name="test-slow-stop",
+        title="Test slow stop",
+        description="Winds down slowly when cancelled.",
+        params=(),
+        run=run,
+    )
 
 
 async def test_confirming_quit_during_a_run_shows_at_once_that_it_is_stopping(make_app, test_specs):
@@ -196,7 +212,7 @@ async def test_confirming_quit_during_a_run_shows_at_once_that_it_is_stopping(ma
     try:
         async with app.run_test(size=(80, 24)) as pilot:
             await runtime_ready(pilot)
-            live = app.launch_by_name("test-slow-stop")
+            live = app.session.launch_by_name("test-slow-stop")
             await until(pilot, lambda: live.model.status == "running")
             bar = app.screen.query_one(SessionBar)
             assert "test-slow-stop ● running" in str(bar.content)
@@ -204,8 +220,11 @@ async def test_confirming_quit_during_a_run_shows_at_once_that_it_is_stopping(ma
             assert isinstance(app.screen, ConfirmScreen)
             await pilot.press("y")
             # The job is still winding down and the app still up, and the header says so.
-            await until(pilot, lambda: "stopping: cancelling test-slow-stop…" in str(app.screen.query_one(SessionBar).content),
-                        timeout=10)
+            await until(
+                pilot,
+                lambda: "stopping: cancelling test-slow-stop…" in str(app.screen.query_one(SessionBar).content),
+                timeout=10,
+            )
             assert app.is_running and not live.settled.is_set()
             assert "running" not in str(app.screen.query_one(SessionBar).content)
             may_stop.set()

@@ -25,15 +25,16 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pytest
 
 from jobs import get_job
 from tests.conftest import REPO_ROOT
 from tests.unit.test_cli import USER_UNSET
-from tpudash.runs.store import RunStore, read_events
+from tpudash.runs.store import RunStore
+from tpudash.runs.tail import read_events
 
 TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
 ROWS, COLUMNS = 40, 120
@@ -61,7 +62,7 @@ class ScreenGrid:
     def feed(self, data: bytes) -> None:
         position = 0
         while position < len(data):
-            if data[position] == 0x1b:
+            if data[position] == 0x1B:
                 sequence = CURSOR_OR_STYLE.match(data, position)
                 if sequence is not None:
                     params, command = sequence.groups()
@@ -74,16 +75,18 @@ class ScreenGrid:
                 else:
                     other = ESCAPE_SEQUENCE.match(data, position)
                     position = other.end() if other is not None else position + 1
-            elif data[position] == 0x0d:
+            elif data[position] == 0x0D:
                 self.column, position = 0, position + 1
-            elif data[position] == 0x0a:
+            elif data[position] == 0x0A:
                 self.row, position = self.row + 1, position + 1
             else:
                 lead = data[position]
                 length = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
                 if 0 <= self.row < ROWS and 0 <= self.column < COLUMNS:
-                    self.cells[self.row][self.column] = (data[position:position + length].decode("utf-8", "replace"),
-                                                         self.style)
+                    self.cells[self.row][self.column] = (
+                        data[position : position + length].decode("utf-8", "replace"),
+                        self.style,
+                    )
                 self.column, position = self.column + 1, position + length
 
     def line(self, row: int) -> str:
@@ -112,17 +115,22 @@ class TerminalSession:
         self.master, self.terminal = pty.openpty()
         fcntl.ioctl(self.terminal, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLUMNS, 0, 0))
         self.attributes_before = termios.tcgetattr(self.terminal)
-        environment = {key: value for key, value in os.environ.items()
-                       if key not in (*USER_UNSET, "TPUDASH_NATIVE_STDERR")}
-        environment.update(TERM="xterm-256color", COLUMNS=str(COLUMNS), LINES=str(ROWS),
-                           TPUDASH_RUNS_DIR=str(runs_dir))
+        environment = {
+            key: value for key, value in os.environ.items() if key not in (*USER_UNSET, "TPUDASH_NATIVE_STDERR")
+        }
+        environment.update(TERM="xterm-256color", COLUMNS=str(COLUMNS), LINES=str(ROWS), TPUDASH_RUNS_DIR=str(runs_dir))
         self.output = bytearray()
         self.screen = ScreenGrid()
         self._changed = threading.Condition()
         self._reading = True
         self.process = subprocess.Popen(
-            [str(TPUDASH_SCRIPT)], stdin=self.terminal, stdout=self.terminal, stderr=self.terminal,
-            cwd=REPO_ROOT, env=environment, start_new_session=True,
+            [str(TPUDASH_SCRIPT)],
+            stdin=self.terminal,
+            stdout=self.terminal,
+            stderr=self.terminal,
+            cwd=REPO_ROOT,
+            env=environment,
+            start_new_session=True,
         )
         # The test keeps its own end of the terminal open, to read its modes after the app exits.
         self._reader = threading.Thread(target=self._read, name="tpudash terminal reader", daemon=True)
@@ -156,8 +164,10 @@ class TerminalSession:
             while not predicate():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self.process.poll() is not None:
-                    raise AssertionError(f"waited for {what}; exit code {self.process.poll()}; "
-                                         f"screen text so far: {self.text()[-2000:]!r}")
+                    raise AssertionError(
+                        f"waited for {what}; exit code {self.process.poll()}; "
+                        f"screen text so far: {self.text()[-2000:]!r}"
+                    )
                 self._changed.wait(min(remaining, 0.1))
 
     def text(self, since: int = 0) -> str:
@@ -234,13 +244,16 @@ def launch_an_endless_descent(session: TerminalSession, runs_dir: Path) -> Path:
     # widget that had it.
     spec = get_job("gradient-descent")
     shown = [param.name for param in spec.params if param.applies(spec.defaults())]
-    session.wait_for(lambda: session.screen.field(shown[0], shown) is not None
-                     and session.screen.field(shown[0], shown)[1], "the form's first field to have the focus")
+    session.wait_for(
+        lambda: session.screen.field(shown[0], shown) is not None and session.screen.field(shown[0], shown)[1],
+        "the form's first field to have the focus",
+    )
     session.type(TAB * shown.index("steps"))
     session.wait_for(lambda: session.screen.field("steps", shown) == ("20", True), "the steps field to have the focus")
     session.type(ENDLESS_STEPS.encode())
-    session.wait_for(lambda: session.screen.field("steps", shown) == (ENDLESS_STEPS, True),
-                     f"steps to read {ENDLESS_STEPS}")
+    session.wait_for(
+        lambda: session.screen.field("steps", shown) == (ENDLESS_STEPS, True), f"steps to read {ENDLESS_STEPS}"
+    )
     session.type(ENTER)
     run_dir = None
 
@@ -256,7 +269,8 @@ def launch_an_endless_descent(session: TerminalSession, runs_dir: Path) -> Path:
 
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_to_the_dashboard_cancels_the_run_records_it_and_restores_the_terminal(
-        signal_number, terminal_session, isolated_runs_dir):
+    signal_number, terminal_session, isolated_runs_dir
+):
     session = terminal_session()
     run_dir = launch_an_endless_descent(session, isolated_runs_dir)
     assert not termios.tcgetattr(session.terminal)[3] & termios.ECHO, "the app runs the terminal without echo"

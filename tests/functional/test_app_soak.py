@@ -52,13 +52,14 @@ from textual.widgets._select import SelectOverlay
 
 from jobs.events import Metric
 from screens.devices import DevicesScreen
-from screens.dialogs import ConfirmScreen
 from screens.jobs import JobsScreen
 from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, shown_live, until
-from tpudash.tui.modes import MODE_SCREENS
-from tpudash.tui.app import MAX_WAITING_RUNS, TICK_SECONDS, TpudashApp
 from tpudash.runs.store import RunStore
+from tpudash.tui.app import TICK_SECONDS, TpudashApp
+from tpudash.tui.dialogs import ConfirmScreen
+from tpudash.tui.modes import MODE_SCREENS, RUN_DETAIL_SCREEN
 from tpudash.tui.paramform import ParamForm
+from tpudash.tui.session import MAX_WAITING_RUNS
 
 # Five hundred keep the default suite under its time budget (see the docstring
 # for what they cover); TPUDASH_SOAK_KEYS=5000 soaks longer.
@@ -69,8 +70,22 @@ BATCH_SIZES = (10, 40)
 TICK_TIMEOUT = 30
 RECENT_KEYS = 12
 QUIT_ACTIONS = {"quit", "app.quit"}
-NAVIGATION_KEYS = {"tab", "shift+tab", "enter", "escape", "up", "down", "left", "right",
-                   "pageup", "pagedown", "home", "end", "space", "backspace"}
+NAVIGATION_KEYS = {
+    "tab",
+    "shift+tab",
+    "enter",
+    "escape",
+    "up",
+    "down",
+    "left",
+    "right",
+    "pageup",
+    "pagedown",
+    "home",
+    "end",
+    "space",
+    "backspace",
+}
 # "q" is left out of typed text: typed while no field has focus (a batch may
 # land after focus moved) it is the quit key, which this stream never sends.
 TYPED_CHARACTERS = "".join(char for char in string.printable if char not in "qQ\t\n\r\x0b\x0c")
@@ -79,8 +94,16 @@ TYPED_CHARACTERS = "".join(char for char in string.printable if char not in "qQ\
 STAND_IN_JOBS = ("train", "dtensor-mlp", "replica-dataset", "all-reduce")
 STAND_IN_STEPS = 30
 SMALL_MATMUL = {"m": 64, "k": 64, "n": 64, "repeats": 2}
-PALETTE_COMMANDS = ("Run test-steps", "Run test-fails", "Run gradient-descent", "Cancel the running job",
-                    "Show History", "Show Run view", "Form: matmul", "Form: train")
+PALETTE_COMMANDS = (
+    "Run test-steps",
+    "Run test-fails",
+    "Run gradient-descent",
+    "Cancel the running job",
+    "Show History",
+    "Show Run view",
+    "Form: matmul",
+    "Form: train",
+)
 FINAL_STATUSES = {"done", "failed", "cancelled"}
 
 
@@ -97,12 +120,16 @@ def _binding_keys(bindings) -> list[tuple[str, str]]:
 
 def tpudash_screens() -> list[type[Screen]]:
     """Every Screen class defined in the app's screen modules (modes, dialogs, pushed screens)."""
-    module_names = {module for module, _, _, _ in MODE_SCREENS.values()} | {"screens.dialogs"}
+    pushed = {RUN_DETAIL_SCREEN[0], "screens.overlay", "tpudash.tui.dialogs"}
+    module_names = {module for module, _, _, _ in MODE_SCREENS.values()} | pushed
     classes = []
     for module_name in sorted(module_names):
         module = importlib.import_module(module_name)
-        classes.extend(value for value in vars(module).values()
-                       if isinstance(value, type) and issubclass(value, Screen) and value.__module__ == module_name)
+        classes.extend(
+            value
+            for value in vars(module).values()
+            if isinstance(value, type) and issubclass(value, Screen) and value.__module__ == module_name
+        )
     return classes
 
 
@@ -149,8 +176,10 @@ def _stand_in(spec):
 
 
 def _small_matmul(spec):
-    params = tuple(dataclasses.replace(param, default=SMALL_MATMUL[param.name]) if param.name in SMALL_MATMUL
-                   else param for param in spec.params)
+    params = tuple(
+        dataclasses.replace(param, default=SMALL_MATMUL[param.name]) if param.name in SMALL_MATMUL else param
+        for param in spec.params
+    )
     return dataclasses.replace(spec, params=params)
 
 
@@ -230,7 +259,7 @@ class KeySoak:
         else:
             raise AssertionError(f"the UI timer stopped ticking for {TICK_TIMEOUT} s")
         self.assert_alive()
-        for live in list(self.app.live_runs.values()):
+        for live in list(self.app.session.live_runs.values()):
             self.runs[live.run_id] = live
 
     async def until(self, predicate) -> None:
@@ -242,16 +271,19 @@ class KeySoak:
         raise AssertionError(f"condition not met within {UNTIL_TIMEOUT} s")
 
     def assert_alive(self) -> None:
-        assert self.app._exception is None, (f"an exception reached the app: {self.app._exception!r}; "
-                                             f"the last keys sent: {' | '.join(self.last_keys)}")
+        assert self.app._exception is None, (
+            f"an exception reached the app: {self.app._exception!r}; the last keys sent: {' | '.join(self.last_keys)}"
+        )
         assert self.app.is_running and self.app.return_code is None, "the app stopped"
 
     @property
     def typing_into_a_field(self) -> bool:
         """Focus is in a form (a field, a select, a switch, its buttons): letters are typing there, not keys."""
         focused = self.app.focused
-        return focused is not None and (isinstance(focused, (Input, SelectOverlay))
-                                        or any(isinstance(node, ParamForm) for node in focused.ancestors))
+        return focused is not None and (
+            isinstance(focused, (Input, SelectOverlay))
+            or any(isinstance(node, ParamForm) for node in focused.ancestors)
+        )
 
     # -- steps ------------------------------------------------------------------------
     async def random_batch(self, keys: list[str] | None = None) -> None:
@@ -292,7 +324,7 @@ class KeySoak:
 
     def held_test_run(self):
         """The running test-steps run (it waits at its gate until cancelled), unless asked to stop."""
-        current = self.app.current_live_run
+        current = self.app.session.current_live_run
         if current is None or current.job != "test-steps" or current.cancel_requested_at is not None:
             return None
         return current
@@ -304,7 +336,7 @@ class KeySoak:
         if held is None:
             # Launch one and wait for its turn (the queue ahead of it holds a few quick runs at most).
             await self.use_the_palette("Run test-steps")
-            launched = self.app.live_runs.get(self.app.shown_run_id)
+            launched = self.app.session.live_runs.get(self.app.shown_run_id)
             if launched is None or launched.model.job != "test-steps" or launched.settled.is_set():
                 return  # the queue was full
             await self.until(lambda: self.held_test_run() is launched or launched.settled.is_set())
@@ -315,8 +347,8 @@ class KeySoak:
         await self.until(lambda: isinstance(self.app.screen, ConfirmScreen))
         await self.press(self.rng.choice(["n", "escape", "enter"]))
         await self.until(lambda: not isinstance(self.app.screen, ConfirmScreen))
-        assert not self.app.quitting and held.cancel_requested_at is None, "declining to quit stopped the run"
-        assert self.app.current_live_run is held, "declining to quit ended the run"
+        assert not self.app.session.quitting and held.cancel_requested_at is None, "declining to quit stopped the run"
+        assert self.app.session.current_live_run is held, "declining to quit ended the run"
         self.quit_dialogs_declined += 1
 
     async def use_the_palette(self, command: str | None = None) -> None:
@@ -334,8 +366,11 @@ class KeySoak:
         else:
             commands = palette.query_one(CommandList)
             await self.press(*command.lower())
-            await self.until(lambda: commands.option_count > 0
-                             and str(commands.get_option_at_index(0).prompt).split("\n")[0] == command)
+            await self.until(
+                lambda: (
+                    commands.option_count > 0 and str(commands.get_option_at_index(0).prompt).split("\n")[0] == command
+                )
+            )
             await self.press("enter")
         await self.until(lambda: palette not in self.app.screen_stack)
 
@@ -359,8 +394,9 @@ class KeySoak:
                 await self.use_the_palette(self.rng.choice([None, *PALETTE_COMMANDS]))
             else:
                 await self.random_batch()
-        raise AssertionError(f"{MAX_SOAK_STEPS} steps sent {self.random_keys} random keys "
-                             f"and typed into {self.texts_typed} fields")
+        raise AssertionError(
+            f"{MAX_SOAK_STEPS} steps sent {self.random_keys} random keys and typed into {self.texts_typed} fields"
+        )
 
 
 def soak_seed() -> int:
@@ -369,7 +405,8 @@ def soak_seed() -> int:
 
 @pytest.mark.slow
 async def test_random_keys_typed_ahead_while_jobs_run_raise_nothing_and_lose_no_run(
-        make_app, soak_specs, isolated_runs_dir, caplog):
+    make_app, soak_specs, isolated_runs_dir, caplog
+):
     seed = soak_seed()
     try:
         await _soak_then_check(make_app, soak_specs, isolated_runs_dir, caplog, seed)
@@ -394,11 +431,13 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
         await soak.press("d")
         await soak.until(lambda: isinstance(app.screen, DevicesScreen))
         for _ in range(4 * (MAX_WAITING_RUNS + 1)):
-            if not app.busy:
+            if not app.session.busy:
                 break
             await soak.press("c", drain=True)
-            await soak.until(lambda: app.current_live_run is None or app.current_live_run.cancel_requested_at is None)
-        await soak.until(lambda: not app.busy)
+            await soak.until(
+                lambda: app.session.current_live_run is None or app.session.current_live_run.cancel_requested_at is None
+            )
+        await soak.until(lambda: not app.session.busy)
         await soak.press("g", drain=True)
         descent = shown_live(app)
         assert descent is not None and descent.model.job == "gradient-descent"
@@ -407,8 +446,12 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
         soak.runs[descent.run_id] = descent
 
         await soak.use_the_palette("Run test-steps")
-        await soak.until(lambda: soak.held_test_run() is not None
-                         and app.live_runs[soak.held_test_run().run_id].model.status == "running")
+        await soak.until(
+            lambda: (
+                soak.held_test_run() is not None
+                and app.session.live_runs[soak.held_test_run().run_id].model.status == "running"
+            )
+        )
         last = soak.held_test_run()
         await soak.press("q", drain=True)
         await soak.until(lambda: isinstance(app.screen, ConfirmScreen))
@@ -418,8 +461,11 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
     assert app._exception is None and app.return_code == 0
 
     errors = [message for _, severity, message in app.notices if severity == "error"]
-    explained = {f"{live.job} failed: {live.model.error}" for live in soak.runs.values()
-                 if live.model.status == "failed" and is_deliberate_failure(live.job, live.params, live.model.error)}
+    explained = {
+        f"{live.job} failed: {live.model.error}"
+        for live in soak.runs.values()
+        if live.model.status == "failed" and is_deliberate_failure(live.job, live.params, live.model.error)
+    }
     refusals = tuple(f"{name} not launched: " for name in soak_specs)
     unexplained = [message for message in errors if message not in explained and not message.startswith(refusals)]
     assert unexplained == [], "errors shown that no deliberate failure or refused input explains"
@@ -430,13 +476,15 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
     infos = {info.run_id: info for info in RunStore(runs_dir).list_runs()}
     for run_id, live in soak.runs.items():
         if live.model.started is None:
-            assert live.model.status == "cancelled" and run_id not in infos, \
+            assert live.model.status == "cancelled" and run_id not in infos, (
                 f"{run_id} never started, yet {live.model.status}"
+            )
             continue
         assert run_id in infos, f"{run_id} ({live.job}) started but has no record"
         info = infos[run_id]
-        assert info.status in FINAL_STATUSES and info.status == live.model.status, \
+        assert info.status in FINAL_STATUSES and info.status == live.model.status, (
             f"{run_id} ({live.job}) recorded as {info.status}, ended {live.model.status}"
+        )
         assert not info.problems, f"{run_id}: {info.problems}"
         if info.status == "failed":
             assert is_deliberate_failure(info.job, info.params, info.error), f"{run_id} failed: {info.error}"
@@ -450,11 +498,13 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
     assert {"done", "cancelled", "failed"} <= statuses, statuses
     assert soak.quit_dialogs_declined >= 1
     assert set(soak.random_key_counts) == set(key_set), "a key of the set was never sent"
-    print(f"key soak seed {seed}: {soak.keys_sent} keys ({soak.random_keys} random, {soak.texts_typed} texts), "
-          f"{len(soak.runs)} runs ({len(started)} started: "
-          f"{ {status: sum(live.model.status == status for live in started) for status in sorted(statuses)} }), "
-          f"{soak.quit_dialogs_declined} quit dialogs declined, {soak.palette_visits} palette visits, "
-          f"{len(soak.random_key_counts)} of the {len(key_set)} keys sent at random")
+    print(
+        f"key soak seed {seed}: {soak.keys_sent} keys ({soak.random_keys} random, {soak.texts_typed} texts), "
+        f"{len(soak.runs)} runs ({len(started)} started: "
+        f"{ {status: sum(live.model.status == status for live in started) for status in sorted(statuses)} }), "
+        f"{soak.quit_dialogs_declined} quit dialogs declined, {soak.palette_visits} palette visits, "
+        f"{len(soak.random_key_counts)} of the {len(key_set)} keys sent at random"
+    )
 
 
 async def test_enter_typed_right_after_moving_to_another_job_opens_that_form_and_enter_there_launches(make_app):
@@ -478,7 +528,7 @@ async def test_enter_typed_right_after_moving_to_another_job_opens_that_form_and
         assert app._exception is None, f"enter on the half-built {next_form.spec.name} form: {app._exception!r}"
         assert [message for _, severity, message in app.notices if severity == "error"] == []
         await until(pilot, lambda: app.focused is next_form.fields[0].input)
-        assert not app.live_runs
+        assert not app.session.live_runs
         soak_post(app, "enter")
         await until(pilot, lambda: shown_live(app) is not None)
         await run_settled(pilot, shown_live(app))

@@ -28,8 +28,9 @@ def staged_job(gate: JobGate) -> JobSpec:
         ctx.progress(1, 1, "step")
         return {}
 
-    return JobSpec(name="test-stages", title="Test stages", description="A test job that reports its stages.",
-                   params=(), run=run)
+    return JobSpec(
+        name="test-stages", title="Test stages", description="A test job that reports its stages.", params=(), run=run
+    )
 
 
 def stage_seconds(text: str) -> float:
@@ -37,7 +38,9 @@ def stage_seconds(text: str) -> float:
     return float(re.search(r"· (\d+\.\d)s", text).group(1))
 
 
-async def test_the_stage_under_way_shows_within_a_second_with_its_count_and_a_running_clock(make_app, test_specs, job_gate):
+async def test_the_stage_under_way_shows_within_a_second_with_its_count_and_a_running_clock(
+    make_app, test_specs, job_gate
+):
     gate = JobGate()
     job_gate.release.set()  # test-steps runs through
     test_specs["test-stages"] = staged_job(gate)
@@ -45,11 +48,11 @@ async def test_the_stage_under_way_shows_within_a_second_with_its_count_and_a_ru
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
         # A job that reports no stages has no stage line.
-        await run_settled(pilot, app.launch_by_name("test-steps", {"steps": "2"}))
+        await run_settled(pilot, app.session.launch_by_name("test-steps", {"steps": "2"}))
         stage_line = app.screen.view.query_one("#run-stage")
         assert not stage_line.display
         try:
-            live = app.launch_by_name("test-stages")
+            live = app.session.launch_by_name("test-stages")
             await until(pilot, lambda: "preparing: making the data 3/10" in str(stage_line.render()))
             assert stage_line.display
             # Nothing new arrives while the job is held: the clock still moves, on the view's once-a-second redraw.

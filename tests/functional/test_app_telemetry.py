@@ -19,11 +19,12 @@ import pytest
 from rich.console import Console
 from textual.widgets import Static
 
-from screens.history import RunDetailScreen
+from screens.run_detail import RunDetailScreen
 from tests.fake_tpu_metrics import GIB, FakeTpuMetrics
 from tests.functional.conftest import SIZE, run_settled, until
 from tests.unit.test_telemetry import DUTY, USED
-from tpudash.runs.store import TELEMETRY_FILE, read_events
+from tpudash.runs.layout import TELEMETRY_FILE
+from tpudash.runs.tail import read_events
 from tpudash.tui.plots import MetricPlot
 
 REPO_ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
@@ -64,7 +65,7 @@ def duty_values(model) -> list[float]:
 async def test_devices_shows_every_chips_duty_cycle_and_hbm_with_the_host(make_app, fake):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: len(app.telemetry_history) >= 3)
+        await until(pilot, lambda: len(app.session.telemetry.history) >= 3)
         await pilot.pause()
         text = rendered(app.screen.query_one("#telemetry", Static))
         assert f"TPU — libtpu's metrics service at {fake.address}" in text
@@ -83,10 +84,16 @@ async def test_devices_shows_every_chips_duty_cycle_and_hbm_with_the_host(make_a
 
 
 async def test_a_watched_run_gets_telemetry_on_its_time_axis_in_its_record_and_survives_the_service_going(
-        make_app, fake, store):
+    make_app, fake, store
+):
     fake.set(duty=LOW_DUTY)
-    writer = subprocess.Popen([sys.executable, "-m", "tests.writer_process", "watched"], cwd=REPO_ROOT,
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        [sys.executable, "-m", "tests.writer_process", "watched"],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
     def say(command: str) -> str:
         writer.stdin.write(command + "\n")
@@ -97,7 +104,7 @@ async def test_a_watched_run_gets_telemetry_on_its_time_axis_in_its_record_and_s
         run_id = writer.stdout.readline().split()[1]
         app = make_app()
         async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.live_on_disk)
+            await until(pilot, lambda: app.session.live_on_disk)
             await pilot.press("w")
             detail = app.screen
             assert isinstance(detail, RunDetailScreen)
@@ -119,8 +126,7 @@ async def test_a_watched_run_gets_telemetry_on_its_time_axis_in_its_record_and_s
             assert recorded[-1][1].host["processes"]["writer"] > 0  # the writer's resident memory
 
             fake.stop()
-            await until(pilot, lambda: "connection refused" in str(
-                detail.query_one("#telemetry-note", Static).content))
+            await until(pilot, lambda: "connection refused" in str(detail.query_one("#telemetry-note", Static).content))
             assert say("metric 0.5") == "metric 2"  # the run goes on
             await until(pilot, lambda: detail.view.model.final_metrics.get("loss") == 0.5)
 
@@ -144,7 +150,7 @@ async def test_a_watched_run_gets_telemetry_on_its_time_axis_in_its_record_and_s
 async def test_a_tpudash_job_records_telemetry_and_its_run_view_plots_it(make_app, fake, store, job_gate):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        live = app.launch_by_name("test-steps")
+        live = app.session.launch_by_name("test-steps")
         await pilot.press("v")
         await until(pilot, lambda: job_gate.reached.is_set() and len(duty_line(app.screen)) >= 2)
         assert duty_line(app.screen)[-1] == sum(DUTY.values()) / 4  # the mean over the chips

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 from jobs.events import Progress
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into, until
 from screens.jobs import JobsScreen
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_into, until
 
 SHORT_SYNTHETIC_TRAIN = {"epochs": "2", "batch_per_replica": "8", "limit_train": "512", "limit_test": "128"}
 
@@ -28,7 +28,7 @@ async def test_t_opens_the_train_form_and_a_short_synthetic_run_plots_live_then_
         try:
             await runtime_ready(pilot)
             # The engine runs on a thread of this test (make_app): its runner takes the sink.
-            app.lane.engine.server.runner.add_sink(hold_after_first_batch)
+            app.session.lane.engine.server.runner.add_sink(hold_after_first_batch)
             await pilot.press("t")
             assert isinstance(app.screen, JobsScreen)
             form = app.screen.current_form
@@ -41,8 +41,15 @@ async def test_t_opens_the_train_form_and_a_short_synthetic_run_plots_live_then_
             assert live is not None and live.model.job == "train"
 
             view = app.screen.view
-            await until(pilot, lambda: first_batch.is_set() and view.plot_for("loss") is not None
-                        and view.plot_for("loss").points_drawn > 0, timeout=180)
+            await until(
+                pilot,
+                lambda: (
+                    first_batch.is_set()
+                    and view.plot_for("loss") is not None
+                    and view.plot_for("loss").points_drawn > 0
+                ),
+                timeout=180,
+            )
             assert live.model.status == "running"
             drawn_mid_run = view.plot_for("loss").points_drawn
         finally:

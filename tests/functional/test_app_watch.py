@@ -17,7 +17,8 @@ from pathlib import Path
 
 from textual.widgets import DataTable, Static
 
-from screens.history import HistoryScreen, RunDetailScreen
+from screens.history import HistoryScreen
+from screens.run_detail import RunDetailScreen
 from tests.functional.conftest import SIZE, until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,14 +36,20 @@ def loss_points(screen: RunDetailScreen) -> int:
 
 
 async def test_the_dashboard_watches_a_users_fit_live_then_done_and_a_killed_one_turns_interrupted(make_app):
-    fit = subprocess.Popen([sys.executable, "-m", "tests.fit_process"], cwd=REPO_ROOT, stdin=subprocess.PIPE,
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    fit = subprocess.Popen(
+        [sys.executable, "-m", "tests.fit_process"],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     app = make_app()
     try:
         async with app.run_test(size=SIZE) as pilot:
             # The run appears by itself, and the dashboard says so.
-            await until(pilot, lambda: app.live_on_disk, timeout=FIT_TIMEOUT)
-            assert [info.job for info in app.live_on_disk] == ["first-fit"]
+            await until(pilot, lambda: app.session.live_on_disk, timeout=FIT_TIMEOUT)
+            assert [info.job for info in app.session.live_on_disk] == ["first-fit"]
             assert any("first-fit, from model.fit with TpudashCallback in pid" in text for _, _, text in app.notices)
 
             await pilot.press("w")
@@ -50,11 +57,13 @@ async def test_the_dashboard_watches_a_users_fit_live_then_done_and_a_killed_one
             assert isinstance(detail, RunDetailScreen)
             await until(pilot, lambda: detail.loaded)
             assert "● live  written by model.fit with TpudashCallback" in str(
-                detail.query_one("#detail-source", Static).content)
+                detail.query_one("#detail-source", Static).content
+            )
             assert await read_line(fit) == "epoch 1 of first-fit"
             # Everything of epoch 1 is on disk: the view shows it, drawn as the Run view draws.
-            await until(pilot, lambda: detail.view.model.final_metrics.get("val_loss") is not None
-                        and loss_points(detail) >= 6)
+            await until(
+                pilot, lambda: detail.view.model.final_metrics.get("val_loss") is not None and loss_points(detail) >= 6
+            )
             model = detail.view.model
             assert model.status == "running" and model.runtime["num_replicas"] == 8
             assert model.progress["epoch"].done == 1
@@ -94,7 +103,8 @@ async def test_the_dashboard_watches_a_users_fit_live_then_done_and_a_killed_one
             await until(pilot, lambda: killed.loaded and killed.view.model.status == "interrupted")
             assert killed.view.model.progress["epoch"].done == 1 and loss_points(killed) >= 6
             assert "ended without finishing; everything it wrote is kept" in str(
-                killed.query_one("#detail-source", Static).content)
+                killed.query_one("#detail-source", Static).content
+            )
     finally:
         if fit.poll() is None:
             fit.kill()

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from jobs.events import RunFinished
 from tests.benchmarks.bench_first_frame import first_frame_seconds
 from tests.conftest import REPO_ROOT
-from jobs.events import RunFinished
-from tpudash.runs.store import RunStore, new_run_id
+from tpudash.runs.layout import new_run_id
+from tpudash.runs.store import RunStore
 
 CPU_INSTALL_LINE = 'pip install "tensorflow>=2.20,<2.22"'
 
@@ -30,19 +31,31 @@ def base_install(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("base-install")
     venv.create(home / "venv", with_pip=True)
     python = home / "venv" / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(REPO_ROOT)], check=True,
-                   capture_output=True, text=True, timeout=900)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(REPO_ROOT)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return python
 
 
 def tpudash(python: Path, *argv: str, runs_dir: Path, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), "-m", "tpudash", *argv], capture_output=True, text=True, timeout=120,
-                          cwd=cwd, env={"PATH": "/usr/bin:/bin", "TPUDASH_RUNS_DIR": str(runs_dir), "HOME": str(cwd)})
+    return subprocess.run(
+        [str(python), "-m", "tpudash", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "TPUDASH_RUNS_DIR": str(runs_dir), "HOME": str(cwd)},
+    )
 
 
 def test_the_base_install_brings_no_tensorflow(base_install, tmp_path):
-    listed = subprocess.run([str(base_install), "-m", "pip", "list", "--format", "json"], capture_output=True,
-                            text=True, check=True)
+    listed = subprocess.run(
+        [str(base_install), "-m", "pip", "list", "--format", "json"], capture_output=True, text=True, check=True
+    )
     names = {item["name"].lower() for item in json.loads(listed.stdout)}
     assert {"tpudash", "textual", "tpu-info"} <= names
     assert not {"tensorflow", "tensorflow-tpu", "libtpu", "keras"} & names
@@ -70,7 +83,9 @@ def test_without_tensorflow_devices_and_run_give_the_install_line_and_start_noth
 
 def test_without_tensorflow_history_jobs_and_the_dashboard_work(base_install, tmp_path):
     runs_dir = tmp_path / "runs"
-    recorder = RunStore(runs_dir).create(new_run_id("gradient-descent"), "gradient-descent", {"steps": 20}, {"kind": "CPU"})
+    recorder = RunStore(runs_dir).create(
+        new_run_id("gradient-descent"), "gradient-descent", {"steps": 20}, {"kind": "CPU"}
+    )
     recorder.record(RunFinished(status="done", summary={"loss": 0.0022596875205636024}))
 
     runs = tpudash(base_install, "runs", "--json", runs_dir=runs_dir, cwd=tmp_path)
@@ -91,8 +106,9 @@ def test_the_base_install_serves_the_dashboard_page(base_install, tmp_path):
 
     from tests.serve_process import start_server
 
-    server = start_server(tmp_path, python=str(base_install), cwd=tmp_path,
-                          base_env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    server = start_server(
+        tmp_path, python=str(base_install), cwd=tmp_path, base_env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    )
     try:
         page = urllib.request.urlopen(server.url, timeout=10).read().decode()
         assert 'src="static/js/textual.js"' in page

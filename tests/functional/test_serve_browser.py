@@ -36,7 +36,7 @@ RECORDER = """
   const decoder = new TextDecoder();
   const record = (bytes) => {
     seen.text = (seen.text + decoder.decode(bytes, {stream: true})).slice(-400000);
-    if (seen.firstTextAt === null && seen.text.includes("%s")) seen.firstTextAt = performance.now();
+    if (seen.firstTextAt === null && seen.text.includes("DASHBOARD_TEXT")) seen.firstTextAt = performance.now();
   };
   const NativeWebSocket = window.WebSocket;
   window.WebSocket = class extends NativeWebSocket {
@@ -63,7 +63,7 @@ RECORDER = """
     return response;
   };
 })();
-""" % DASHBOARD_TEXT
+""".replace("DASHBOARD_TEXT", DASHBOARD_TEXT)
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +99,12 @@ def open_dashboard(browser, url: str):
     page.add_init_script(RECORDER)
     page.goto(url)
     # textual.js marks the body once terminal bytes have been written to xterm.js.
-    page.wait_for_function("() => window.__tpudash.firstTextAt !== null "
-                           "&& document.body.classList.contains('-first-byte')", timeout=FIRST_FRAME_TIMEOUT_MS)
+    page.wait_for_function(
+        "() => window.__tpudash.firstTextAt !== null && document.body.classList.contains('-first-byte')",
+        timeout=FIRST_FRAME_TIMEOUT_MS,
+    )
     first_frame_ms, connected_ms = page.evaluate("[window.__tpudash.firstTextAt, window.__tpudash.connectedAt]")
-    print(f"\n{url}: first frame {first_frame_ms:.0f} ms after navigation started "
-          f"(connected at {connected_ms:.0f} ms)")
+    print(f"\n{url}: first frame {first_frame_ms:.0f} ms after navigation started (connected at {connected_ms:.0f} ms)")
     return page, first_frame_ms
 
 
@@ -132,8 +133,11 @@ def test_the_dashboard_in_a_browser_runs_gradient_descent_from_a_key(browser, se
     assert [run["status"] for run in runs] == ["done"]
     # The page has been sent the finished run (its result in the run view,
     # the notification) before the picture is taken.
-    page.wait_for_function("() => window.__tpudash.text.includes('0.0022596875205636024') "
-                           "&& window.__tpudash.text.includes('Run finished')", timeout=30_000)
+    page.wait_for_function(
+        "() => window.__tpudash.text.includes('0.0022596875205636024') "
+        "&& window.__tpudash.text.includes('Run finished')",
+        timeout=30_000,
+    )
     screenshot = tmp_path / "serve_screenshot.png"
     page.screenshot(path=str(screenshot))
     shutil.copyfile(screenshot, LEAD_SCREENSHOT)

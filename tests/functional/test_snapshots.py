@@ -25,11 +25,12 @@ import pytest
 
 from jobs import registry
 from jobs.events import Log, Metric, Progress, ReplicaValues, RunFinished, RunStarted, Stage, Table
-from tpudash.tui.app import TpudashApp
-from tpudash.config import Settings
-from tpudash.engine.handle import EngineThread
-from tpudash.runs.store import SOURCE_JOB, RunRecorder
 from tpudash.accel.description import LogicalDeviceInfo, Runtime, RuntimeDescription
+from tpudash.config import Settings
+from tpudash.engine.inthread import EngineThread
+from tpudash.runs.layout import SOURCE_JOB
+from tpudash.runs.recorder import RunRecorder
+from tpudash.tui.app import TpudashApp
 
 SIZES = {"80x24": (80, 24), "160x48": (160, 48)}
 # Fixed, not tmp_path: the runs directory's path is on screen (Help, History).
@@ -39,15 +40,25 @@ ENGINE_PID = 4242
 CPUS = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(8)]
 
 DESCRIPTION = RuntimeDescription(
-    kind="CPU", strategy="MirroredStrategy", num_replicas=8,
+    kind="CPU",
+    strategy="MirroredStrategy",
+    num_replicas=8,
     devices=[LogicalDeviceInfo(index, name, "CPU") for index, name in enumerate(CPUS)],
-    simulated=True, tf_version="2.21.0", keras_version="3.15.0", host="snapshot-host", init_seconds=1.25,
+    simulated=True,
+    tf_version="2.21.0",
+    keras_version="3.15.0",
+    host="snapshot-host",
+    init_seconds=1.25,
     notes=["8 logical CPU devices stand in for a TPU board"],
 )
 HOST_CHECK = {
     "chips": {"chip_type": None, "count": 0, "hbm_gib_per_chip": None, "cores_per_chip": None, "scan_error": None},
-    "distributions": {"tensorflow": "2.21.0"}, "holders": [], "tensorflow_found": True, "diagnoses": [],
-    "tensorflow_build": "tensorflow 2.21.0", "install_line": 'pip install "tensorflow>=2.20,<2.22"',
+    "distributions": {"tensorflow": "2.21.0"},
+    "holders": [],
+    "tensorflow_found": True,
+    "diagnoses": [],
+    "tensorflow_build": "tensorflow 2.21.0",
+    "install_line": 'pip install "tensorflow>=2.20,<2.22"',
 }
 
 
@@ -62,9 +73,19 @@ def record_run(run_id: str, job: str, params: dict, events: list, *, seconds: fl
     run_dir = RUNS_DIR / run_id
     run_dir.mkdir(parents=True)
     started = STARTED + len(list(RUNS_DIR.iterdir())) * 600
-    meta = {"source": SOURCE_JOB, "run_id": run_id, "job": job, "params": params, "runtime": DESCRIPTION.to_dict(),
-            "status": "running", "started": started, "finished": None, "pid": None, "pid_start": None,
-            "host": "snapshot-host"}
+    meta = {
+        "source": SOURCE_JOB,
+        "run_id": run_id,
+        "job": job,
+        "params": params,
+        "runtime": DESCRIPTION.to_dict(),
+        "status": "running",
+        "started": started,
+        "finished": None,
+        "pid": None,
+        "pid_start": None,
+        "host": "snapshot-host",
+    }
     recorder = RunRecorder(run_dir, meta)
     recorder.record(RunStarted(run_id, job, params, {"kind": "CPU", "replicas": 8}, started), timestamp=started)
     step = seconds / max(1, len(events))
@@ -73,28 +94,39 @@ def record_run(run_id: str, job: str, params: dict, events: list, *, seconds: fl
 
 
 def training_events() -> list:
-    events: list = [Stage("making synthetic MNIST-shaped data", 4096, 4096), Stage("building the model", 0, None),
-                    Stage("tracing and running the first step", 0, None), Stage("training", 0, None)]
+    events: list = [
+        Stage("making synthetic MNIST-shaped data", 4096, 4096),
+        Stage("building the model", 0, None),
+        Stage("tracing and running the first step", 0, None),
+        Stage("training", 0, None),
+    ]
     steps_per_epoch = 30
     for epoch in range(3):
         for batch in range(steps_per_epoch):
             step = epoch * steps_per_epoch + batch
-            loss = 2.3 * 0.97 ** step + 0.05 * ((step * 7) % 5) / 5
+            loss = 2.3 * 0.97**step + 0.05 * ((step * 7) % 5) / 5
             events.append(Metric("batch_loss", loss, step, epoch=epoch))
             events.append(Metric("batch_accuracy", 1 - loss / 2.5, step, epoch=epoch))
             events.append(Progress(batch + 1, steps_per_epoch, "step"))
         end = (epoch + 1) * steps_per_epoch
-        val_loss = 2.3 * 0.97 ** end + 0.04
-        events += [Metric("loss", 2.3 * 0.97 ** end, end, epoch=epoch), Metric("accuracy", 1 - 0.97 ** end, end, epoch=epoch),
-                   Metric("loss", val_loss, end, epoch=epoch, split="val"),
-                   Metric("accuracy", 1 - val_loss / 2.5, end, epoch=epoch, split="val"),
-                   Progress(epoch + 1, 3, "epoch"),
-                   Log("info", f"epoch {epoch + 1}/3: loss {2.3 * 0.97 ** end:.4f}  val_loss {val_loss:.4f}")]
-        events.append(ReplicaValues("val loss per replica", [round(val_loss + 0.01 * (index - 4), 4) for index in range(8)],
-                                    CPUS))
-    events += [Stage("evaluating on the test split", 0, None),
-               Metric("loss", 0.44, 90, split="test"), Metric("accuracy", 0.86, 90, split="test"),
-               RunFinished("done", {"test_loss": 0.44, "test_accuracy": 0.86, "examples_per_second": 1185.0})]
+        val_loss = 2.3 * 0.97**end + 0.04
+        events += [
+            Metric("loss", 2.3 * 0.97**end, end, epoch=epoch),
+            Metric("accuracy", 1 - 0.97**end, end, epoch=epoch),
+            Metric("loss", val_loss, end, epoch=epoch, split="val"),
+            Metric("accuracy", 1 - val_loss / 2.5, end, epoch=epoch, split="val"),
+            Progress(epoch + 1, 3, "epoch"),
+            Log("info", f"epoch {epoch + 1}/3: loss {2.3 * 0.97**end:.4f}  val_loss {val_loss:.4f}"),
+        ]
+        events.append(
+            ReplicaValues("val loss per replica", [round(val_loss + 0.01 * (index - 4), 4) for index in range(8)], CPUS)
+        )
+    events += [
+        Stage("evaluating on the test split", 0, None),
+        Metric("loss", 0.44, 90, split="test"),
+        Metric("accuracy", 0.86, 90, split="test"),
+        RunFinished("done", {"test_loss": 0.44, "test_accuracy": 0.86, "examples_per_second": 1185.0}),
+    ]
     return events
 
 
@@ -102,32 +134,47 @@ def gradient_descent_events() -> list:
     x0, x1 = 1.0, 4.0
     events: list = []
     for step in range(40):
-        events += [Metric("x0", x0, step), Metric("x1", x1, step), Metric("loss", x0 ** 2 + x1 ** 2, step)]
+        events += [Metric("x0", x0, step), Metric("x1", x1, step), Metric("loss", x0**2 + x1**2, step)]
         x0, x1 = x0 * 0.8, x1 * 0.8
-    events.append(RunFinished("done", {"loss": x0 ** 2 + x1 ** 2, "x": [x0, x1]}))
+    events.append(RunFinished("done", {"loss": x0**2 + x1**2, "x": [x0, x1]}))
     return events
 
 
 def matmul_events() -> list:
-    rows = [[name, 1024, 2.5e-4, 1e-3, "pass", 0.61 + 0.01 * index, 3.4 + 0.1 * index]
-            for index, name in enumerate(CPUS)]
-    return [Log("info", "1024×1024 float32 on each of 8 devices"),
-            Table("matmul check", ["device", "n", "max abs error", "tolerance", "result", "median ms", "GFLOP/s"], rows),
-            ReplicaValues("gflops", [row[-1] for row in rows], CPUS),
-            RunFinished("done", {"all_passed": True, "failed_devices": [], "gflops": {row[0]: row[-1] for row in rows}})]
+    rows = [
+        [name, 1024, 2.5e-4, 1e-3, "pass", 0.61 + 0.01 * index, 3.4 + 0.1 * index] for index, name in enumerate(CPUS)
+    ]
+    return [
+        Log("info", "1024×1024 float32 on each of 8 devices"),
+        Table("matmul check", ["device", "n", "max abs error", "tolerance", "result", "median ms", "GFLOP/s"], rows),
+        ReplicaValues("gflops", [row[-1] for row in rows], CPUS),
+        RunFinished("done", {"all_passed": True, "failed_devices": [], "gflops": {row[0]: row[-1] for row in rows}}),
+    ]
 
 
 def write_runs() -> None:
     shutil.rmtree(RUNS_DIR.parent, ignore_errors=True)
     RUNS_DIR.mkdir(parents=True)
-    record_run("20261117-094640-matmul-a1b2c3", "matmul", {"m": 1024, "k": 1024, "n": 1024}, matmul_events(),
-               seconds=4.2)
-    record_run("20261117-095640-gradient-descent-d4e5f6", "gradient-descent", {"learning_rate": 0.1, "steps": 40},
-               gradient_descent_events(), seconds=0.8)
-    record_run("20261117-100640-train-0a1b2c", "train", {"source": "synthetic", "epochs": 3}, training_events(),
-               seconds=95.0)
-    record_run("20261117-101640-train-3d4e5f", "train", {"source": "synthetic", "epochs": 3, "learning_rate": 0.01},
-               training_events(), seconds=97.0)
+    record_run(
+        "20261117-094640-matmul-a1b2c3", "matmul", {"m": 1024, "k": 1024, "n": 1024}, matmul_events(), seconds=4.2
+    )
+    record_run(
+        "20261117-095640-gradient-descent-d4e5f6",
+        "gradient-descent",
+        {"learning_rate": 0.1, "steps": 40},
+        gradient_descent_events(),
+        seconds=0.8,
+    )
+    record_run(
+        "20261117-100640-train-0a1b2c", "train", {"source": "synthetic", "epochs": 3}, training_events(), seconds=95.0
+    )
+    record_run(
+        "20261117-101640-train-3d4e5f",
+        "train",
+        {"source": "synthetic", "epochs": 3, "learning_rate": 0.01},
+        training_events(),
+        seconds=97.0,
+    )
 
 
 @pytest.fixture

@@ -20,39 +20,57 @@ SMALL_PARAMS = {
     "replica-dataset": {},
     "all-reduce": {"size_mb": "0.5", "repeats": "2", "warmup": "1"},
     "gradient-descent": {},
-    "train": {"source": "synthetic", "epochs": "1", "batch_per_replica": "8", "limit_train": "256",
-              "limit_test": "64"},
-    "dtensor-mlp": {"source": "synthetic", "hidden": "32,16", "epochs": "1", "batch_size": "64",
-                    "limit_train": "256", "limit_test": "64"},
+    "train": {"source": "synthetic", "epochs": "1", "batch_per_replica": "8", "limit_train": "256", "limit_test": "64"},
+    "dtensor-mlp": {
+        "source": "synthetic",
+        "hidden": "32,16",
+        "epochs": "1",
+        "batch_size": "64",
+        "limit_train": "256",
+        "limit_test": "64",
+    },
 }
-CANCELLED_TRAIN = {"source": "synthetic", "epochs": "50", "batch_per_replica": "8", "limit_train": "2048",
-                   "limit_test": "64"}
+CANCELLED_TRAIN = {
+    "source": "synthetic",
+    "epochs": "50",
+    "batch_per_replica": "8",
+    "limit_train": "2048",
+    "limit_test": "64",
+}
 TIMEOUT = 300.0
 
 
 async def session() -> dict:
-    from tpudash.tui.app import TpudashApp
     from tpudash.config import Settings
+    from tpudash.tui.app import TpudashApp
 
     app = TpudashApp(Settings.load())
     statuses: dict[str, str] = {}
     async with app.run_test(size=(120, 40)) as pilot:
         await asyncio.wait_for(app.runtime_settled.wait(), TIMEOUT)
         await pilot.press("d")
-        for name in app.job_specs:
-            live = app.launch_by_name(name, SMALL_PARAMS.get(name, {}))
+        for name in app.session.job_specs:
+            live = app.session.launch_by_name(name, SMALL_PARAMS.get(name, {}))
             await asyncio.wait_for(live.settled.wait(), TIMEOUT)
-            statuses[name] = live.model.status if live.model.status == "done" else f"{live.model.status}: {live.model.error}"
-        cancelled = app.launch_by_name("train", CANCELLED_TRAIN)
+            statuses[name] = (
+                live.model.status if live.model.status == "done" else f"{live.model.status}: {live.model.error}"
+            )
+        cancelled = app.session.launch_by_name("train", CANCELLED_TRAIN)
         while "step" not in cancelled.model.progress:
             await asyncio.wait_for(app.next_tick(), TIMEOUT)
         await pilot.press("c")
         await asyncio.wait_for(cancelled.settled.wait(), TIMEOUT)
         statuses["train (cancelled mid-run)"] = cancelled.model.status
-        engine_pid = app.lane.engine.pid
-        engine_starts = app.lane.engine_starts
-    return {"statuses": statuses, "engine_pid": engine_pid, "engine_starts": engine_starts, "pid": os.getpid(),
-            "tensorflow": "tensorflow" in sys.modules, "keras": "keras" in sys.modules}
+        engine_pid = app.session.lane.engine.pid
+        engine_starts = app.session.lane.engine_starts
+    return {
+        "statuses": statuses,
+        "engine_pid": engine_pid,
+        "engine_starts": engine_starts,
+        "pid": os.getpid(),
+        "tensorflow": "tensorflow" in sys.modules,
+        "keras": "keras" in sys.modules,
+    }
 
 
 if __name__ == "__main__":

@@ -115,9 +115,9 @@ def test_the_real_libtpu_sdk_is_asked_in_a_child_and_its_failure_costs_only_tens
     # process that imported the SDK then dies of SIGSEGV at exit. In the
     # dashboard's process that would be the dashboard; in the probe's child
     # it is one missing value with the SDK's reason.
-    from tpudash.telemetry.sampling import TelemetrySampler, TensorCoreProbe
-
     from tests.fake_tpu_metrics import FakeTpuMetrics
+    from tpudash.telemetry.sampling import TelemetrySampler
+    from tpudash.telemetry.tensorcore import TensorCoreProbe
 
     with FakeTpuMetrics(chips=4) as fake:
         sampler = TelemetrySampler(fake.address, tensorcore=TensorCoreProbe())

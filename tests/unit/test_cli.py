@@ -14,9 +14,10 @@ import pytest
 from jobs import get_job
 from jobs.events import Metric, RunFinished
 from tests.conftest import REPO_ROOT
+from tpudash.cli import commands
 from tpudash.cli import main as cli
-from tpudash.runs.store import RunStore, new_run_id
-
+from tpudash.runs.layout import new_run_id
+from tpudash.runs.store import RunStore
 
 # What a user's shell on this machine would not have: TPU settings, and the
 # libtpu variables the test process sets for itself (tests/conftest.py).
@@ -38,7 +39,11 @@ def run_cli(*argv: str, env: dict | None = None, timeout: float = 120) -> subpro
 
 
 def run_dirs(runs_dir):
-    return [path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith(".")] if runs_dir.exists() else []
+    return (
+        [path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith(".")]
+        if runs_dir.exists()
+        else []
+    )
 
 
 def test_devices_json_shows_eight_cpu_devices_and_why_not_tpu_or_gpu():
@@ -82,10 +87,16 @@ def test_global_flags_work_before_and_after_the_subcommand(isolated_runs_dir, tm
         (["--cpu-devices", "0", "devices"], "--cpu-devices: 0 is out of range"),
         (["devices", "--cpu-devices", "lots"], "--cpu-devices: 'lots' is not an integer"),
         (["run", "no-such-job"], "unknown job 'no-such-job'; allowed: "),
-        (["run", "gradient-descent", "--set", "learning_rate=0"], "learning_rate: 0 is out of range; allowed: a number > 0"),
+        (
+            ["run", "gradient-descent", "--set", "learning_rate=0"],
+            "learning_rate: 0 is out of range; allowed: a number > 0",
+        ),
         (["run", "gradient-descent", "--set", "steps=many"], "steps: 'many' is not an integer"),
         (["run", "gradient-descent", "--set", "nope=1"], "nope: unknown param for job 'gradient-descent'"),
-        (["run", "gradient-descent", "--set", "optimizer=rmsprop"], "optimizer: 'rmsprop' is not allowed; allowed: one of"),
+        (
+            ["run", "gradient-descent", "--set", "optimizer=rmsprop"],
+            "optimizer: 'rmsprop' is not allowed; allowed: one of",
+        ),
         (["run", "gradient-descent", "--set", "steps"], "steps: expected NAME=VALUE"),
         (["export", "no-such-run"], "no run 'no-such-run'"),
     ],
@@ -108,7 +119,15 @@ def test_argparse_errors_also_exit_2(capsys):
 def test_jobs_json_lists_every_job_with_params(capsys):
     assert cli.main(["jobs", "--json"]) == 0
     jobs = {job["name"]: job for job in json.loads(capsys.readouterr().out)}
-    assert {"matmul", "replica-matmul", "replica-dataset", "all-reduce", "gradient-descent", "train", "dtensor-mlp"} <= set(jobs)
+    assert {
+        "matmul",
+        "replica-matmul",
+        "replica-dataset",
+        "all-reduce",
+        "gradient-descent",
+        "train",
+        "dtensor-mlp",
+    } <= set(jobs)
     assert jobs["matmul"]["key"] == "m" and jobs["gradient-descent"]["key"] == "g"
     learning_rate = next(param for param in jobs["gradient-descent"]["params"] if param["name"] == "learning_rate")
     assert learning_rate["default"] == "0.1"
@@ -120,8 +139,10 @@ def test_run_json_prints_one_event_per_line_then_runs_lists_and_exports_it(isola
     events = [json.loads(line) for line in lines]
     assert events[0]["type"] == "run_started" and events[-1]["type"] == "run_finished"
     assert events[-1]["status"] == "done"
-    assert any(event["type"] == "log" and event["text"] == "0.0022596875205636024 @ [0.01152921 0.04611686]"
-               for event in events)
+    assert any(
+        event["type"] == "log" and event["text"] == "0.0022596875205636024 @ [0.01152921 0.04611686]"
+        for event in events
+    )
     run_id = events[0]["run_id"]
     assert cli.main(["runs", "--json"]) == 0
     [listed] = json.loads(capsys.readouterr().out)
@@ -171,24 +192,32 @@ def test_jobs_never_import_textual_or_the_app():
 def test_the_dashboard_and_every_screen_import_no_tensorflow():
     from tpudash.tui.modes import MODE_SCREENS
 
-    modules = ["tpudash.tui.app", "tpudash.tui.palette", "screens.dialogs"] + [module for module, *_ in MODE_SCREENS.values()]
-    code = (f"import sys, importlib; [importlib.import_module(name) for name in {modules!r}]; "
-            "print(sorted(m for m in ('tensorflow', 'keras', 'tensorflow_datasets') if m in sys.modules))")
+    modules = ["tpudash.tui.app", "tpudash.tui.palette", "tpudash.tui.dialogs"] + [
+        module for module, *_ in MODE_SCREENS.values()
+    ]
+    code = (
+        f"import sys, importlib; [importlib.import_module(name) for name in {modules!r}]; "
+        "print(sorted(m for m in ('tensorflow', 'keras', 'tensorflow_datasets') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr
 
 
 def test_the_run_model_the_lane_the_engine_handle_and_the_writers_import_neither_textual_nor_tensorflow():
-    code = ("import sys, tpudash.runs.model, tpudash.format, tpudash.runs.series, tpudash.engine.lane, tpudash.engine.handle, "
-            "tpudash.runs.follow, tpudash.recording; "
-            "print(sorted(m for m in ('textual', 'tensorflow', 'screens', 'tpudash.tui.app') if m in sys.modules))")
+    code = (
+        "import sys, tpudash.runs.model, tpudash.format, tpudash.runs.series, tpudash.engine.lane, tpudash.engine.handle, "
+        "tpudash.runs.follow, tpudash.recording; "
+        "print(sorted(m for m in ('textual', 'tensorflow', 'screens', 'tpudash.tui.app') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr
 
 
 def test_the_keras_callback_imports_no_textual_and_no_screens():
-    code = ("import sys, tpudash.callbacks; "
-            "print(sorted(m for m in ('textual', 'screens', 'tpudash.tui.app') if m in sys.modules))")
+    code = (
+        "import sys, tpudash.callbacks; "
+        "print(sorted(m for m in ('textual', 'screens', 'tpudash.tui.app') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr
 
@@ -214,9 +243,16 @@ def test_the_dashboard_without_a_terminal_exits_2_at_once_pointing_to_the_headle
         os.close(reader)  # the reader went away before tpudash wrote anything
     started = time.monotonic()
     try:
-        result = subprocess.run([sys.executable, "-m", "tpudash"], stdin=subprocess.DEVNULL, stdout=stdout,
-                                stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT, env=environment,
-                                timeout=NO_TERMINAL_TIMEOUT)
+        result = subprocess.run(
+            [sys.executable, "-m", "tpudash"],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+            env=environment,
+            timeout=NO_TERMINAL_TIMEOUT,
+        )
     finally:
         if output == "file":
             stdout.close()
@@ -226,8 +262,10 @@ def test_the_dashboard_without_a_terminal_exits_2_at_once_pointing_to_the_headle
 
     assert result.returncode == 2, result.stderr
     assert elapsed < 10
-    assert result.stderr.startswith("tpudash: error: the dashboard needs a terminal, and standard input, "
-                                    "standard output and standard error are not one")
+    assert result.stderr.startswith(
+        "tpudash: error: the dashboard needs a terminal, and standard input, "
+        "standard output and standard error are not one"
+    )
     for command in ("tpudash devices", "tpudash run JOB", "tpudash runs", "tpudash watch", "tpudash telemetry"):
         assert command in result.stderr
     assert "Colab" not in result.stderr
@@ -238,7 +276,9 @@ def test_the_dashboard_without_a_terminal_exits_2_at_once_pointing_to_the_headle
 
 def test_on_colab_the_no_terminal_message_points_to_colabs_terminal(monkeypatch, capsys):
     monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab_20261120-060000_RC00")
-    monkeypatch.setattr(cli, "command_tui", lambda settings: pytest.fail("the dashboard started without a terminal"))
+    monkeypatch.setattr(
+        commands, "command_tui", lambda settings: pytest.fail("the dashboard started without a terminal")
+    )
     assert cli.main([]) == 2
     captured = capsys.readouterr()
     assert "On Colab, open its terminal" in captured.err and "run tpudash there" in captured.err
@@ -250,16 +290,24 @@ def test_a_dashboard_served_to_a_browser_tab_starts_on_its_pipes(monkeypatch):
     # textual-serve starts every tab's dashboard under Textual's web driver, on pipes.
     monkeypatch.setenv("TEXTUAL_DRIVER", "textual.drivers.web_driver:WebDriver")
     started = []
-    monkeypatch.setattr(cli, "command_tui", lambda settings: started.append(settings) or 0)
+    monkeypatch.setattr(commands, "command_tui", lambda settings: started.append(settings) or 0)
     assert cli.main([]) == 0 and len(started) == 1
 
 
 def test_without_a_terminal_the_dashboard_exits_before_textual_or_tensorflow_is_imported():
-    code = ("import sys; from tpudash.cli.main import main; code = main([]); "
-            "print(code, sorted(m for m in ('textual', 'tensorflow', 'tpudash.tui.app') if m in sys.modules), "
-            "file=sys.stderr)")
-    result = subprocess.run([sys.executable, "-c", code], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            cwd=REPO_ROOT, timeout=NO_TERMINAL_TIMEOUT)
+    code = (
+        "import sys; from tpudash.cli.main import main; code = main([]); "
+        "print(code, sorted(m for m in ('textual', 'tensorflow', 'tpudash.tui.app') if m in sys.modules), "
+        "file=sys.stderr)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=NO_TERMINAL_TIMEOUT,
+    )
     assert result.stderr.splitlines()[-1] == "2 []", result.stderr
 
 
@@ -268,8 +316,11 @@ def test_without_a_terminal_the_dashboard_exits_before_textual_or_tensorflow_is_
 
 def test_runs_at_80_columns_shows_every_run_id_whole(isolated_runs_dir, monkeypatch, capsys):
     store = RunStore(isolated_runs_dir)
-    finals = {"gradient-descent": {"loss": 0.0022596875205636024}, "replica-matmul": {},
-              "train": {"loss": 0.31, "accuracy": 0.91, "val_loss": 0.42, "val_accuracy": 0.88}}
+    finals = {
+        "gradient-descent": {"loss": 0.0022596875205636024},
+        "replica-matmul": {},
+        "train": {"loss": 0.31, "accuracy": 0.91, "val_loss": 0.42, "val_accuracy": 0.88},
+    }
     run_ids = []
     for job, metrics in finals.items():
         run_ids.append(new_run_id(job))
@@ -309,8 +360,11 @@ def test_headless_matmul_prints_each_devices_result_once_and_no_python_dicts(mon
 
     for index in range(4):
         # Its table row; the summary's fastest/slowest device and the closing line name a device, not a result.
-        mentions = [line for line in out.splitlines()
-                    if re.search(rf"\bCPU:{index}\b", line) and not re.search("fastest|slowest", line)]
+        mentions = [
+            line
+            for line in out.splitlines()
+            if re.search(rf"\bCPU:{index}\b", line) and not re.search("fastest|slowest", line)
+        ]
         assert len(mentions) == 1, mentions
         assert "pass" in mentions[0]
     assert "{'" not in out and "':" not in out
@@ -342,13 +396,21 @@ def test_run_help_without_a_job_lists_the_jobs_and_run_without_one_is_still_an_e
     assert "the following arguments are required: job" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("argv", "fragments"), [
-    (["run", "matmull"], ["unknown job 'matmull'; allowed: matmul, ", "; did you mean 'matmul'?"]),
-    (["run", "grad-descent", "--help"], ["unknown job 'grad-descent'", "; did you mean 'gradient-descent'?"]),
-    (["run", "gradient-descent", "--set", "lerning_rate=0.1"],
-     ["lerning_rate: unknown param for job 'gradient-descent'", "; did you mean 'learning_rate'?"]),
-    (["run", "train", "--set", "deterministic=y"], ["deterministic: 'y' is not true/false, yes/no, on/off, 1/0 (any case)"]),
-])
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["run", "matmull"], ["unknown job 'matmull'; allowed: matmul, ", "; did you mean 'matmul'?"]),
+        (["run", "grad-descent", "--help"], ["unknown job 'grad-descent'", "; did you mean 'gradient-descent'?"]),
+        (
+            ["run", "gradient-descent", "--set", "lerning_rate=0.1"],
+            ["lerning_rate: unknown param for job 'gradient-descent'", "; did you mean 'learning_rate'?"],
+        ),
+        (
+            ["run", "train", "--set", "deterministic=y"],
+            ["deterministic: 'y' is not true/false, yes/no, on/off, 1/0 (any case)"],
+        ),
+    ],
+)
 def test_a_mistyped_job_or_param_name_gets_a_suggestion(argv, fragments, isolated_runs_dir, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -361,9 +423,11 @@ def test_runs_on_a_directory_that_does_not_exist_says_so_and_how_it_was_chosen(t
     missing = tmp_path / "no-such-runs"
     assert cli.main(["runs", "--runs-dir", str(missing)]) == 2
     captured = capsys.readouterr()
-    assert captured.err == (f"tpudash: error: --runs-dir: {missing} does not exist, so it holds no runs; choose the "
-                            "runs directory with --runs-dir DIR or TPUDASH_RUNS_DIR (default "
-                            "$XDG_DATA_HOME/tpudash/runs; a run creates it)\n")
+    assert captured.err == (
+        f"tpudash: error: --runs-dir: {missing} does not exist, so it holds no runs; choose the "
+        "runs directory with --runs-dir DIR or TPUDASH_RUNS_DIR (default "
+        "$XDG_DATA_HOME/tpudash/runs; a run creates it)\n"
+    )
     assert captured.out == ""
     monkeypatch.setenv("TPUDASH_RUNS_DIR", str(missing))
     assert cli.main(["runs", "--json"]) == 2
@@ -380,13 +444,13 @@ def test_runs_on_a_directory_that_does_not_exist_says_so_and_how_it_was_chosen(t
 
 
 def test_watch_ends_a_run_whose_writer_died_with_the_interrupted_glyph(isolated_runs_dir, monkeypatch, capsys):
-    import tpudash.runs.store
+    import tpudash.runs.liveness
 
     run_id = new_run_id("fit")
     recorder = RunStore(isolated_runs_dir).create(run_id, "fit", {}, {"kind": "CPU"})
     recorder.record(Metric("loss", 0.5, step=0))
     recorder.close()  # no finish: as if its process had been killed
-    monkeypatch.setattr(tpudash.runs.store, "process_alive", lambda pid, start_ticks: False)
+    monkeypatch.setattr(tpudash.runs.liveness, "process_alive", lambda pid, *start, **ticks: False)
 
     assert cli.main(["watch", run_id, "--telemetry-interval", "0"]) == 1
     out = " ".join(capsys.readouterr().out.split())

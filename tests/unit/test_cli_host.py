@@ -22,14 +22,18 @@ from tests.unit.test_cli import run_cli, run_dirs
 from tpudash.accel import hostcheck
 
 
-def fake_host(directory: Path, chips: tuple[str, int] | None = None, distributions: dict[str, str] | None = None) -> dict:
+def fake_host(
+    directory: Path, chips: tuple[str, int] | None = None, distributions: dict[str, str] | None = None
+) -> dict:
     """Environment variables for a process that sees these chips and these installed distributions."""
     directory.mkdir(parents=True, exist_ok=True)
     lines = []
     if chips is not None:
         chip_type, count = chips
-        lines += ["from tpu_info import device",
-                  f"device.get_local_chips = lambda: (device.TpuChip.{chip_type}, {count})"]
+        lines += [
+            "from tpu_info import device",
+            f"device.get_local_chips = lambda: (device.TpuChip.{chip_type}, {count})",
+        ]
     (directory / "sitecustomize.py").write_text("\n".join(lines) + "\n")
     for name, version in (distributions or {}).items():
         info = directory / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -43,8 +47,9 @@ def test_a_libtpu_mismatch_on_a_tpu_host_exits_2_with_the_fix_instead_of_abortin
     result = run_cli("devices", env=env)
     assert result.returncode == 2, result.stderr  # not 134: TensorFlow was never imported
     assert result.stderr.strip().endswith(
-        'tensorflow-tpu 2.20.0 works with libtpu 0.0.17, but libtpu 0.0.52 is installed '
-        '(TensorFlow aborts at import with it): pip install "libtpu==0.0.17"')
+        "tensorflow-tpu 2.20.0 works with libtpu 0.0.17, but libtpu 0.0.52 is installed "
+        '(TensorFlow aborts at import with it): pip install "libtpu==0.0.17"'
+    )
     assert "TPU chips: 4 × TPU v4 chip, 32 GiB HBM each" in result.stdout
 
 
@@ -52,8 +57,15 @@ def test_a_tpu_held_by_another_process_names_it_and_jobs_run_on_the_cpu_default(
     env = fake_host(tmp_path / "host", chips=("V4", 4), distributions={"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17"})
     existed = os.path.exists(hostcheck.LIBTPU_LOCKFILE)
     notebook = subprocess.Popen(
-        [sys.executable, "-c", f"lock = open({hostcheck.LIBTPU_LOCKFILE!r}, 'a'); print('holding', flush=True); input()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            f"lock = open({hostcheck.LIBTPU_LOCKFILE!r}, 'a'); print('holding', flush=True); input()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert notebook.stdout.readline().strip() == "holding"
         devices = run_cli("devices", "--json", env=env)
@@ -71,11 +83,16 @@ def test_a_tpu_held_by_another_process_names_it_and_jobs_run_on_the_cpu_default(
     assert description["host_check"]["holders"][0]["pid"] == notebook.pid
     assert run.returncode == 0, run.stderr
     assert explicit.returncode == 2
-    assert f"held by pid {notebook.pid}" in explicit.stderr and "--tpu none runs jobs on the CPU default" in explicit.stderr
+    assert (
+        f"held by pid {notebook.pid}" in explicit.stderr
+        and "--tpu none runs jobs on the CPU default" in explicit.stderr
+    )
 
 
-@pytest.mark.skipif("tensorflow-tpu" in hostcheck.installed_distributions(),
-                    reason="the TPU build is installed here; test_hostcheck covers this diagnosis on its own")
+@pytest.mark.skipif(
+    "tensorflow-tpu" in hostcheck.installed_distributions(),
+    reason="the TPU build is installed here; test_hostcheck covers this diagnosis on its own",
+)
 def test_the_cpu_build_on_a_tpu_host_gives_the_install_line_for_the_tpu_build(tmp_path):
     env = fake_host(tmp_path / "host", chips=("V5E", 8))
     result = run_cli("devices", "--tpu", "local", env=env)
@@ -95,7 +112,8 @@ def test_an_automatic_tpu_that_never_answers_falls_back_to_eight_cpu_devices_in_
     assert (description["kind"], description["num_replicas"]) == ("CPU", 8)
     assert description["reasons"]["TPU"] == (
         "COLAB_TPU_ADDR=127.0.0.1:9, but connecting to TPU grpc://127.0.0.1:9 did not answer within 3 s "
-        "(raise TPUDASH_TPU_TIMEOUT to wait longer)")
+        "(raise TPUDASH_TPU_TIMEOUT to wait longer)"
+    )
     assert "starting over on the CPU default (--tpu none)" in result.stderr
     assert not any("logical devices were already configured" in note for note in description["notes"])
 
@@ -137,12 +155,19 @@ def test_a_tpu_probe_dies_with_the_tpudash_that_started_it(tmp_path):
         "import os, subprocess, sys\n"
         "probe = subprocess.Popen([sys.executable, '-m', 'tpudash.accel.tpuprobe', str(os.getpid())],\n"
         "                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)\n"
-        "probe.stdin.write('{\"type\": \"probe\", \"tpu\": \"local\", \"id\": 1}\\n')\n"
+        'probe.stdin.write(\'{"type": "probe", "tpu": "local", "id": 1}\\n\')\n'
         "probe.stdin.flush()\n"
         "print(probe.pid, flush=True)\n"
-        "sys.stdin.read()\n")
-    parent = subprocess.Popen([sys.executable, "-c", parent_script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
+        "sys.stdin.read()\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(tmp_path)),
+    )
     probe_pid = int(parent.stdout.readline())
     probe_exited = os.pidfd_open(probe_pid)
     try:

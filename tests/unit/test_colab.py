@@ -71,8 +71,16 @@ def test_show_outside_colab_prints_the_url_and_stop_ends_the_server(outside_cola
     # Not behind Colab's proxy: the loopback server answers to loopback names only.
     assert http_get(port, "/", "attacker.example")[0] == 403
     server = colab._server.process
-    assert psutil.Process(server.pid).cmdline()[2:] == ["tpudash", "--tpu", "none", "--cpu-devices", "2", "serve",
-                                                         "--port", "0"]
+    assert psutil.Process(server.pid).cmdline()[2:] == [
+        "tpudash",
+        "--tpu",
+        "none",
+        "--cpu-devices",
+        "2",
+        "serve",
+        "--port",
+        "0",
+    ]
     colab.stop()
     assert server.poll() == 0 and colab.url() is None
 
@@ -84,8 +92,10 @@ def test_show_with_other_options_replaces_the_server(outside_colab, capsys):
     assert first.poll() == 0 and colab._server.process.pid != first.pid
 
 
-@pytest.mark.parametrize("height, why", [(50, "50 is out of range"), ("600", "'600' is not a whole number"),
-                                         (True, "True is not a whole number")])
+@pytest.mark.parametrize(
+    "height, why",
+    [(50, "50 is out of range"), ("600", "'600' is not a whole number"), (True, "True is not a whole number")],
+)
 def test_a_bad_height_is_refused_naming_it(height, why, outside_colab):
     with pytest.raises(ValueError, match=f"height: {why}"):
         colab.show(height=height)
@@ -93,7 +103,9 @@ def test_a_bad_height_is_refused_naming_it(height, why, outside_colab):
 
 
 def test_importing_tpudash_colab_loads_neither_tensorflow_nor_textual_nor_the_web_server():
-    code = ("import sys, tpudash.web.colab; print(sorted(m for m in ('tensorflow', 'textual', 'aiohttp', "
-            "'textual_serve') if m in sys.modules))")
+    code = (
+        "import sys, tpudash.web.colab; print(sorted(m for m in ('tensorflow', 'textual', 'aiohttp', "
+        "'textual_serve') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT)
     assert result.stdout.strip() == "[]", result.stderr

@@ -11,10 +11,12 @@ from rich.style import Style
 
 from jobs.events import ReplicaValues, RunFinished, Table
 from screens.history import run_status_text
-from tpudash.tui.runview import status_text as dashboard_status_text
-from tpudash.cli.render import STATUS_GLYPHS, ConsoleSink, render_devices, render_runs, short_device_names
-from tpudash.runs.store import RunInfo
 from tpudash.accel.description import LogicalDeviceInfo, RuntimeDescription
+from tpudash.cli.render import render_devices, render_runs
+from tpudash.cli.sinks import ConsoleSink
+from tpudash.format import STATUS_GLYPHS, short_device_names
+from tpudash.runs.store import RunInfo
+from tpudash.tui.runview import status_text as dashboard_status_text
 
 EVERY_STATUS = ("queued", "running", "live", "done", "failed", "cancelled", "interrupted")
 LOCAL_CPUS = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(8)]
@@ -50,11 +52,21 @@ def test_the_line_that_ends_tpudash_run_shows_the_status_as_the_dashboard_does(s
     assert STATUS_GLYPHS[status][0] in ending
 
 
-@pytest.mark.parametrize(("status", "live"), [("done", False), ("failed", False), ("cancelled", False),
-                                              ("interrupted", False), ("running", True)])
+@pytest.mark.parametrize(
+    ("status", "live"),
+    [("done", False), ("failed", False), ("cancelled", False), ("interrupted", False), ("running", True)],
+)
 def test_tpudash_runs_and_the_history_screen_show_a_runs_status_alike(status, live):
-    info = RunInfo(run_id=f"20261123-091500-matmul-{status[:6]}", path=Path("unused"), job="matmul",
-                   status=status, live=live, pid=4242 if live else None, started=1.0, finished=None if live else 2.0)
+    info = RunInfo(
+        run_id=f"20261123-091500-matmul-{status[:6]}",
+        path=Path("unused"),
+        job="matmul",
+        status=status,
+        live=live,
+        pid=4242 if live else None,
+        started=1.0,
+        finished=None if live else 2.0,
+    )
     console = colour_console()
     render_runs([info], "/runs", console)
     history_cell = run_status_text(info)
@@ -74,8 +86,10 @@ def test_a_result_table_at_80_columns_shows_every_device_whole_and_distinct():
     console = Console(file=io.StringIO(), width=80)
     sink = ConsoleSink(console)
     rows = [[name, 1.5e-06, "pass", 0.512, 1234.5] for name in POD_CORES]
-    sink(None, Table(title="matmul check", columns=["device", "relative error", "result", "median ms", "GFLOP/s"],
-                     rows=rows))
+    sink(
+        None,
+        Table(title="matmul check", columns=["device", "relative error", "result", "median ms", "GFLOP/s"], rows=rows),
+    )
     lines = console.file.getvalue().splitlines()
     assert all(len(line) <= 80 for line in lines)
     shown = [line.split()[1] for line in lines if line.startswith("│ task:")]
@@ -85,12 +99,23 @@ def test_a_result_table_at_80_columns_shows_every_device_whole_and_distinct():
 def test_per_replica_values_a_result_table_already_showed_are_not_printed_again():
     console = Console(file=io.StringIO(), width=80)
     sink = ConsoleSink(console)
-    sink(None, Table(title="check", columns=["device", "GFLOP/s"], rows=[[name, 10.0 + index]
-                                                                         for index, name in enumerate(LOCAL_CPUS)]))
+    sink(
+        None,
+        Table(
+            title="check",
+            columns=["device", "GFLOP/s"],
+            rows=[[name, 10.0 + index] for index, name in enumerate(LOCAL_CPUS)],
+        ),
+    )
     sink(None, ReplicaValues(name="gflops", values=[10.0 + index for index in range(8)], devices=LOCAL_CPUS))
     sink(None, ReplicaValues(name="loss", values=[0.5] * 8, devices=LOCAL_CPUS))
-    sink(None, RunFinished(status="done", summary={"gflops": dict(zip(LOCAL_CPUS, range(8))),
-                                                   "fastest_device": LOCAL_CPUS[7], "failed_devices": []}))
+    sink(
+        None,
+        RunFinished(
+            status="done",
+            summary={"gflops": dict(zip(LOCAL_CPUS, range(8))), "fastest_device": LOCAL_CPUS[7], "failed_devices": []},
+        ),
+    )
     out = console.file.getvalue()
     assert "gflops" not in out  # neither as a per-replica table nor in the summary
     assert "loss" in out  # values no table has shown are printed
@@ -101,8 +126,12 @@ def test_per_replica_values_a_run_keeps_updating_print_once_as_they_come_and_onc
     console = Console(file=io.StringIO(), width=80)
     sink = ConsoleSink(console)
     for epoch in range(1, 6):  # each epoch's validation, per replica
-        sink(None, ReplicaValues(name="val loss per replica", values=[epoch + index / 100 for index in range(8)],
-                                 devices=LOCAL_CPUS))
+        sink(
+            None,
+            ReplicaValues(
+                name="val loss per replica", values=[epoch + index / 100 for index in range(8)], devices=LOCAL_CPUS
+            ),
+        )
     sink(None, RunFinished(status="done"))
     out = console.file.getvalue()
     assert out.count("val loss per replica") == 2
@@ -111,9 +140,12 @@ def test_per_replica_values_a_run_keeps_updating_print_once_as_they_come_and_onc
 
 
 def test_tpudash_devices_at_80_columns_shows_every_device_name_whole():
-    devices = [LogicalDeviceInfo(index, name, "TPU", "worker", 0, index // 4,
-                                 {"bytes_in_use": 123456789, "peak_bytes_in_use": 987654321})
-               for index, name in enumerate(POD_CORES)]
+    devices = [
+        LogicalDeviceInfo(
+            index, name, "TPU", "worker", 0, index // 4, {"bytes_in_use": 123456789, "peak_bytes_in_use": 987654321}
+        )
+        for index, name in enumerate(POD_CORES)
+    ]
     console = Console(file=io.StringIO(), width=80)
     render_devices(RuntimeDescription("TPU", "TPUStrategy", 8, devices, host="tpu-vm"), console)
     out = console.file.getvalue()

@@ -20,7 +20,8 @@ from jobs.events import Metric
 from tpudash.accel.description import RuntimeDescription
 from tpudash.childproc import decode_line, encode_line
 from tpudash.config import Settings, settings_environment
-from tpudash.engine.handle import EngineExit, EngineHandle, EngineProcess, EngineThread
+from tpudash.engine.handle import EngineExit, EngineHandle, EngineProcess
+from tpudash.engine.inthread import EngineThread
 from tpudash.engine.protocol import (
     COMMANDS,
     PROTOCOL_VERSION,

@@ -13,7 +13,7 @@ import pytest
 import tpudash
 from tpudash.cli.main import main
 from tpudash.runs.follow import RunFollower, RunsDirectoryWatch, newest_live_run
-from tpudash.runs.store import SOURCE_RECORD
+from tpudash.runs.layout import SOURCE_RECORD
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 60
@@ -23,8 +23,13 @@ class Writer:
     """``tests.writer_process``: a process recording a run one command at a time."""
 
     def __init__(self, name: str):
-        self.process = subprocess.Popen([sys.executable, "-m", "tests.writer_process", name], cwd=REPO_ROOT,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.writer_process", name],
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         started = self.process.stdout.readline().split()
         assert started[0] == "started", started
         self.run_id = started[1]
@@ -110,16 +115,24 @@ def test_a_killed_writer_turns_its_run_interrupted_with_every_event_kept(store, 
 
 
 def run_watch(*arguments: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tpudash", "watch", *arguments], cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, COLUMNS="100", TPUDASH_NATIVE_STDERR="terminal"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tpudash", "watch", *arguments],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, COLUMNS="100", TPUDASH_NATIVE_STDERR="terminal"),
+    )
 
 
-@pytest.mark.parametrize("ending, exit_code, last_words", [
-    ("finish done", 0, '"type":"run_finished","t":'),
-    ("finish cancelled", 130, '"status":"cancelled"'),
-    ("kill", 1, "ended without finishing the run: interrupted"),
-])
+@pytest.mark.parametrize(
+    "ending, exit_code, last_words",
+    [
+        ("finish done", 0, '"type":"run_finished","t":'),
+        ("finish cancelled", 130, '"status":"cancelled"'),
+        ("kill", 1, "ended without finishing the run: interrupted"),
+    ],
+)
 def test_watch_follows_the_newest_live_run_and_exits_with_its_status(writer, ending, exit_code, last_words):
     process = writer()
     process.say("metric 0.9")
@@ -156,11 +169,18 @@ def test_watch_prints_a_run_as_tpudash_run_does_and_refuses_what_it_cannot_follo
 
 
 def test_watch_imports_no_tensorflow():
-    code = ("import sys; from tpudash.cli.main import main; "
-            "code = main(['watch', '--runs-dir', sys.argv[1]]); "
-            "assert 'tensorflow' not in sys.modules and 'textual' not in sys.modules; print(code)")
-    result = subprocess.run([sys.executable, "-c", code, str(REPO_ROOT / "no-runs-here")], capture_output=True,
-                            text=True, cwd=REPO_ROOT, timeout=TIMEOUT)
+    code = (
+        "import sys; from tpudash.cli.main import main; "
+        "code = main(['watch', '--runs-dir', sys.argv[1]]); "
+        "assert 'tensorflow' not in sys.modules and 'textual' not in sys.modules; print(code)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(REPO_ROOT / "no-runs-here")],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=TIMEOUT,
+    )
     assert result.stdout.strip() == "2", result.stderr
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
-import tomllib
 
+import tomllib
 from tpu_info import device as tpu_info_device
 
 from tests.conftest import REPO_ROOT

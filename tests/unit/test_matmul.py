@@ -10,8 +10,8 @@ import pytest
 
 from jobs import get_job
 from jobs.base import JobContext, ParamError
-from jobs.events import Progress
 from jobs.checks import relative_tolerance
+from jobs.events import Progress
 from jobs.matmul import padding_warnings, parse_device_selection
 from tpudash.cli import main as cli
 

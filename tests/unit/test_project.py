@@ -7,6 +7,7 @@ import importlib
 import os
 import re
 import sys
+
 import tomllib
 
 from tests.conftest import REPO_ROOT

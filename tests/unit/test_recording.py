@@ -10,10 +10,12 @@ import pytest
 
 import tpudash
 from jobs.events import Metric, Progress, ReplicaValues, RunFinished, RunStarted, Table
-from tpudash.runs.store import SOURCE_CALLBACK, SOURCE_RECORD, EventTail, RunStore
-from tpudash.recording import RecordingError, _finish_open_runs
-from tpudash.runs.model import RunModel
 from tests.fit_process import GLOBAL_BATCH, separable_data, separable_model
+from tpudash.recording import RecordingError, _finish_open_runs
+from tpudash.runs.layout import SOURCE_CALLBACK, SOURCE_RECORD
+from tpudash.runs.model import RunModel
+from tpudash.runs.store import RunStore
+from tpudash.runs.tail import EventTail
 
 
 def only_run(store: RunStore):
@@ -64,7 +66,7 @@ def test_an_exception_records_failed_with_its_traceback_and_still_raises(store):
     with pytest.raises(ZeroDivisionError):
         with tpudash.record("diverges") as run:
             run.metric("loss", 1.0)
-            1 / 0
+            _ = 1 / 0
     data = only_run(store)
     finished = events_of(data, RunFinished)[0]
     assert finished.status == "failed" and finished.error == "ZeroDivisionError: division by zero"
@@ -79,16 +81,22 @@ def test_ctrl_c_records_cancelled(store):
     assert only_run(store).info.status == "cancelled"
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda run: run.metric("loss", 1.0, split="validation"), "split: 'validation' is not allowed; allowed: train, val, test"),
-    (lambda run: run.metric("loss", "low"), "value: 'low' is not a number"),
-    (lambda run: run.metric("loss", 1.0, step=-1), "step: -1 is not allowed; allowed: a whole number ≥ 0"),
-    (lambda run: run.metric("", 1.0), "name: '' is not allowed"),
-    (lambda run: run.progress(1, 2, unit=""), "unit: '' is not allowed"),
-    (lambda run: run.replica_values("x", 3.0), "value: float is not per-replica"),
-    (lambda run: run.replica_values("x", [1, 2], devices=["a"]), "devices: 1 given for 2 replica values"),
-    (lambda run: run.log("hi", level="loud"), "level: 'loud' is not allowed; allowed: debug, info, warning, error"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda run: run.metric("loss", 1.0, split="validation"),
+            "split: 'validation' is not allowed; allowed: train, val, test",
+        ),
+        (lambda run: run.metric("loss", "low"), "value: 'low' is not a number"),
+        (lambda run: run.metric("loss", 1.0, step=-1), "step: -1 is not allowed; allowed: a whole number ≥ 0"),
+        (lambda run: run.metric("", 1.0), "name: '' is not allowed"),
+        (lambda run: run.progress(1, 2, unit=""), "unit: '' is not allowed"),
+        (lambda run: run.replica_values("x", 3.0), "value: float is not per-replica"),
+        (lambda run: run.replica_values("x", [1, 2], devices=["a"]), "devices: 1 given for 2 replica values"),
+        (lambda run: run.log("hi", level="loud"), "level: 'loud' is not allowed; allowed: debug, info, warning, error"),
+    ],
+)
 def test_bad_input_names_the_argument_and_what_is_allowed_and_the_run_goes_on(store, call, message):
     with tpudash.record("checked") as run:
         with pytest.raises(RecordingError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -134,7 +142,7 @@ def test_the_training_thread_never_fsyncs_until_the_run_ends(store, monkeypatch)
     import os
     import threading
 
-    import tpudash.runs.store as records
+    import tpudash.runs.recorder as records
 
     fsyncs: list[str] = []
     real_fsync = os.fsync
@@ -181,8 +189,15 @@ def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_lea
     train, val, steps, validation_steps = separable_data(runtime.strategy)
     model = fresh_model
     callback = TpudashCallback(every_n_batches=1, batch_size=GLOBAL_BATCH)
-    history = model.fit(train, epochs=3, steps_per_epoch=steps, validation_data=val, validation_steps=validation_steps,
-                        verbose=0, callbacks=[callback])
+    history = model.fit(
+        train,
+        epochs=3,
+        steps_per_epoch=steps,
+        validation_data=val,
+        validation_steps=validation_steps,
+        verbose=0,
+        callbacks=[callback],
+    )
 
     data = only_run(store)
     info = data.info
@@ -192,7 +207,10 @@ def test_fit_with_the_callback_records_the_model_every_batch_every_epoch_and_lea
     assert (started.params["epochs"], started.params["steps_per_epoch"], started.params["batch_size"]) == (3, 12, 64)
     assert (started.params["optimizer"], started.params["learning_rate"]) == ("Adam", pytest.approx(0.02))
     assert (started.runtime["strategy"], started.runtime["num_replicas"], started.runtime["kind"]) == (
-        "MirroredStrategy", 8, "CPU")
+        "MirroredStrategy",
+        8,
+        "CPU",
+    )
     assert started.runtime["tensorflow"] and started.runtime["keras"] and started.runtime["pid"] == info.pid
     (summary_table,) = events_of(data, Table)
     assert [row[:2] for row in summary_table.rows] == [[layer.name, "Dense"] for layer in model.layers]
@@ -222,8 +240,13 @@ def test_without_every_n_batches_batch_points_are_decimated(runtime, tmp_path, f
 
     train, _, steps, _ = separable_data(runtime.strategy, train_examples=GLOBAL_BATCH * 128)
     elsewhere = RunStore(tmp_path / "my-runs")
-    fresh_model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0,
-                    callbacks=[TpudashCallback(name="decimated", runs_dir=elsewhere.root)])
+    fresh_model.fit(
+        train,
+        epochs=1,
+        steps_per_epoch=steps,
+        verbose=0,
+        callbacks=[TpudashCallback(name="decimated", runs_dir=elsewhere.root)],
+    )
     data = only_run(elsewhere)  # runs_dir is where the run went, not tpudash's default
     points = [metric for metric in events_of(data, Metric) if metric.name == "batch_loss"]
     seconds = data.info.finished - data.info.started

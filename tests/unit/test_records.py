@@ -12,12 +12,16 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
 from jobs.events import Metric, Progress, RunFinished, RunStarted
-from tpudash.runs import store as records
-from tpudash.runs.store import RunStore, new_run_id
+from tpudash.runs import layout as records
+from tpudash.runs import liveness
+from tpudash.runs.layout import new_run_id
+from tpudash.runs.store import RunStore
 
 
 def make_run(store: RunStore, job: str = "train", finish: str | None = "done") -> str:
@@ -93,7 +97,9 @@ def test_run_json_is_replaced_atomically_while_a_reader_reads_it(store):
 
 
 @pytest.mark.parametrize("failing_step", ["serialise", "replace"])
-def test_a_run_json_write_that_fails_midway_keeps_the_old_file_and_leaves_no_temp_file(store, monkeypatch, failing_step):
+def test_a_run_json_write_that_fails_midway_keeps_the_old_file_and_leaves_no_temp_file(
+    store, monkeypatch, failing_step
+):
     """A full disk while run.json is rewritten: the last complete run.json stays, and no stray temp file."""
     run_id = new_run_id("train")
     recorder = store.create(run_id, "train", {"epochs": 2}, {"kind": "CPU"})
@@ -163,6 +169,42 @@ def test_a_run_left_running_by_a_dead_process_reads_as_interrupted(store):
 def test_a_run_of_this_live_process_stays_running(store):
     run_id = make_run(store, finish=None)
     assert store.info(store.find(run_id)).status == "running"
+
+
+def own_start_ticks() -> str:
+    """This process's start time as runs written before psutil stored it: field 22 of /proc/self/stat."""
+    return Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="older runs stored /proc start ticks")
+@pytest.mark.parametrize(
+    "stored, status",
+    [
+        ({"pid_start": "own ticks"}, "running"),
+        ({"pid_start": "1"}, "interrupted"),  # the pid now belongs to a process started long after that writer
+        ({"pid_start_time": "own start"}, "running"),
+        ({"pid_start_time": 1.0}, "interrupted"),
+        ({}, "running"),  # no start time at all: the pid alone decides
+    ],
+)
+def test_the_writers_start_time_tells_it_from_a_later_process_with_its_pid_in_old_and_new_runs(store, stored, status):
+    run_id = make_run(store, finish=None)
+    run_json = store.find(run_id) / "run.json"
+    meta = json.loads(run_json.read_text())
+    meta.pop("pid_start_time")
+    replacements = {"own ticks": own_start_ticks(), "own start": liveness.process_start_time(os.getpid())}
+    meta.update({key: replacements.get(value, value) for key, value in stored.items()})
+    run_json.write_text(json.dumps(meta))
+    info = store.info(store.find(run_id))
+    assert (info.status, info.live) == (status, status == "running")
+
+
+def test_a_process_start_time_is_when_it_started_and_none_once_it_is_gone():
+    started = liveness.process_start_time(os.getpid())
+    assert started is not None and time.time() - 3600 < started <= time.time()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert liveness.process_start_time(int(dead.stdout)) is None
+    assert not liveness.process_alive(int(dead.stdout), started)
 
 
 def test_damaged_runs_still_list_and_show_what_they_can(store):

@@ -22,8 +22,9 @@ from jobs import get_job, registry
 from jobs.base import JobSpec, Param
 from jobs.events import Metric
 from tests.conftest import REPO_ROOT
-from tests.unit.test_config import lock_directory
 from tests.unit.test_cli import USER_UNSET
+from tests.unit.test_config import lock_directory
+from tpudash.cli import commands
 from tpudash.cli import main as cli
 from tpudash.runs.store import RunStore
 
@@ -54,92 +55,434 @@ def places(tmp_path, monkeypatch):
 # "{file}" and "{locked}" stand for the paths of the `places` fixture.
 BAD_INPUTS = [
     # --set values: wrong type
-    pytest.param(["run", "gradient-descent", "--set", "steps=many"], {}, ["steps: 'many' is not an integer >= 1 and <= 100000"], id="int-word"),
-    pytest.param(["run", "gradient-descent", "--set", "steps=2.5"], {}, ["steps: '2.5' is not an integer"], id="int-fraction"),
-    pytest.param(["run", "gradient-descent", "--set", "steps=1e3"], {}, ["steps: '1e3' is not an integer"], id="int-exponent"),
-    pytest.param(["run", "gradient-descent", "--set", "learning_rate=fast"], {}, ["learning_rate: 'fast' is not a number > 0 and <= 100"], id="float-word"),
-    pytest.param(["run", "gradient-descent", "--set", "start=1,x"], {}, ["start: '1,x' is not comma-separated numbers (2 of them)"], id="floats-word"),
-    pytest.param(["run", "matmul", "--set", "repeats=1.5"], {}, ["repeats: '1.5' is not an integer >= 1 and <= 1000"], id="matmul-repeats-fraction"),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "steps=many"],
+        {},
+        ["steps: 'many' is not an integer >= 1 and <= 100000"],
+        id="int-word",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "steps=2.5"], {}, ["steps: '2.5' is not an integer"], id="int-fraction"
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "steps=1e3"], {}, ["steps: '1e3' is not an integer"], id="int-exponent"
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "learning_rate=fast"],
+        {},
+        ["learning_rate: 'fast' is not a number > 0 and <= 100"],
+        id="float-word",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "start=1,x"],
+        {},
+        ["start: '1,x' is not comma-separated numbers (2 of them)"],
+        id="floats-word",
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "repeats=1.5"],
+        {},
+        ["repeats: '1.5' is not an integer >= 1 and <= 1000"],
+        id="matmul-repeats-fraction",
+    ),
     # NaN and infinities
-    pytest.param(["run", "gradient-descent", "--set", "learning_rate=nan"], {}, ["learning_rate: nan is not a finite number", "allowed: a number > 0 and <= 100"], id="nan"),
-    pytest.param(["run", "gradient-descent", "--set", "learning_rate=inf"], {}, ["learning_rate: inf is not a finite number", "allowed: a number > 0"], id="inf"),
-    pytest.param(["run", "gradient-descent", "--set", "learning_rate=1e309"], {}, ["learning_rate: inf is not a finite number"], id="overflows-to-inf"),
-    pytest.param(["run", "gradient-descent", "--set", "start=nan,1"], {}, ["start: nan is not a finite number"], id="nan-in-list"),
-    pytest.param(["run", "matmul", "--set", "inject_error=-inf"], {}, ["inject_error: -inf is not a finite number", "allowed: a number >= 0"], id="minus-inf"),
-    pytest.param(["run", "all-reduce", "--set", "size_mb=inf"], {}, ["size_mb: inf is not a finite number", "allowed: a number > 0 and <= 1024"], id="all-reduce-inf"),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "learning_rate=nan"],
+        {},
+        ["learning_rate: nan is not a finite number", "allowed: a number > 0 and <= 100"],
+        id="nan",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "learning_rate=inf"],
+        {},
+        ["learning_rate: inf is not a finite number", "allowed: a number > 0"],
+        id="inf",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "learning_rate=1e309"],
+        {},
+        ["learning_rate: inf is not a finite number"],
+        id="overflows-to-inf",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "start=nan,1"], {}, ["start: nan is not a finite number"], id="nan-in-list"
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "inject_error=-inf"],
+        {},
+        ["inject_error: -inf is not a finite number", "allowed: a number >= 0"],
+        id="minus-inf",
+    ),
+    pytest.param(
+        ["run", "all-reduce", "--set", "size_mb=inf"],
+        {},
+        ["size_mb: inf is not a finite number", "allowed: a number > 0 and <= 1024"],
+        id="all-reduce-inf",
+    ),
     # negative, zero, huge
-    pytest.param(["run", "gradient-descent", "--set", "learning_rate=-0.1"], {}, ["learning_rate: -0.1 is out of range; allowed: a number > 0 and <= 100"], id="negative-float"),
-    pytest.param(["run", "gradient-descent", "--set", "steps=-5"], {}, ["steps: -5 is out of range; allowed: an integer >= 1 and <= 100000"], id="negative-int"),
-    pytest.param(["run", "gradient-descent", "--set", "learning_rate=0"], {}, ["learning_rate: 0 is out of range; allowed: a number > 0"], id="zero-exclusive"),
-    pytest.param(["run", "matmul", "--set", "m=0"], {}, ["m: 0 is out of range; allowed: an integer >= 1 and <= 65536"], id="zero-dimension"),
-    pytest.param(["run", "all-reduce", "--set", "size_mb=0"], {}, ["size_mb: 0 is out of range; allowed: a number > 0 and <= 1024"], id="zero-size"),
-    pytest.param(["run", "gradient-descent", "--set", "steps=99999999999999999999"], {}, ["steps: 99999999999999999999 is out of range; allowed: an integer >= 1 and <= 100000"], id="huge-int"),
-    pytest.param(["run", "gradient-descent", "--set", "learning_rate=1e300"], {}, ["learning_rate: 1e+300 is out of range; allowed: a number > 0 and <= 100"], id="huge-float"),
-    pytest.param(["run", "matmul", "--set", "n=100000"], {}, ["n: 100000 is out of range; allowed: an integer >= 1 and <= 65536"], id="huge-dimension"),
-    pytest.param(["run", "dtensor-mlp", "--set", "hidden=65536,65536"], {}, ["hidden: 65536,65536 makes 4,347,133,962 parameters", "GiB of host memory", "use smaller layers"], id="huge-layers"),
-    pytest.param(["run", "gradient-descent", "--set", "momentum=1"], {}, ["momentum: 1 is out of range; allowed: a number >= 0 and <= 0.999"], id="momentum-one"),
-    pytest.param(["run", "replica-dataset", "--set", "n=10001"], {}, ["n: 10001 is out of range; allowed: an integer >= 1 and <= 10000"], id="dataset-too-long"),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "learning_rate=-0.1"],
+        {},
+        ["learning_rate: -0.1 is out of range; allowed: a number > 0 and <= 100"],
+        id="negative-float",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "steps=-5"],
+        {},
+        ["steps: -5 is out of range; allowed: an integer >= 1 and <= 100000"],
+        id="negative-int",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "learning_rate=0"],
+        {},
+        ["learning_rate: 0 is out of range; allowed: a number > 0"],
+        id="zero-exclusive",
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "m=0"],
+        {},
+        ["m: 0 is out of range; allowed: an integer >= 1 and <= 65536"],
+        id="zero-dimension",
+    ),
+    pytest.param(
+        ["run", "all-reduce", "--set", "size_mb=0"],
+        {},
+        ["size_mb: 0 is out of range; allowed: a number > 0 and <= 1024"],
+        id="zero-size",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "steps=99999999999999999999"],
+        {},
+        ["steps: 99999999999999999999 is out of range; allowed: an integer >= 1 and <= 100000"],
+        id="huge-int",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "learning_rate=1e300"],
+        {},
+        ["learning_rate: 1e+300 is out of range; allowed: a number > 0 and <= 100"],
+        id="huge-float",
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "n=100000"],
+        {},
+        ["n: 100000 is out of range; allowed: an integer >= 1 and <= 65536"],
+        id="huge-dimension",
+    ),
+    pytest.param(
+        ["run", "dtensor-mlp", "--set", "hidden=65536,65536"],
+        {},
+        ["hidden: 65536,65536 makes 4,347,133,962 parameters", "GiB of host memory", "use smaller layers"],
+        id="huge-layers",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "momentum=1"],
+        {},
+        ["momentum: 1 is out of range; allowed: a number >= 0 and <= 0.999"],
+        id="momentum-one",
+    ),
+    pytest.param(
+        ["run", "replica-dataset", "--set", "n=10001"],
+        {},
+        ["n: 10001 is out of range; allowed: an integer >= 1 and <= 10000"],
+        id="dataset-too-long",
+    ),
     # empty values
-    pytest.param(["run", "gradient-descent", "--set", "steps="], {}, ["steps: is empty; allowed: an integer >= 1 and <= 100000"], id="empty-int"),
-    pytest.param(["run", "gradient-descent", "--set", "learning_rate= "], {}, ["learning_rate: is empty; allowed: a number > 0"], id="blank-float"),
-    pytest.param(["run", "matmul", "--set", "devices="], {}, ["devices: '' is not a device index", "allowed: all, or comma-separated device indices"], id="empty-devices"),
-    pytest.param(["run", "gradient-descent", "--set", "start=1"], {}, ["start: needs 2 values, got 1"], id="too-few-values"),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "steps="],
+        {},
+        ["steps: is empty; allowed: an integer >= 1 and <= 100000"],
+        id="empty-int",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "learning_rate= "],
+        {},
+        ["learning_rate: is empty; allowed: a number > 0"],
+        id="blank-float",
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "devices="],
+        {},
+        ["devices: '' is not a device index", "allowed: all, or comma-separated device indices"],
+        id="empty-devices",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "start=1"], {}, ["start: needs 2 values, got 1"], id="too-few-values"
+    ),
     # unknown names
-    pytest.param(["run", "gradient-descent", "--set", "nope=1"], {}, ["nope: unknown param for job 'gradient-descent'; allowed: objective, optimizer, learning_rate"], id="unknown-param"),
-    pytest.param(["run", "matmul", "--set", "M=4"], {}, ["M: unknown param for job 'matmul'; allowed: m, k, n"], id="param-names-are-case-sensitive"),
-    pytest.param(["run", "no-such-job"], {}, ["unknown job 'no-such-job'; allowed: matmul, replica-matmul, replica-dataset, all-reduce, gradient-descent"], id="unknown-job"),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "nope=1"],
+        {},
+        ["nope: unknown param for job 'gradient-descent'; allowed: objective, optimizer, learning_rate"],
+        id="unknown-param",
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "M=4"],
+        {},
+        ["M: unknown param for job 'matmul'; allowed: m, k, n"],
+        id="param-names-are-case-sensitive",
+    ),
+    pytest.param(
+        ["run", "no-such-job"],
+        {},
+        ["unknown job 'no-such-job'; allowed: matmul, replica-matmul, replica-dataset, all-reduce, gradient-descent"],
+        id="unknown-job",
+    ),
     pytest.param(["run", "Matmul"], {}, ["unknown job 'Matmul'; allowed: matmul"], id="job-names-are-case-sensitive"),
     # bad choices
-    pytest.param(["run", "matmul", "--set", "dtype=float64"], {}, ["dtype: 'float64' is not allowed; allowed: one of float32, bfloat16, float16"], id="unknown-dtype"),
-    pytest.param(["run", "replica-dataset", "--set", "fn=cube"], {}, ["fn: 'cube' is not allowed; allowed: one of double, square, identity"], id="unknown-fn"),
-    pytest.param(["run", "gradient-descent", "--set", "objective=cubic"], {}, ["objective: 'cubic' is not allowed; allowed: one of quadratic, rosenbrock"], id="unknown-objective"),
-    pytest.param(["run", "gradient-descent", "--set", "optimizer=rmsprop"], {}, ["optimizer: 'rmsprop' is not allowed; allowed: one of sgd, momentum, adam"], id="unknown-optimizer"),
-    pytest.param(["run", "replica-matmul", "--set", "source=file"], {}, ["source: 'file' is not allowed; allowed: one of guide, random"], id="unknown-source"),
+    pytest.param(
+        ["run", "matmul", "--set", "dtype=float64"],
+        {},
+        ["dtype: 'float64' is not allowed; allowed: one of float32, bfloat16, float16"],
+        id="unknown-dtype",
+    ),
+    pytest.param(
+        ["run", "replica-dataset", "--set", "fn=cube"],
+        {},
+        ["fn: 'cube' is not allowed; allowed: one of double, square, identity"],
+        id="unknown-fn",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "objective=cubic"],
+        {},
+        ["objective: 'cubic' is not allowed; allowed: one of quadratic, rosenbrock"],
+        id="unknown-objective",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "optimizer=rmsprop"],
+        {},
+        ["optimizer: 'rmsprop' is not allowed; allowed: one of sgd, momentum, adam"],
+        id="unknown-optimizer",
+    ),
+    pytest.param(
+        ["run", "replica-matmul", "--set", "source=file"],
+        {},
+        ["source: 'file' is not allowed; allowed: one of guide, random"],
+        id="unknown-source",
+    ),
     # combinations and what depends on this session's devices
-    pytest.param(["run", "replica-matmul", "--set", "m=5"], {}, ["source: m, k and n apply only to source=random"], id="combination"),
-    pytest.param(["run", "matmul", "--set", "devices=0,x"], {}, ["devices: 'x' is not a device index or range like 0-3"], id="bad-device-list"),
-    pytest.param(["run", "matmul", "--set", "devices=3,3"], {}, ["devices: device 3 is listed twice"], id="device-twice"),
-    pytest.param(["run", "matmul", "--set", "devices=8"], {}, ["devices: device 8 is out of range; this session has 8 devices (0-7)"], id="device-not-in-session"),
-    pytest.param(["run", "gradient-descent", "--set", "device=99999999999999999999999"], {}, ["device: 99999999999999999999999 is out of range; this session has 8 devices (0-7)"], id="huge-device-index"),
-    pytest.param(["run", "matmul", "--set", "inject_error=0.1", "--set", "inject_device=5", "--set", "devices=0,1"], {}, ["inject_device: 5 is not among the devices checked (0,1)"], id="inject-outside-selection"),
+    pytest.param(
+        ["run", "replica-matmul", "--set", "m=5"],
+        {},
+        ["source: m, k and n apply only to source=random"],
+        id="combination",
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "devices=0,x"],
+        {},
+        ["devices: 'x' is not a device index or range like 0-3"],
+        id="bad-device-list",
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "devices=3,3"], {}, ["devices: device 3 is listed twice"], id="device-twice"
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "devices=8"],
+        {},
+        ["devices: device 8 is out of range; this session has 8 devices (0-7)"],
+        id="device-not-in-session",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "device=99999999999999999999999"],
+        {},
+        ["device: 99999999999999999999999 is out of range; this session has 8 devices (0-7)"],
+        id="huge-device-index",
+    ),
+    pytest.param(
+        ["run", "matmul", "--set", "inject_error=0.1", "--set", "inject_device=5", "--set", "devices=0,1"],
+        {},
+        ["inject_device: 5 is not among the devices checked (0,1)"],
+        id="inject-outside-selection",
+    ),
     # malformed --set
-    pytest.param(["run", "gradient-descent", "--set", "steps"], {}, ["steps: expected NAME=VALUE"], id="set-without-equals"),
+    pytest.param(
+        ["run", "gradient-descent", "--set", "steps"], {}, ["steps: expected NAME=VALUE"], id="set-without-equals"
+    ),
     pytest.param(["run", "gradient-descent", "--set", "=5"], {}, ["=5: expected NAME=VALUE"], id="set-without-name"),
     pytest.param(["run", "gradient-descent", "--set", ""], {}, ["--set: expected NAME=VALUE"], id="set-empty"),
     # the train and dtensor-mlp forms
-    pytest.param(["run", "train", "--set", "dataset=imagenet"], {}, ["dataset: 'imagenet' is not allowed; allowed: one of mnist"], id="train-unknown-dataset", marks=needs_job("train")),
-    pytest.param(["run", "train", "--set", "model=resnet"], {}, ["model: 'resnet' is not allowed; allowed: one of light"], id="train-unknown-model", marks=needs_job("train")),
-    pytest.param(["run", "train", "--set", "precision=float64"], {}, ["precision: 'float64' is not allowed; allowed: one of float32, mixed_bfloat16, mixed_float16"], id="train-unknown-precision", marks=needs_job("train")),
-    pytest.param(["run", "train", "--set", "batch_per_replica=0"], {}, ["batch_per_replica: 0 is out of range; allowed: an integer >= 1"], id="train-zero-batch", marks=needs_job("train")),
-    pytest.param(["run", "train", "--set", "learning_rate=nan"], {}, ["learning_rate: nan is not a finite number"], id="train-nan-learning-rate", marks=needs_job("train")),
-    pytest.param(["run", "train", "--set", "deterministic=maybe"], {}, ["deterministic: 'maybe' is not true/false, yes/no, on/off, 1/0 (any case)"], id="train-not-a-bool", marks=needs_job("train")),
-    pytest.param(["run", "train", "--set", "limit_train=10"], {}, ["limit_train: 10 is fewer than one global batch (64 per replica × 8 replicas = 512)"], id="train-limit-below-one-batch", marks=needs_job("train")),
-    pytest.param(["run", "train", "--set", "profile_steps=10-5"], {}, ["profile_steps: '10-5' is not a step range", "allowed: empty (no profiling), N, or N-M"], id="train-backwards-profile-range", marks=needs_job("train")),
-    pytest.param(["run", "dtensor-mlp", "--set", "hidden=0"], {}, ["hidden: 0 is out of range; allowed: comma-separated integers >= 1"], id="dtensor-zero-layer", marks=needs_job("dtensor-mlp")),
-    pytest.param(["run", "dtensor-mlp", "--set", "batch_size=3"], {}, ["batch_size: 3 does not split evenly over the mesh's 8 devices; allowed: a multiple of 8"], id="dtensor-uneven-batch", marks=needs_job("dtensor-mlp")),
+    pytest.param(
+        ["run", "train", "--set", "dataset=imagenet"],
+        {},
+        ["dataset: 'imagenet' is not allowed; allowed: one of mnist"],
+        id="train-unknown-dataset",
+        marks=needs_job("train"),
+    ),
+    pytest.param(
+        ["run", "train", "--set", "model=resnet"],
+        {},
+        ["model: 'resnet' is not allowed; allowed: one of light"],
+        id="train-unknown-model",
+        marks=needs_job("train"),
+    ),
+    pytest.param(
+        ["run", "train", "--set", "precision=float64"],
+        {},
+        ["precision: 'float64' is not allowed; allowed: one of float32, mixed_bfloat16, mixed_float16"],
+        id="train-unknown-precision",
+        marks=needs_job("train"),
+    ),
+    pytest.param(
+        ["run", "train", "--set", "batch_per_replica=0"],
+        {},
+        ["batch_per_replica: 0 is out of range; allowed: an integer >= 1"],
+        id="train-zero-batch",
+        marks=needs_job("train"),
+    ),
+    pytest.param(
+        ["run", "train", "--set", "learning_rate=nan"],
+        {},
+        ["learning_rate: nan is not a finite number"],
+        id="train-nan-learning-rate",
+        marks=needs_job("train"),
+    ),
+    pytest.param(
+        ["run", "train", "--set", "deterministic=maybe"],
+        {},
+        ["deterministic: 'maybe' is not true/false, yes/no, on/off, 1/0 (any case)"],
+        id="train-not-a-bool",
+        marks=needs_job("train"),
+    ),
+    pytest.param(
+        ["run", "train", "--set", "limit_train=10"],
+        {},
+        ["limit_train: 10 is fewer than one global batch (64 per replica × 8 replicas = 512)"],
+        id="train-limit-below-one-batch",
+        marks=needs_job("train"),
+    ),
+    pytest.param(
+        ["run", "train", "--set", "profile_steps=10-5"],
+        {},
+        ["profile_steps: '10-5' is not a step range", "allowed: empty (no profiling), N, or N-M"],
+        id="train-backwards-profile-range",
+        marks=needs_job("train"),
+    ),
+    pytest.param(
+        ["run", "dtensor-mlp", "--set", "hidden=0"],
+        {},
+        ["hidden: 0 is out of range; allowed: comma-separated integers >= 1"],
+        id="dtensor-zero-layer",
+        marks=needs_job("dtensor-mlp"),
+    ),
+    pytest.param(
+        ["run", "dtensor-mlp", "--set", "batch_size=3"],
+        {},
+        ["batch_size: 3 does not split evenly over the mesh's 8 devices; allowed: a multiple of 8"],
+        id="dtensor-uneven-batch",
+        marks=needs_job("dtensor-mlp"),
+    ),
     # session flags and their TPUDASH_* variables
-    pytest.param(["--cpu-devices", "0", "run", "gradient-descent"], {}, ["--cpu-devices: 0 is out of range; allowed: 1 to 256"], id="cpu-devices-zero"),
-    pytest.param(["run", "gradient-descent", "--cpu-devices", "-1"], {}, ["--cpu-devices: -1 is out of range; allowed: 1 to 256"], id="cpu-devices-negative"),
-    pytest.param(["--cpu-devices", "100000", "devices"], {}, ["--cpu-devices: 100000 is out of range; allowed: 1 to 256"], id="cpu-devices-absurd"),
-    pytest.param(["--cpu-devices", "eight", "run", "matmul"], {}, ["--cpu-devices: 'eight' is not an integer; allowed: 1 to 256"], id="cpu-devices-word"),
-    pytest.param(["run", "matmul"], {"TPUDASH_CPU_DEVICES": "0"}, ["TPUDASH_CPU_DEVICES: 0 is out of range; allowed: 1 to 256"], id="cpu-devices-variable"),
-    pytest.param(["--tpu", " ", "devices"], {}, ["--tpu: is empty; allowed: a TPU name, grpc://host:port, 'local' or 'none'"], id="tpu-empty"),
-    pytest.param(["--data-dir", "{file}", "run", "gradient-descent"], {}, ["--data-dir: {file} is not a readable directory"], id="data-dir-is-a-file"),
-    pytest.param(["--data-dir", "{locked}", "run", "gradient-descent"], {}, ["--data-dir: {locked} is not a readable directory"], id="data-dir-unreadable"),
-    pytest.param(["run", "gradient-descent"], {"TPUDASH_DATA_DIR": "{file}"}, ["TPUDASH_DATA_DIR: {file} is not a readable directory"], id="data-dir-variable"),
-    pytest.param(["--data-dir", "", "run", "gradient-descent"], {}, ["--data-dir: is empty; allowed: a directory path"], id="data-dir-empty"),
-    pytest.param(["--runs-dir", "{file}/runs", "run", "gradient-descent"], {}, ["--runs-dir: {file}/runs cannot be a directory: {file} is a file"], id="runs-dir-under-a-file"),
-    pytest.param(["run", "gradient-descent", "--runs-dir", "{file}"], {}, ["--runs-dir / TPUDASH_RUNS_DIR: cannot create {file}: File exists"], id="runs-dir-is-a-file"),
-    pytest.param(["run", "gradient-descent"], {"TPUDASH_RUNS_DIR": "{file}/runs"}, ["TPUDASH_RUNS_DIR: {file}/runs cannot be a directory: {file} is a file"], id="runs-dir-variable-under-a-file"),
-    pytest.param(["--runs-dir", "{locked}/runs", "run", "gradient-descent"], {}, ["--runs-dir / TPUDASH_RUNS_DIR: cannot create {locked}/runs: Permission denied"], id="runs-dir-unwritable"),
-    pytest.param(["--runs-dir", "", "run", "gradient-descent"], {}, ["--runs-dir: is empty; allowed: a directory path"], id="runs-dir-empty"),
-    pytest.param(["runs", "--runs-dir", "{file}"], {}, ["--runs-dir / TPUDASH_RUNS_DIR: {file} is not a directory"], id="runs-listing-a-file"),
+    pytest.param(
+        ["--cpu-devices", "0", "run", "gradient-descent"],
+        {},
+        ["--cpu-devices: 0 is out of range; allowed: 1 to 256"],
+        id="cpu-devices-zero",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--cpu-devices", "-1"],
+        {},
+        ["--cpu-devices: -1 is out of range; allowed: 1 to 256"],
+        id="cpu-devices-negative",
+    ),
+    pytest.param(
+        ["--cpu-devices", "100000", "devices"],
+        {},
+        ["--cpu-devices: 100000 is out of range; allowed: 1 to 256"],
+        id="cpu-devices-absurd",
+    ),
+    pytest.param(
+        ["--cpu-devices", "eight", "run", "matmul"],
+        {},
+        ["--cpu-devices: 'eight' is not an integer; allowed: 1 to 256"],
+        id="cpu-devices-word",
+    ),
+    pytest.param(
+        ["run", "matmul"],
+        {"TPUDASH_CPU_DEVICES": "0"},
+        ["TPUDASH_CPU_DEVICES: 0 is out of range; allowed: 1 to 256"],
+        id="cpu-devices-variable",
+    ),
+    pytest.param(
+        ["--tpu", " ", "devices"],
+        {},
+        ["--tpu: is empty; allowed: a TPU name, grpc://host:port, 'local' or 'none'"],
+        id="tpu-empty",
+    ),
+    pytest.param(
+        ["--data-dir", "{file}", "run", "gradient-descent"],
+        {},
+        ["--data-dir: {file} is not a readable directory"],
+        id="data-dir-is-a-file",
+    ),
+    pytest.param(
+        ["--data-dir", "{locked}", "run", "gradient-descent"],
+        {},
+        ["--data-dir: {locked} is not a readable directory"],
+        id="data-dir-unreadable",
+    ),
+    pytest.param(
+        ["run", "gradient-descent"],
+        {"TPUDASH_DATA_DIR": "{file}"},
+        ["TPUDASH_DATA_DIR: {file} is not a readable directory"],
+        id="data-dir-variable",
+    ),
+    pytest.param(
+        ["--data-dir", "", "run", "gradient-descent"],
+        {},
+        ["--data-dir: is empty; allowed: a directory path"],
+        id="data-dir-empty",
+    ),
+    pytest.param(
+        ["--runs-dir", "{file}/runs", "run", "gradient-descent"],
+        {},
+        ["--runs-dir: {file}/runs cannot be a directory: {file} is a file"],
+        id="runs-dir-under-a-file",
+    ),
+    pytest.param(
+        ["run", "gradient-descent", "--runs-dir", "{file}"],
+        {},
+        ["--runs-dir / TPUDASH_RUNS_DIR: cannot create {file}: File exists"],
+        id="runs-dir-is-a-file",
+    ),
+    pytest.param(
+        ["run", "gradient-descent"],
+        {"TPUDASH_RUNS_DIR": "{file}/runs"},
+        ["TPUDASH_RUNS_DIR: {file}/runs cannot be a directory: {file} is a file"],
+        id="runs-dir-variable-under-a-file",
+    ),
+    pytest.param(
+        ["--runs-dir", "{locked}/runs", "run", "gradient-descent"],
+        {},
+        ["--runs-dir / TPUDASH_RUNS_DIR: cannot create {locked}/runs: Permission denied"],
+        id="runs-dir-unwritable",
+    ),
+    pytest.param(
+        ["--runs-dir", "", "run", "gradient-descent"],
+        {},
+        ["--runs-dir: is empty; allowed: a directory path"],
+        id="runs-dir-empty",
+    ),
+    pytest.param(
+        ["runs", "--runs-dir", "{file}"],
+        {},
+        ["--runs-dir / TPUDASH_RUNS_DIR: {file} is not a directory"],
+        id="runs-listing-a-file",
+    ),
     # export
     pytest.param(["export", "no-such-run"], {}, ["no run 'no-such-run' in"], id="export-unknown-run"),
     pytest.param(["export", ""], {}, ["no run '' in"], id="export-empty-run-id"),
     pytest.param(["export", "../.."], {}, ["no run '../..' in"], id="export-path-as-run-id"),
-    pytest.param(["export", "x", "--format", "xml"], {}, ["argument --format: invalid choice: 'xml'", "csv", "json"], id="export-bad-format"),
-    pytest.param(["export", "x", "--runs-dir", "{file}"], {}, ["--runs-dir / TPUDASH_RUNS_DIR: {file} is not a directory"], id="export-from-a-file"),
+    pytest.param(
+        ["export", "x", "--format", "xml"],
+        {},
+        ["argument --format: invalid choice: 'xml'", "csv", "json"],
+        id="export-bad-format",
+    ),
+    pytest.param(
+        ["export", "x", "--runs-dir", "{file}"],
+        {},
+        ["--runs-dir / TPUDASH_RUNS_DIR: {file} is not a directory"],
+        id="export-from-a-file",
+    ),
     # argparse's own errors
     pytest.param(["run"], {}, ["the following arguments are required: job"], id="run-without-job"),
     pytest.param(["launch", "matmul"], {}, ["argument COMMAND: invalid choice: 'launch'"], id="unknown-command"),
@@ -154,7 +497,9 @@ def fill(text: str, places: dict) -> str:
 def main_in_process(argv, monkeypatch, capsys) -> tuple[int, str, str, list]:
     """``cli.main(argv)``, argparse's SystemExit included, with job starts recorded instead of run."""
     started = []
-    monkeypatch.setattr(cli, "execute_headless", lambda spec, params, *args, **kwargs: started.append(spec.name) or 0)
+    monkeypatch.setattr(
+        commands, "execute_headless", lambda spec, params, *args, **kwargs: started.append(spec.name) or 0
+    )
     try:
         code = cli.main(argv)
     except SystemExit as exited:
@@ -194,14 +539,17 @@ SAME_FOR_THE_USER = [
 
 
 @pytest.mark.parametrize("argv", SAME_FOR_THE_USER)
-def test_the_console_script_shows_the_user_the_same_message_and_exit_code(argv, places, isolated_runs_dir, monkeypatch, capsys):
+def test_the_console_script_shows_the_user_the_same_message_and_exit_code(
+    argv, places, isolated_runs_dir, monkeypatch, capsys
+):
     argv = [fill(arg, places) for arg in argv]
     monkeypatch.setenv("COLUMNS", "80")
     code, _, in_process_err, _ = main_in_process(argv, monkeypatch, capsys)
 
     environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
-    result = subprocess.run([str(TPUDASH_SCRIPT), *argv], capture_output=True, text=True, cwd=REPO_ROOT,
-                            env=environment, timeout=120)
+    result = subprocess.run(
+        [str(TPUDASH_SCRIPT), *argv], capture_output=True, text=True, cwd=REPO_ROOT, env=environment, timeout=120
+    )
 
     assert result.returncode == code == 2
     assert result.stderr == in_process_err
@@ -221,8 +569,13 @@ def failing_job(ctx, params):
     raise ValueError("the model diverged at step 2")
 
 
-FAILING = JobSpec("explode", "Explode", "reports two steps, then raises", (Param("error", "str", "value", choices=("value", "memory")),),
-                  failing_job)
+FAILING = JobSpec(
+    "explode",
+    "Explode",
+    "reports two steps, then raises",
+    (Param("error", "str", "value", choices=("value", "memory")),),
+    failing_job,
+)
 
 
 @pytest.fixture
@@ -231,8 +584,13 @@ def with_failing_job(monkeypatch):
     return FAILING
 
 
-@pytest.mark.parametrize(("error", "message"), [("value", "ValueError: the model diverged at step 2"),
-                                                ("memory", "MemoryError: the job asked for more than there is")])
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        ("value", "ValueError: the model diverged at step 2"),
+        ("memory", "MemoryError: the job asked for more than there is"),
+    ],
+)
 def test_a_job_that_raises_is_recorded_failed_with_its_metrics_and_the_next_job_runs(
     error, message, with_failing_job, isolated_runs_dir, capsys
 ):
@@ -303,8 +661,9 @@ def test_the_all_reduce_counts_every_replicas_copies_against_host_memory(runtime
         check_all_reduce_memory(spec.resolve({"size_mb": "512"}), runtime, available_host=GIB)
     assert raised.value.field == "size_mb"
     # 512 MiB × 8 replicas × (input, result, buffer) = 12 GiB.
-    assert raised.value.message == ("512 MiB on each of 8 replicas needs 12.0 GiB of host memory, "
-                                    "1.0 GiB available; allowed here: at most 43")
+    assert raised.value.message == (
+        "512 MiB on each of 8 replicas needs 12.0 GiB of host memory, 1.0 GiB available; allowed here: at most 43"
+    )
 
 
 def test_the_dtensor_mlp_counts_the_replicated_weights_and_adam_state(runtime):
@@ -337,13 +696,17 @@ REFERENCE_BYTES = 65536 * 65536 * 8
 
 
 @pytest.mark.skipif(not _overcommit_refuses(REFERENCE_BYTES), reason="this machine might really hand out 32 GiB")
-def test_an_allocation_that_fails_mid_run_is_recorded_failed_with_a_clear_message(isolated_runs_dir, runtime, monkeypatch, capsys):
+def test_an_allocation_that_fails_mid_run_is_recorded_failed_with_a_clear_message(
+    isolated_runs_dir, runtime, monkeypatch, capsys
+):
     """Memory taken by something else after the check: the real allocator says no."""
     import jobs.matmul
 
     # Pretend the pre-flight saw plenty; the 32 GiB float64 reference then fails for real.
     monkeypatch.setattr(jobs.matmul, "available_host_bytes", lambda: 2**60)
-    code = cli.main(["run", "matmul", "--set", "m=65536", "--set", "k=1", "--set", "n=65536", "--set", "devices=0", "--json"])
+    code = cli.main(
+        ["run", "matmul", "--set", "m=65536", "--set", "k=1", "--set", "n=65536", "--set", "devices=0", "--json"]
+    )
     assert code == 1
     finished = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert finished["status"] == "failed"
@@ -363,7 +726,10 @@ def test_the_accelerators_out_of_memory_error_becomes_a_clear_failed_run(run_job
 
     def exhausted_multiply(tf_module):
         def multiply(a, b):
-            raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[64,64] on CPU:0\nmore detail")
+            raise tf.errors.ResourceExhaustedError(
+                None, None, "OOM when allocating tensor with shape[64,64] on CPU:0\nmore detail"
+            )
+
         return multiply
 
     monkeypatch.setattr(jobs.matmul, "make_multiply", exhausted_multiply)

@@ -18,14 +18,16 @@ import pytest
 
 from tests.serve_process import http_get, start_server
 from tpudash.cli import main as cli
-from tpudash.web.serve import WEB_DRIVER, is_served
+from tpudash.web.tabs import WEB_DRIVER, is_served
 
 DASHBOARD_TEXT = b"tpudash"  # the header's title, in the first frame
 ENGINE_READY_TEXT = b"owns TensorFlow"  # the Devices screen, once its engine answers
 
 
-@pytest.mark.parametrize("port, why", [("abc", "is not an integer"), ("65536", "is out of range"),
-                                       ("-1", "is out of range"), ("", "is not an integer")])
+@pytest.mark.parametrize(
+    "port, why",
+    [("abc", "is not an integer"), ("65536", "is out of range"), ("-1", "is out of range"), ("", "is not an integer")],
+)
 def test_a_bad_port_exits_2_naming_the_flag(port, why, tmp_path, capsys):
     assert cli.main(["--runs-dir", str(tmp_path), "serve", "--port", port]) == 2
     error = capsys.readouterr().err
@@ -43,10 +45,13 @@ def test_a_port_in_use_exits_2_naming_the_flag(tmp_path, capsys):
     assert f"--port: cannot listen on 127.0.0.1:{port}" in error and "--port 0 for any free port" in error
 
 
-@pytest.mark.parametrize("host, why", [
-    ("0.0.0.0", "0.0.0.0 is not a loopback address"),
-    ("", "is empty"),
-])
+@pytest.mark.parametrize(
+    "host, why",
+    [
+        ("0.0.0.0", "0.0.0.0 is not a loopback address"),
+        ("", "is empty"),
+    ],
+)
 def test_a_host_beyond_loopback_needs_public_and_a_bad_host_exits_2(host, why, tmp_path, capsys):
     assert cli.main(["--runs-dir", str(tmp_path), "serve", "--host", host]) == 2
     error = capsys.readouterr().err
@@ -59,8 +64,11 @@ def test_the_default_bind_is_loopback_only(tmp_path):
     server = start_server(tmp_path)
     try:
         assert server.url.startswith("http://127.0.0.1:")
-        listening = [connection.laddr for connection in psutil.Process(server.process.pid).net_connections("inet")
-                     if connection.status == psutil.CONN_LISTEN]
+        listening = [
+            connection.laddr
+            for connection in psutil.Process(server.process.pid).net_connections("inet")
+            if connection.status == psutil.CONN_LISTEN
+        ]
         assert listening and {address.ip for address in listening} == {"127.0.0.1"}
         assert "warning" not in server.log()
     finally:
@@ -71,8 +79,11 @@ def test_the_default_bind_is_loopback_only(tmp_path):
 def test_public_listens_on_every_interface_and_warns(tmp_path):
     server = start_server(tmp_path, "--public")
     try:
-        listening = [connection.laddr for connection in psutil.Process(server.process.pid).net_connections("inet")
-                     if connection.status == psutil.CONN_LISTEN]
+        listening = [
+            connection.laddr
+            for connection in psutil.Process(server.process.pid).net_connections("inet")
+            if connection.status == psutil.CONN_LISTEN
+        ]
         assert {address.ip for address in listening} == {"0.0.0.0"}
         assert "warning: listening on 0.0.0.0" in server.log()
         assert "Anyone who can reach this port gets a dashboard that launches jobs" in server.log()
@@ -89,10 +100,20 @@ def test_a_page_reaches_the_dashboard_and_nothing_of_the_runs_directory(tmp_path
         status, page = http_get(server.port, "/")
         assert status == 200 and b"static/js/textual.js" in page
         assert http_get(server.port, "/static/js/textual.js")[0] == 200
-        for path in ["/run.json", "/runs/run.json", f"{runs}/run.json", "/static/", "/static/css/",
-                     "/static/../run.json", "/static/%2e%2e/%2e%2e/run.json", f"/static/{'../' * 12}{runs}/run.json",
-                     f"/static/{'%2e%2e/' * 12}{str(runs).lstrip('/')}/run.json", "/download/run.json",
-                     "/ws/not-the-token", "/poll/not-the-token/read"]:
+        for path in [
+            "/run.json",
+            "/runs/run.json",
+            f"{runs}/run.json",
+            "/static/",
+            "/static/css/",
+            "/static/../run.json",
+            "/static/%2e%2e/%2e%2e/run.json",
+            f"/static/{'../' * 12}{runs}/run.json",
+            f"/static/{'%2e%2e/' * 12}{str(runs).lstrip('/')}/run.json",
+            "/download/run.json",
+            "/ws/not-the-token",
+            "/poll/not-the-token/read",
+        ]:
             status, body = http_get(server.port, path)
             assert status in (403, 404, 405), (path, status)
             assert b"SECRET-RUN-RECORD" not in body
@@ -209,8 +230,9 @@ async def test_a_polling_page_that_stops_asking_has_its_dashboard_ended(tmp_path
     from tpudash.web.serve import DashboardServer
 
     settings = Settings.load({"runs_dir": str(tmp_path / "runs")})
-    server = DashboardServer(settings, port=0, environ={key: value for key, value in os.environ.items()
-                                                         if key not in USER_UNSET})
+    server = DashboardServer(
+        settings, port=0, environ={key: value for key, value in os.environ.items() if key not in USER_UNSET}
+    )
     server.poll_abandoned_seconds = 1.0
     listening = asyncio.get_running_loop().create_future()
     serving = asyncio.create_task(server.serve(on_listening=listening.set_result, handle_signals=False))

@@ -10,7 +10,7 @@ import io
 from rich.console import Console
 
 from jobs.events import RunFinished, RunStarted, Stage, StageAnnouncer, dumps, loads
-from tpudash.cli.render import ConsoleSink
+from tpudash.cli.sinks import ConsoleSink
 from tpudash.runs.model import RunModel
 
 DATA = "making synthetic MNIST-shaped data"

@@ -20,21 +20,17 @@ import pytest
 from jobs.events import Metric, RunStarted, Telemetry
 from tests.conftest import REPO_ROOT
 from tests.fake_tpu_metrics import GIB, FakeTpuMetrics, _Servicer
+from tests.unit.test_tensorcore import tensorcore_probe
 from tpudash.config import Settings, SettingsError
 from tpudash.runs.follow import RunFollower
-from tpudash.runs.store import TELEMETRY_FILE, RunStore, read_events
+from tpudash.runs.layout import TELEMETRY_FILE
 from tpudash.runs.model import RunModel
-from tpudash.telemetry.sampling import (
-    AddressError,
-    HostMetrics,
-    TelemetryRecorder,
-    TelemetrySampler,
-    TensorCoreProbe,
-    TpuMetricsClient,
-    idle_accelerator_hint,
-    parse_metrics_address,
-    scalars,
-)
+from tpudash.runs.store import RunStore
+from tpudash.runs.tail import read_events
+from tpudash.runs.telemetry_samples import idle_accelerator_hint, scalars
+from tpudash.telemetry.recorder import TelemetryRecorder
+from tpudash.telemetry.sampling import TelemetrySampler
+from tpudash.telemetry.sources import AddressError, HostMetrics, TpuMetricsClient, parse_metrics_address
 
 DUTY = {0: 87.5, 1: 62.5, 2: 25.0, 3: 12.5}
 USED = {0: 4 * GIB, 1: 2 * GIB, 2: GIB, 3: 0}
@@ -51,18 +47,26 @@ def test_each_chips_duty_cycle_hbm_and_bandwidth_arrive_as_served(fake):
     sampler = TelemetrySampler(fake.address)
     _, sample = sampler.sample()
     assert sample.unavailable == {}
-    assert [(chip["chip"], chip["duty_cycle_pct"], chip["hbm_used"], chip["hbm_total"], chip["hbm_bandwidth_pct"])
-            for chip in sample.chips] == [
-        (0, 87.5, 4 * GIB, 16 * GIB, 40.0), (1, 62.5, 2 * GIB, 16 * GIB, 30.0),
-        (2, 25.0, GIB, 16 * GIB, 20.0), (3, 12.5, 0, 16 * GIB, 10.0)]
+    assert [
+        (chip["chip"], chip["duty_cycle_pct"], chip["hbm_used"], chip["hbm_total"], chip["hbm_bandwidth_pct"])
+        for chip in sample.chips
+    ] == [
+        (0, 87.5, 4 * GIB, 16 * GIB, 40.0),
+        (1, 62.5, 2 * GIB, 16 * GIB, 30.0),
+        (2, 25.0, GIB, 16 * GIB, 20.0),
+        (3, 12.5, 0, 16 * GIB, 10.0),
+    ]
     sampler.close()
 
 
 def test_two_cores_per_chip_add_up_to_the_chips_hbm_as_tpu_info_pairs_them():
     # v2/v3: libtpu reports memory per TensorCore and the duty cycle per chip.
     with FakeTpuMetrics(chips=2, cores_per_chip=2, hbm_total=8 * GIB) as server:
-        server.set(duty={0: 50.0, 1: 10.0}, used={0: GIB, 1: GIB, 2: 3 * GIB, 3: 0},
-                   bandwidth={0: 10.0, 1: 30.0, 2: 0.0, 3: 0.0})
+        server.set(
+            duty={0: 50.0, 1: 10.0},
+            used={0: GIB, 1: GIB, 2: 3 * GIB, 3: 0},
+            bandwidth={0: 10.0, 1: 30.0, 2: 0.0, 3: 0.0},
+        )
         chips, reason = TpuMetricsClient(server.address).read()
     assert reason is None
     assert chips == [
@@ -87,7 +91,8 @@ def test_the_service_stopping_is_a_reason_and_sampling_resumes_when_it_returns(f
     assert gone.chips == [] and gone.host["memory_total"] > 0  # the host side goes on
     assert gone.unavailable["tpu"] == (
         f"no TPU metrics service at {fake.address}: connection refused "
-        "(libtpu serves it while a TensorFlow or JAX process holds the TPU)")
+        "(libtpu serves it while a TensorFlow or JAX process holds the TPU)"
+    )
     fake.start()  # the same port
     fake.set(duty={0: 5.0, 1: 5.0, 2: 5.0, 3: 5.0})
     _, back = sampler.sample()
@@ -132,7 +137,7 @@ def test_host_values_are_this_machines():
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         threading.Event().wait(0.5)  # the window psutil measures CPU over, not a synchronisation
-        values = host.read({"me": os.getpid(), "gone": 2 ** 22 + 12345})
+        values = host.read({"me": os.getpid(), "gone": 2**22 + 12345})
     finally:
         spinner.kill()
         spinner.wait()
@@ -149,12 +154,15 @@ def test_host_values_are_this_machines():
     assert "gone" not in values["processes"]  # a process that does not exist is left out
 
 
-@pytest.mark.parametrize("text, message", [
-    ("10.1.2.3:8431", "10.1.2.3 is not this host"),
-    ("localhost", "has no port"),
-    ("localhost:http", "port 'http' is not a number"),
-    ("127.0.0.1:70000", "port 70000 is out of range 1 to 65535"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("10.1.2.3:8431", "10.1.2.3 is not this host"),
+        ("localhost", "has no port"),
+        ("localhost:http", "port 'http' is not a number"),
+        ("127.0.0.1:70000", "port 70000 is out of range 1 to 65535"),
+    ],
+)
 def test_a_metrics_address_that_cannot_be_libtpus_is_refused_naming_what_is_allowed(text, message):
     with pytest.raises(AddressError, match=message):
         parse_metrics_address(text)
@@ -163,8 +171,9 @@ def test_a_metrics_address_that_cannot_be_libtpus_is_refused_naming_what_is_allo
 
 
 def test_metrics_address_and_interval_come_from_flags_over_variables():
-    settings = Settings.load({"tpu_metrics": "[::1]:9000"}, {"TPUDASH_TPU_METRICS": "localhost:1",
-                                                              "TPUDASH_TELEMETRY_INTERVAL": "0"})
+    settings = Settings.load(
+        {"tpu_metrics": "[::1]:9000"}, {"TPUDASH_TPU_METRICS": "localhost:1", "TPUDASH_TELEMETRY_INTERVAL": "0"}
+    )
     assert settings.tpu_metrics == "[::1]:9000" and settings.telemetry_interval == 0
     with pytest.raises(SettingsError, match=r"--telemetry-interval: 0.01 is out of range; allowed: 0 \(off\) or 0.1"):
         Settings.load({"telemetry_interval": "0.01"}, {})
@@ -190,9 +199,16 @@ def test_the_recorder_writes_each_live_runs_file_once_even_with_two_observers(tm
 
 
 def samples_at(start: float, duties: list[float | None], step: float = 1.0) -> list[tuple[float, Telemetry]]:
-    return [(start + index * step, Telemetry(chips=[] if duty is None else [{"chip": 0, "duty_cycle_pct": duty}],
-                                             host={"cpu_pct": [50.0, 30.0], "memory_used": 1, "memory_total": 4}))
-            for index, duty in enumerate(duties)]
+    return [
+        (
+            start + index * step,
+            Telemetry(
+                chips=[] if duty is None else [{"chip": 0, "duty_cycle_pct": duty}],
+                host={"cpu_pct": [50.0, 30.0], "memory_used": 1, "memory_total": 4},
+            ),
+        )
+        for index, duty in enumerate(duties)
+    ]
 
 
 def test_an_idle_tpu_while_training_gets_the_input_pipeline_advice_and_a_busy_one_none():
@@ -237,18 +253,25 @@ def test_history_replays_and_export_includes_the_telemetry_recorded_with_a_run(s
 
 
 def test_scalars_name_every_value_of_a_sample():
-    sample = Telemetry(chips=[{"chip": 1, "duty_cycle_pct": 10.0, "hbm_used": 5, "hbm_total": 10,
-                               "hbm_bandwidth_pct": None}],
-                       host={"cpu_pct": [10.0, 30.0], "memory_used": 2, "memory_total": 8,
-                             "processes": {"engine": 1234}})
-    assert scalars(sample) == {"tpu1_duty_cycle_pct": 10.0, "tpu1_hbm_used": 5.0, "tpu1_hbm_total": 10.0,
-                               "host_cpu_pct": 20.0, "host_memory_used": 2.0, "host_memory_total": 8.0,
-                               "engine_rss": 1234.0}
+    sample = Telemetry(
+        chips=[{"chip": 1, "duty_cycle_pct": 10.0, "hbm_used": 5, "hbm_total": 10, "hbm_bandwidth_pct": None}],
+        host={"cpu_pct": [10.0, 30.0], "memory_used": 2, "memory_total": 8, "processes": {"engine": 1234}},
+    )
+    assert scalars(sample) == {
+        "tpu1_duty_cycle_pct": 10.0,
+        "tpu1_hbm_used": 5.0,
+        "tpu1_hbm_total": 10.0,
+        "host_cpu_pct": 20.0,
+        "host_memory_used": 2.0,
+        "host_memory_total": 8.0,
+        "engine_rss": 1234.0,
+    }
 
 
 def run_cli(*arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tpudash", *arguments], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "tpudash", *arguments], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_telemetry_once_prints_the_served_values_as_json_and_as_tables_in_80_columns(fake):
@@ -271,15 +294,10 @@ def test_telemetry_without_a_service_says_why_and_a_bad_address_exits_2(fake):
     assert completed.returncode == 0
     # This machine's PCI bus has no TPU: that, not the refused connection, is the reason.
     assert f"TPU no TPU chips on this host (and no TPU metrics service at {address})" in " ".join(
-        completed.stdout.split())
+        completed.stdout.split()
+    )
     bad = run_cli("telemetry", "--once", "--tpu-metrics", "10.0.0.1:8431")
     assert bad.returncode == 2 and "--tpu-metrics: '10.0.0.1:8431': 10.0.0.1 is not this host" in bad.stderr
-
-
-def tensorcore_probe(mode: str, values: str = "") -> TensorCoreProbe:
-    environment = dict(os.environ, FAKE_LIBTPU=mode, FAKE_TENSORCORE_UTIL=values,
-                       PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "tests" / "fake_libtpu"), str(REPO_ROOT)]))
-    return TensorCoreProbe(environment=environment)
 
 
 def test_tensorcore_utilisation_comes_from_libtpus_sdk_in_a_child_and_joins_each_chip(fake):
@@ -297,11 +315,14 @@ def test_a_libtpu_that_crashes_reading_tensorcore_util_costs_only_that_value(fak
     for _ in range(2):  # said once, not retried into the same crash
         _, sample = sampler.sample()
         assert sample.unavailable["tensorcore"] == (
-            "libtpu's SDK died with SIGSEGV reading tensorcore_util (kept out of the dashboard's process)")
+            "libtpu's SDK died with SIGSEGV reading tensorcore_util (kept out of the dashboard's process)"
+        )
         assert [chip["duty_cycle_pct"] for chip in sample.chips] == list(DUTY.values())
-    assert sampler.tensorcore._process is None
+    assert sampler.tensorcore._channel is None  # the dead child reaped, and not started again
     sampler.close()
     failing = tensorcore_probe("error")
     chips, reason = failing.read()
     failing.close()
-    assert chips == [] and reason == "libtpu's SDK: RuntimeError: metric tensorcore_util is not supported by this libtpu"
+    assert (
+        chips == [] and reason == "libtpu's SDK: RuntimeError: metric tensorcore_util is not supported by this libtpu"
+    )

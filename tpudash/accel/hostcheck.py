@@ -22,9 +22,9 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping
 
 # The TensorFlow builds tpudash installs, as pinned in pyproject.toml's
 # [cpu] and [tpu] extras (a unit test keeps the two in step).

@@ -29,7 +29,7 @@ def session_log_path(runs_dir: Path | None) -> Path:
     return Path(os.devnull)
 
 
-_active: "NativeStderr | None" = None
+_active: NativeStderr | None = None
 
 
 def active_position() -> int:
@@ -53,7 +53,7 @@ class NativeStderr:
         self._saved_fd: int | None = None
         self._saved_streams: tuple | None = None
 
-    def start(self) -> "NativeStderr":
+    def start(self) -> NativeStderr:
         if self._saved_fd is not None:
             return self
         try:
@@ -71,7 +71,7 @@ class NativeStderr:
         sys.stderr = terminal
         # typeshed calls it final; faulthandler and Textual's driver write to
         # sys.__stderr__, and they must reach the terminal too.
-        setattr(sys, "__stderr__", terminal)
+        setattr(sys, "__stderr__", terminal)  # noqa: B010 - a plain assignment is refused by the type checker
         global _active
         _active = self
         return self
@@ -88,7 +88,7 @@ class NativeStderr:
         except (OSError, ValueError):
             pass
         sys.stderr = self._saved_streams[0]
-        setattr(sys, "__stderr__", self._saved_streams[1])
+        setattr(sys, "__stderr__", self._saved_streams[1])  # noqa: B010 - see start()
         os.dup2(self._saved_fd, 2)
         os.close(self._saved_fd)
         self._saved_fd = None
@@ -97,7 +97,7 @@ class NativeStderr:
         except (OSError, ValueError):
             pass
 
-    def __enter__(self) -> "NativeStderr":
+    def __enter__(self) -> NativeStderr:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -2,11 +2,12 @@
 
 ``EngineProcess`` starts ``python -m tpudash.engine`` as a child in a session
 of its own, with its stderr (TensorFlow's C++ logs) going to the session log.
-``EngineThread`` runs the same loop (``tpudash.engine.server``) on a thread
-of this process over real pipes, for tests that run jobs defined in the test
-itself. Both read the engine's replies on a reader thread and pass each, as
-a ``tpudash.engine.protocol`` message, to the listener, then once an
-``EngineExit``. This module never imports TensorFlow.
+It reads the engine's replies on a reader thread and passes each, as a
+``tpudash.engine.protocol`` message, to the listener, then once an
+``EngineExit``. ``tpudash.engine.inthread.EngineThread`` is the same handle on
+the engine's loop run in this process (tests). This module imports neither
+TensorFlow nor the engine's server, so the dashboard's import graph stays
+free of the runner and the jobs.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import IO, Any
 
 from tpudash.childproc import ID_FIELD, LineReader, Payload, encode_line
 from tpudash.engine.protocol import REPLIES, Command, Release, Reply, decode, encode
-from tpudash.engine.server import EngineServer, ReplySender, serve
 
 STDERR_TAIL_LINES = 12
 
@@ -161,54 +161,3 @@ class EngineProcess(EngineHandle):
         tail = [line for line in read_tail(self.log_path, 200, self._log_offset) if line.strip()]
         requested = self.release_requested or self.kill_reason is not None
         self._listener(EngineExit(returncode, signal_name, tail[-STDERR_TAIL_LINES:], requested))
-
-
-class EngineThread(EngineHandle):
-    """The engine's loop on a thread of this process, over real pipes (tests with in-test jobs).
-
-    It shares this process's runtime, so it cannot be killed: ``kill``
-    cancels its job and closes the pipe instead.
-    """
-
-    def __init__(self, listener: Listener, settings: Any, job_specs: Mapping[str, Any],
-                 runtime_provider: Callable[[], Any]):
-        super().__init__(listener)
-        command_read, command_write = os.pipe()
-        reply_read, reply_write = os.pipe()
-        self._commands = os.fdopen(command_write, "w", encoding="utf-8", buffering=1)
-        replies = os.fdopen(reply_read, "r", encoding="utf-8")
-        self._server: EngineServer | None = None
-
-        def make_server(send: ReplySender) -> EngineServer:
-            self._server = EngineServer(send, settings, job_specs, runtime_provider, grace_seconds=0.0)
-            return self._server
-
-        def run_engine() -> None:
-            with os.fdopen(command_read, "r", encoding="utf-8") as commands, \
-                    os.fdopen(reply_write, "w", encoding="utf-8", buffering=1) as reply_stream:
-                serve(commands, reply_stream, make_server)
-
-        self._engine = threading.Thread(target=run_engine, name="tpudash-engine-thread", daemon=True)
-        self._engine.start()
-
-        def report_exit() -> None:
-            replies.close()
-            self._listener(EngineExit(0, None, [], self.release_requested or self.kill_reason is not None))
-
-        self._read_replies(replies, report_exit, "tpudash-engine-thread-reader")
-        self.pid = os.getpid()
-
-    @property
-    def alive(self) -> bool:
-        return self._reader is not None and self._reader.alive
-
-    @property
-    def server(self) -> EngineServer | None:
-        """The engine's loop (a test may add a sink to its runner, as a job's own code would)."""
-        return self._server
-
-    def kill(self, reason: str) -> None:
-        self.kill_reason = reason
-        if self._server is not None:
-            self._server.runner.cancel_all()
-        self.release()

@@ -40,8 +40,10 @@ from tpudash.engine.protocol import (
     RuntimeFailed,
     RuntimeReady,
 )
+from tpudash.runs.layout import EVENTS_FILE, TELEMETRY_FILE, new_run_id
 from tpudash.runs.model import RunModel
-from tpudash.runs.store import EVENTS_FILE, TELEMETRY_FILE, EventTail, RunStore, new_run_id
+from tpudash.runs.store import RunStore
+from tpudash.runs.tail import EventTail
 
 ENGINE_NONE = "none"
 ENGINE_STARTING = "starting"

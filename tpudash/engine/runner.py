@@ -23,7 +23,9 @@ from typing import Any
 
 from jobs.base import JobCancelled, JobContext, JobSpec
 from jobs.events import Event, RunFinished, RunStarted, to_jsonable
-from tpudash.runs.store import RunRecorder, RunStore, new_run_id
+from tpudash.runs.layout import new_run_id
+from tpudash.runs.recorder import RunRecorder
+from tpudash.runs.store import RunStore
 
 log = logging.getLogger(__name__)
 

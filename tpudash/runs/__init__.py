@@ -2,5 +2,15 @@
 
 Every run — a tpudash job in the engine, the user's ``fit`` with the callback,
 a loop with ``tpudash.record`` — is a directory read the same way. Nothing
-here imports Textual or TensorFlow.
+here imports Textual or TensorFlow, nor the telemetry samplers that write
+into a run (they import this package, not the other way round).
+
+- ``layout``: file names, run ids, statuses, sources, atomic run.json writes;
+- ``recorder``: ``RunRecorder``, the writer of one run;
+- ``tail``: ``LineTail`` (whole lines of a growing file) and ``EventTail``;
+- ``liveness``: whether a run's writer process still exists (psutil);
+- ``store``: ``RunStore``, listing, finding and loading runs;
+- ``export``: a run as CSV or JSON; ``telemetry_samples``: what its samples say;
+- ``follow``: a run followed as it grows, the runs directory watched;
+- ``model`` and ``series``: what a run's events add up to, in bounded memory.
 """

@@ -13,12 +13,12 @@ imports no TensorFlow.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from jobs.events import Event
-from tpudash.runs.store import (
+from tpudash.runs.layout import (
     EVENTS_FILE,
     RUN_FILE,
     SOURCE_CALLBACK,
@@ -27,12 +27,11 @@ from tpudash.runs.store import (
     STATUS_INTERRUPTED,
     STATUS_RUNNING,
     TELEMETRY_FILE,
-    EventTail,
-    RunInfo,
-    RunStore,
     files_key,
 )
 from tpudash.runs.model import RunModel
+from tpudash.runs.store import RunInfo, RunStore
+from tpudash.runs.tail import EventTail
 
 WRITER_CHECK_SECONDS = 1.0
 # How often ``tpudash watch`` reads the file: what a person following a run perceives as at once.

@@ -11,10 +11,12 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from jobs.events import (
+    TRAINING_STAGE,
     Artifact,
     Event,
     Log,
@@ -22,7 +24,6 @@ from jobs.events import (
     Progress,
     ReplicaValues,
     RunFinished,
-    TRAINING_STAGE,
     RunStarted,
     Stage,
     Table,
@@ -32,14 +33,19 @@ from jobs.events import (
 )
 from tpudash.format import format_seconds
 from tpudash.runs.series import DecimatedSeries, Ema
-from tpudash.telemetry.sampling import idle_accelerator_hint, summarize
+from tpudash.runs.telemetry_samples import idle_accelerator_hint
+from tpudash.telemetry_summary import summarize
 
 MAX_LOG_LINES = 5000
 # Metrics named like these are one point of a 2-D path (gradient descent's x0, x1).
 PATH_FAMILIES = ("x0", "x1")
-# The telemetry plot's lines: label, ``tpudash.telemetry.sampling.Summary`` field (all percentages).
-TELEMETRY_LINES = (("TPU duty cycle", "duty_cycle_pct"), ("HBM used", "hbm_used_pct"),
-                   ("host CPU", "cpu_pct"), ("host memory", "memory_used_pct"))
+# The telemetry plot's lines: label, ``tpudash.telemetry_summary.Summary`` field (all percentages).
+TELEMETRY_LINES = (
+    ("TPU duty cycle", "duty_cycle_pct"),
+    ("HBM used", "hbm_used_pct"),
+    ("host CPU", "cpu_pct"),
+    ("host memory", "memory_used_pct"),
+)
 # Enough recent samples for the idle-accelerator hint's window at the fastest rate.
 RECENT_TELEMETRY = 300
 
@@ -80,9 +86,9 @@ def classify_metric(metric: Metric) -> tuple[str, str, str]:
     if split == "train":
         split, name = split_final_name(name)
     if name.startswith("batch_"):
-        return name[len("batch_"):], split, "batch"
+        return name[len("batch_") :], split, "batch"
     if name.startswith("epoch_"):
-        return name[len("epoch_"):], split, "epoch"
+        return name[len("epoch_") :], split, "epoch"
     return name, split, "epoch" if metric.epoch is not None else "step"
 
 
@@ -225,7 +231,7 @@ class RunModel:
         self.replica_version = 0
 
     @classmethod
-    def from_events(cls, events: Iterable[tuple[float | None, Event]], **info: Any) -> "RunModel":
+    def from_events(cls, events: Iterable[tuple[float | None, Event]], **info: Any) -> RunModel:
         model = cls(**info)
         for stamp, event in events:
             model.apply(event, stamp)
@@ -293,12 +299,12 @@ class RunModel:
             route = self._routes[route_key] = self._route(metric)
         track, final_name = route
         value = metric.value
-        if not (isinstance(value, (int, float)) and math.isfinite(value)) or isinstance(value, bool):
+        if not is_finite_number(value):
             value = math.nan
         if track.family in PATH_FAMILIES:
             self._path_point(track.family, metric)
         track.series.append(metric.step, value)
-        if track.ema is not None and value == value:
+        if track.ema is not None and track.smoothed is not None and value == value:
             track.smoothed.append(metric.step, track.ema.update(value))
         track.last, track.last_step = value, metric.step
         track.count += 1
@@ -382,5 +388,8 @@ class RunModel:
         if self.job != "matmul" or not isinstance(gflops, dict):
             return {}
         failed = set(self.summary.get("failed_devices") or ())
-        return {str(device): {"passed": device not in failed, "gflops": float(value)}
-                for device, value in gflops.items() if is_finite_number(value)}
+        return {
+            str(device): {"passed": device not in failed, "gflops": float(value)}
+            for device, value in gflops.items()
+            if is_finite_number(value)
+        }

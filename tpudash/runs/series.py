@@ -8,7 +8,9 @@ the history benchmark all hold the same small amount whatever the run's length.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+
+from jobs.events import is_finite_number
 
 DEFAULT_SERIES_CAPACITY = 2048
 SMOOTHING_WEIGHT = 0.6
@@ -38,7 +40,7 @@ class DecimatedSeries:
         self.nonfinite = 0
 
     def append(self, x: float, y: float) -> None:
-        if not (isinstance(y, (int, float)) and math.isfinite(y)):
+        if not is_finite_number(y):
             self.nonfinite += 1
             return
         self.last = (x, y)
@@ -127,5 +129,5 @@ class Ema:
             return value
         self._count += 1
         self._value = self._value * self.weight + (1.0 - self.weight) * value
-        debias = 1.0 - self.weight ** self._count
+        debias = 1.0 - self.weight**self._count
         return self._value / debias if debias > 0 else value

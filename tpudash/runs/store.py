@@ -1,235 +1,37 @@
-"""Run directories on disk: events.jsonl, run.json, exports.
+"""The runs directory: create runs, list them (with a cache of ended runs), find, load and export one.
 
-``<runs_dir>/<UTC yyyymmdd-HHMMSS>-<job>-<6 hex>/`` holds ``events.jsonl``
-(one event per line, written through to the OS at every event so a killed
-process loses nothing it emitted, fsynced at least every second and at every
-epoch and finish so a dead machine loses at most a second) and ``run.json``
-(replaced atomically). A run left ``running`` by a process that no longer
-exists is reported as ``interrupted``. Reading never trusts the files: a
-truncated line, a malformed run.json or an unknown event is reported as a
-problem and the rest is still shown.
+Reading never trusts the files: a truncated line, a malformed run.json or an
+unknown event is reported as a problem and the rest is still shown. A run
+left ``running`` by a process that no longer exists is reported as
+``interrupted``. The file layout is ``tpudash.runs.layout``; writing one run
+is ``tpudash.runs.recorder``; reading a growing file is ``tpudash.runs.tail``.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import json
 import os
-import secrets
 import socket
-import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import IO, Any, Iterable
+from typing import Any
 
-from jobs.events import (
-    Event,
-    Metric,
-    Progress,
-    RunFinished,
-    RunStarted,
-    dumps,
-    event_from_dict,
-    event_to_dict,
-    to_jsonable,
+from jobs.events import Event, Metric, RunFinished, RunStarted, is_finite_number
+from tpudash.runs import liveness
+from tpudash.runs.export import export_run
+from tpudash.runs.layout import (
+    EVENTS_FILE,
+    RUN_FILE,
+    SOURCE_JOB,
+    STATUS_INTERRUPTED,
+    STATUS_RUNNING,
+    TELEMETRY_FILE,
+    files_key,
 )
-
-EVENTS_FILE = "events.jsonl"
-RUN_FILE = "run.json"
-# Samples of the accelerator and host taken while the run was live, written
-# by whoever observed it (tpudash.telemetry.sampling), never by the run's own process.
-TELEMETRY_FILE = "telemetry.jsonl"
-FSYNC_INTERVAL_SECONDS = 1.0
-STATUS_RUNNING = "running"
-STATUS_INTERRUPTED = "interrupted"
-# Who wrote a run: a tpudash job, the user's model.fit with TpudashCallback,
-# or the user's own loop through tpudash.record.
-SOURCE_JOB = "job"
-SOURCE_CALLBACK = "keras-callback"
-SOURCE_RECORD = "record"
-
-
-def new_run_id(job: str, now: float | None = None) -> str:
-    """``20261121-025100-matmul-1a2b3c``: sortable by start time, unique."""
-    stamp = datetime.fromtimestamp(now if now is not None else time.time(), tz=timezone.utc)
-    return f"{stamp:%Y%m%d-%H%M%S}-{job}-{secrets.token_hex(3)}"
-
-
-def _process_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state first), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name may contain spaces; the fields after it are fixed.
-    return stat.rsplit(")", 1)[1].split()
-
-
-def _process_start_ticks(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (guards against a reused pid)."""
-    fields = _process_stat(pid)
-    return fields[19] if fields is not None else None
-
-
-def process_alive(pid: int, start_ticks: str | None) -> bool:
-    """Whether the process that wrote a run still exists."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    fields = _process_stat(pid)
-    if fields is None:
-        return True  # no /proc to ask: the pid exists
-    if fields[0] in ("Z", "X"):
-        return False  # it has exited; its parent has not collected it yet
-    return start_ticks is None or fields[19] == start_ticks
-
-
-def write_json_atomically(path: Path, payload: dict) -> None:
-    """Write to a temp file beside ``path``, fsync, then os.replace it.
-
-    A write that fails (a full disk) leaves ``path`` as it was and removes
-    the half-written temp file.
-    """
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-
-
-class RunRecorder:
-    """Writes one run's events and its run.json; used as a runner sink.
-
-    Write-through (the default, for jobs): every event reaches the OS as it
-    is recorded, so the dashboard tailing the file sees it at once. Buffered
-    (``flush_interval`` > 0, for the user's own training): ``record`` only
-    appends to memory, and a writer thread writes every ``flush_interval``
-    seconds, fsyncs at most every second and rewrites run.json at epochs, so
-    the training thread never waits for the disk. Either way the finish is
-    written and fsynced before ``record`` returns.
-    """
-
-    def __init__(self, run_dir: Path, meta: dict, *, flush_interval: float = 0.0):
-        self.run_dir = run_dir
-        self.meta = dict(meta)
-        self.flush_interval = flush_interval
-        self.write_error: OSError | None = None
-        """The first error the writer thread met (a full disk); training goes on without the record."""
-        self._lock = threading.Lock()  # the buffer, meta and final metrics
-        self._io_lock = threading.Lock()  # the files
-        self._pending: list[str] = []
-        self._meta_due = False
-        self._unsynced = False
-        self._last_fsync = time.monotonic()
-        self._final_metrics: dict[str, float] = {}
-        self._closed = False
-        # run.json first: a reader finding the directory learns at once whose run it is.
-        self._write_meta(self._meta_snapshot())
-        self._events = open(run_dir / EVENTS_FILE, "a", encoding="utf-8")
-        self._writer: threading.Thread | None = None
-        self._writer_stop = threading.Event()
-        if flush_interval > 0:
-            self._writer = threading.Thread(target=self._write_periodically, name=f"tpudash-record-{run_dir.name}",
-                                            daemon=True)
-            self._writer.start()
-
-    def _meta_snapshot(self) -> dict:
-        return dict(self.meta, final_metrics=dict(self._final_metrics))
-
-    def _write_meta(self, meta: dict) -> None:
-        write_json_atomically(self.run_dir / RUN_FILE, to_jsonable(meta))
-
-    def record(self, event: Event, timestamp: float | None = None) -> None:
-        """Append one event; fsync on schedule, at epochs and at the finish."""
-        timestamp = time.time() if timestamp is None else timestamp
-        line = dumps(event, timestamp) + "\n"
-        finished = isinstance(event, RunFinished)
-        with self._lock:
-            if self._closed:
-                return
-            self._pending.append(line)
-            if isinstance(event, Metric):
-                self.remember_metric(event)
-            epoch_boundary = isinstance(event, Progress) and event.unit == "epoch"
-            if epoch_boundary:
-                self._meta_due = True
-            if finished:
-                self._closed = True
-                self.meta.update(status=event.status, finished=timestamp, summary=event.summary, error=event.error)
-                self._meta_due = True
-        if finished:
-            self._stop_writer()
-            self._write_pending(sync=True)
-            with self._io_lock:
-                self._events.close()
-        elif self._writer is None:
-            self._write_pending(sync=epoch_boundary)
-
-    def _write_pending(self, sync: bool = False) -> None:
-        """Write what is buffered; fsync when asked, when run.json is due, or a second after the last."""
-        with self._io_lock:
-            with self._lock:
-                lines, self._pending = self._pending, []
-                meta = self._meta_snapshot() if self._meta_due else None
-                self._meta_due = False
-            if self._events.closed:
-                return
-            if lines:
-                self._events.write("".join(lines))
-                self._events.flush()
-                self._unsynced = True
-            now = time.monotonic()
-            if self._unsynced and (sync or meta is not None or now - self._last_fsync >= FSYNC_INTERVAL_SECONDS):
-                os.fsync(self._events.fileno())
-                self._last_fsync, self._unsynced = now, False
-            if meta is not None:
-                self._write_meta(meta)
-
-    def flush(self) -> None:
-        """Write what is buffered now, and fsync it (a buffered recorder before a long pause)."""
-        self._write_pending(sync=True)
-
-    def _write_periodically(self) -> None:
-        while not self._writer_stop.wait(self.flush_interval):
-            try:
-                self._write_pending()
-            except OSError as error:
-                # The user's training must go on; the error is kept for them to read.
-                self.write_error = self.write_error or error
-
-    def _stop_writer(self) -> None:
-        if self._writer is not None:
-            self._writer_stop.set()
-            if self._writer is not threading.current_thread():
-                self._writer.join()
-            self._writer = None
-
-    def remember_metric(self, event: Metric) -> None:
-        """Keep ``event`` as its metric's latest value for run.json's final_metrics."""
-        self._final_metrics[event.final_name] = event.value
-
-    def close(self) -> None:
-        """Write what is buffered and close, without a finish (the run reads as interrupted)."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._stop_writer()
-        self._write_pending(sync=True)
-        with self._io_lock:
-            self._events.close()
+from tpudash.runs.recorder import RunRecorder
+from tpudash.runs.tail import read_events
 
 
 @dataclass
@@ -250,7 +52,10 @@ class RunInfo:
     source: str = SOURCE_JOB
     """Who wrote it: ``job``, ``keras-callback`` or ``record`` (see SOURCE_*)."""
     pid: int | None = None
-    pid_start: str | None = None
+    pid_start_time: float | None = None
+    """When the writing process started (unix time): tells it from a later process given the same pid."""
+    pid_start_ticks: str | None = None
+    """The same, as runs written by older versions stored it (``pid_start``: clock ticks since boot)."""
     host: str | None = None
     live: bool = False
     """Running, and its writer process is alive on this host: the run is still growing."""
@@ -259,14 +64,15 @@ class RunInfo:
         """Whether the writing process still exists (None: it is on another host, or unknown)."""
         if self.host != socket.gethostname() or self.host is None:
             return None
-        return isinstance(self.pid, int) and process_alive(self.pid, self.pid_start)
+        return isinstance(self.pid, int) and liveness.process_alive(
+            self.pid, self.pid_start_time, start_ticks=self.pid_start_ticks
+        )
 
     @property
     def duration(self) -> float | None:
-        if self.started is None:
+        if self.started is None or self.finished is None:
             return None
-        end = self.finished if self.finished is not None else None
-        return None if end is None else max(0.0, end - self.started)
+        return max(0.0, self.finished - self.started)
 
     def to_dict(self) -> dict:
         return {
@@ -303,93 +109,6 @@ class RunData:
         return [(stamp, event) for stamp, event in self.events if isinstance(event, Metric)]
 
 
-MAX_PROBLEMS_KEPT = 100
-
-
-def parse_event_line(line: str | bytes) -> tuple[float | None, Event]:
-    """One line of events.jsonl as (timestamp, event); ValueError names what is wrong with it."""
-    try:
-        payload = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError("truncated or not JSON") from None
-    event = event_from_dict(payload)  # UnknownEventError is a ValueError
-    return payload.get("t"), event
-
-
-def read_events(path: Path) -> tuple[list[tuple[float | None, Event]], list[str]]:
-    """Every event that parses, with its timestamp, plus one problem per bad line."""
-    tail = EventTail(path)
-    try:
-        events = tail.read_new(final=True)
-    except OSError as error:
-        return [], [f"{path.name}: cannot read ({error.strerror or error})"]
-    finally:
-        tail.close()
-    return events, tail.problems
-
-
-class EventTail:
-    """Follows a run's events.jsonl as its writer appends: each ``read_new`` returns the events added since.
-
-    A line is read only once it is complete (the writer may be mid-line),
-    unless ``final`` says the writer is gone; a line that does not parse is
-    named in ``problems`` (the first hundred) and skipped. A missing file
-    reads as no events yet (the engine has not started the run).
-    """
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self._handle: IO[bytes] | None = None
-        self._partial = b""
-        self._line_number = 0
-        self.problems: list[str] = []
-        self.problem_count = 0
-        self.finished = False
-        """True once a RunFinished was read: nothing more will come."""
-
-    def read_new(self, final: bool = False) -> list[tuple[float | None, Event]]:
-        """The events completed since the last call; ``final``: also a last line without its newline.
-
-        Raises OSError only when ``final`` and the file exists but cannot be read.
-        """
-        if self._handle is None:
-            try:
-                self._handle = open(self.path, "rb")
-            except OSError:
-                if final:
-                    raise
-                return []
-        chunk = self._handle.read()
-        if not chunk and not (final and self._partial):
-            return []
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        if final and self._partial:
-            lines.append(self._partial)
-            self._partial = b""
-        events: list[tuple[float | None, Event]] = []
-        for line in lines:
-            self._line_number += 1
-            if not line.strip():
-                continue
-            try:
-                stamp, event = parse_event_line(line)
-            except ValueError as error:
-                self.problem_count += 1
-                if len(self.problems) < MAX_PROBLEMS_KEPT:
-                    self.problems.append(f"{self.path.name} line {self._line_number}: {error}")
-                continue
-            events.append((stamp, event))
-            if isinstance(event, RunFinished):
-                self.finished = True
-        return events
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
-
-
 class RunStore:
     """The runs directory: create runs, list them, load and export one."""
 
@@ -397,8 +116,16 @@ class RunStore:
         self.root = Path(root)
         self._infos: dict[str, tuple[tuple, RunInfo]] = {}
 
-    def create(self, run_id: str, job: str, params: dict, runtime: dict, *, source: str = SOURCE_JOB,
-               flush_interval: float = 0.0) -> RunRecorder:
+    def create(
+        self,
+        run_id: str,
+        job: str,
+        params: dict,
+        runtime: dict,
+        *,
+        source: str = SOURCE_JOB,
+        flush_interval: float = 0.0,
+    ) -> RunRecorder:
         """A new run directory and its recorder (``flush_interval``: see ``RunRecorder``)."""
         run_dir = self.root / run_id
         run_dir.mkdir(parents=True, exist_ok=False)
@@ -412,7 +139,7 @@ class RunStore:
             "started": time.time(),
             "finished": None,
             "pid": os.getpid(),
-            "pid_start": _process_start_ticks(os.getpid()),
+            "pid_start_time": liveness.process_start_time(os.getpid()),
             "host": socket.gethostname(),
         }
         return RunRecorder(run_dir, meta, flush_interval=flush_interval)
@@ -434,9 +161,21 @@ class RunStore:
         except (OSError, ValueError):
             meta = None
         if not isinstance(meta, dict):
-            recorder = self.create(run_id, job, params, {}) if not run_dir.exists() else RunRecorder(
-                run_dir, {"run_id": run_id, "job": job, "params": params, "status": STATUS_RUNNING,
-                          "started": time.time(), "host": socket.gethostname()})
+            recorder = (
+                self.create(run_id, job, params, {})
+                if not run_dir.exists()
+                else RunRecorder(
+                    run_dir,
+                    {
+                        "run_id": run_id,
+                        "job": job,
+                        "params": params,
+                        "status": STATUS_RUNNING,
+                        "started": time.time(),
+                        "host": socket.gethostname(),
+                    },
+                )
+            )
             if not events:
                 recorder.record(RunStarted(run_id, job, params, {}, time.time()))
         else:
@@ -488,15 +227,16 @@ class RunStore:
             return info
         info.job = str(meta.get("job", "?"))
         info.status = str(meta.get("status", "unknown"))
-        info.started = _number_or_none(meta.get("started"))
-        info.finished = _number_or_none(meta.get("finished"))
+        info.started = float(meta["started"]) if is_finite_number(meta.get("started")) else None
+        info.finished = float(meta["finished"]) if is_finite_number(meta.get("finished")) else None
         info.params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
         info.summary = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
         info.final_metrics = meta.get("final_metrics") if isinstance(meta.get("final_metrics"), dict) else {}
         info.error = meta.get("error")
         info.source = str(meta.get("source", SOURCE_JOB))
         info.pid = meta.get("pid") if isinstance(meta.get("pid"), int) else None
-        info.pid_start = meta.get("pid_start") if isinstance(meta.get("pid_start"), str) else None
+        info.pid_start_time = float(meta["pid_start_time"]) if is_finite_number(meta.get("pid_start_time")) else None
+        info.pid_start_ticks = meta.get("pid_start") if isinstance(meta.get("pid_start"), str) else None
         info.host = meta.get("host") if isinstance(meta.get("host"), str) else None
         if info.status == STATUS_RUNNING:
             alive = info.writer_alive()
@@ -555,62 +295,6 @@ class RunStore:
         return RunData(info=info, events=events, problems=info.problems, telemetry=telemetry)
 
     def export(self, run_id: str, fmt: str = "csv") -> str:
-        """A run's metrics as CSV (one row per metric point) or JSON, with its telemetry.
-
-        In CSV a telemetry sample is a row per value (``tpu0_duty_cycle_pct``,
-        ``host_cpu_pct``…) with split ``telemetry`` and the sample's number
-        as its step; JSON has the samples whole under ``telemetry``.
-        """
-        from tpudash.telemetry.sampling import scalars
-
+        """A run's metrics as CSV (one row per metric point) or JSON, with its telemetry (see ``tpudash.runs.export``)."""
         data = self.load(run_id)
-        rows = [
-            {
-                "time": stamp,
-                "name": metric.name,
-                "split": metric.split,
-                "step": metric.step,
-                "epoch": metric.epoch,
-                "value": metric.value,
-            }
-            for stamp, metric in data.metrics()
-        ]
-        if fmt == "json":
-            samples = [{"time": stamp, **event_to_dict(sample)} for stamp, sample in data.telemetry]
-            return json.dumps({"run": data.info.to_dict(), "metrics": rows, "telemetry": samples}, indent=2)
-        rows += [
-            {"time": stamp, "name": name, "split": "telemetry", "step": number, "epoch": None, "value": value}
-            for number, (stamp, sample) in enumerate(data.telemetry)
-            for name, value in scalars(sample).items()
-        ]
-        if fmt != "csv":
-            raise ValueError(f"format: {fmt!r} is not allowed; allowed: csv, json")
-        buffer = io.StringIO()
-        writer = csv.DictWriter(buffer, fieldnames=["time", "name", "split", "step", "epoch", "value"], lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-        return buffer.getvalue()
-
-
-def files_key(run_dir: Path) -> tuple | None:
-    """What changes when a run's record changes: run.json's (else events.jsonl's) mtime and size."""
-    for name in (RUN_FILE, EVENTS_FILE):
-        try:
-            stat = (run_dir / name).stat()
-        except OSError:
-            continue
-        return name, stat.st_mtime_ns, stat.st_size
-    return None
-
-
-def _number_or_none(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def metric_series(events: Iterable[tuple[float | None, Event]], name: str, split: str = "train") -> list[tuple[int, float]]:
-    """(step, value) pairs of one metric, in order: what plots and overlays use."""
-    return [
-        (event.step, event.value)
-        for _, event in events
-        if isinstance(event, Metric) and event.name == name and event.split == split
-    ]
+        return export_run(data.info.to_dict(), data.metrics(), data.telemetry, fmt)

@@ -6,34 +6,79 @@ go through one path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from tpudash.tui.modes import MODE_SCREENS
+
+if TYPE_CHECKING:
+    from tpudash.tui.session import DashboardSession
+
+
+class PaletteApp(Protocol):
+    """What the palette needs of the app (named here, since the app imports this module)."""
+
+    session: DashboardSession
+
+    async def run_action(self, action: str, default_namespace: Any = None) -> bool: ...
+
+    def action_release_engine(self) -> None: ...
+
+    def action_reinitialize_runtime(self) -> None: ...
+
+    def action_cancel_job(self) -> None: ...
+
+    def action_watch_live(self) -> None: ...
 
 
 class TpudashCommands(Provider):
     """Jobs, screens, cancel, release the accelerator, re-initialise the runtime."""
 
     def _commands(self) -> list[tuple[str, Callable, str]]:
-        app = self.app
+        app = cast(PaletteApp, self.app)
         commands: list[tuple[str, Callable, str]] = []
-        for name, spec in app.job_specs.items():
-            commands.append((f"Run {name}", partial(app.run_action, f"launch_job({name!r})"),
-                             f"{spec.title}: launch with default params"))
-            commands.append((f"Form: {name}", partial(app.run_action, f"open_form({name!r})"),
-                             f"{spec.title}: set params, then enter to launch"))
+        for name, spec in app.session.job_specs.items():
+            commands.append(
+                (
+                    f"Run {name}",
+                    partial(app.run_action, f"launch_job({name!r})"),
+                    f"{spec.title}: launch with default params",
+                )
+            )
+            commands.append(
+                (
+                    f"Form: {name}",
+                    partial(app.run_action, f"open_form({name!r})"),
+                    f"{spec.title}: set params, then enter to launch",
+                )
+            )
         for mode, (_, _, label, help_text) in MODE_SCREENS.items():
             commands.append((f"Show {label}", partial(app.run_action, f"show({mode!r})"), help_text))
-        commands.append(("Release the accelerator (the engine exits)", app.action_release_engine,
-                         "so a notebook or another process can take the TPU; the next launch starts a new engine"))
-        commands.append(("Re-initialise the TPU (detect the runtime again)", app.action_reinitialize_runtime,
-                         "a new engine: connect, initialize the TPU system and rebuild the strategy"))
+        commands.append(
+            (
+                "Release the accelerator (the engine exits)",
+                app.action_release_engine,
+                "so a notebook or another process can take the TPU; the next launch starts a new engine",
+            )
+        )
+        commands.append(
+            (
+                "Re-initialise the TPU (detect the runtime again)",
+                app.action_reinitialize_runtime,
+                "a new engine: connect, initialize the TPU system and rebuild the strategy",
+            )
+        )
         commands.append(("Cancel the running job", app.action_cancel_job, "stop the job on the accelerator lane"))
-        commands.append(("Watch the newest live run", app.action_watch_live,
-                         "your own model.fit with TpudashCallback, tpudash.record, or a run in another terminal"))
+        commands.append(
+            (
+                "Watch the newest live run",
+                app.action_watch_live,
+                "your own model.fit with TpudashCallback, tpudash.record, or a run in another terminal",
+            )
+        )
         return commands
 
     async def discover(self) -> Hits:

@@ -7,7 +7,8 @@ is allowed, and a param that has no effect under the others' values is hidden.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -28,8 +29,7 @@ def _param_widget(param: Param) -> Input | Select | Switch:
         return Select(options, value=default, allow_blank=False, compact=True, classes="param-input")
     # Plain text on purpose: a number-only Input would silently swallow a bad
     # key, where the user should see what is wrong and what is allowed.
-    return Input(value=param.format(param.default), placeholder=param.allowed(), compact=True,
-                 classes="param-input")
+    return Input(value=param.format(param.default), placeholder=param.allowed(), compact=True, classes="param-input")
 
 
 class ParamField(Vertical):
@@ -113,12 +113,12 @@ class ParamField(Vertical):
 class FormMessage(Message):
     """A message about one ParamForm, which is its ``control`` (for ``@on(..., "#form-id")``)."""
 
-    def __init__(self, form: "ParamForm"):
+    def __init__(self, form: ParamForm):
         super().__init__()
         self.form = form
 
     @property
-    def control(self) -> "ParamForm":
+    def control(self) -> ParamForm:
         return self.form
 
 

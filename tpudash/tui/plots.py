@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from textual_plotext import PlotextPlot
 
 from tpudash.runs.series import DecimatedSeries, decimate_min_max, decimate_stride
-
 
 # Points all lines of a plot draw together, per character column.
 POINT_BUDGET_PER_COLUMN = 2.0
@@ -35,8 +34,13 @@ class RedrawBudget:
     1.5 % waits about 1.3 s before the next one.
     """
 
-    def __init__(self, fraction: float = 0.015, min_interval: float = 0.1, max_interval: float = 5.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        fraction: float = 0.015,
+        min_interval: float = 0.1,
+        max_interval: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.fraction = fraction
         self.min_interval = min_interval
         self.max_interval = max_interval
@@ -91,8 +95,14 @@ class BudgetedPlot(PlotextPlot):
     MIN_WIDTH = 16
     MIN_HEIGHT = 5
 
-    def __init__(self, budget: RedrawBudget | None = None, *, name: str | None = None, id: str | None = None,
-                 classes: str | None = None):
+    def __init__(
+        self,
+        budget: RedrawBudget | None = None,
+        *,
+        name: str | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ):
         super().__init__(name=name, id=id, classes=classes)
         self.budget = budget
         self.last_render_seconds = 0.0
@@ -138,9 +148,17 @@ class BudgetedPlot(PlotextPlot):
 class MetricPlot(BudgetedPlot):
     """Lines of one metric against step: e.g. train per batch (smoothed), per epoch, val."""
 
-    def __init__(self, title: str, budget: RedrawBudget | None = None, *, xlabel: str = "step",
-                 log_y: bool = False, y_range: tuple[float, float] | None = None, id: str | None = None,
-                 classes: str | None = None):
+    def __init__(
+        self,
+        title: str,
+        budget: RedrawBudget | None = None,
+        *,
+        xlabel: str = "step",
+        log_y: bool = False,
+        y_range: tuple[float, float] | None = None,
+        id: str | None = None,
+        classes: str | None = None,
+    ):
         super().__init__(budget, id=id, classes=classes)
         self.title = title
         self.xlabel = xlabel
@@ -213,8 +231,16 @@ def share_points(budget: int, lengths: Sequence[int]) -> list[int]:
 class PathPlot(BudgetedPlot):
     """A 2-D path, such as gradient descent's (x0, x1) from start to minimum."""
 
-    def __init__(self, title: str, budget: RedrawBudget | None = None, *, xlabel: str = "x0", ylabel: str = "x1",
-                 id: str | None = None, classes: str | None = None):
+    def __init__(
+        self,
+        title: str,
+        budget: RedrawBudget | None = None,
+        *,
+        xlabel: str = "x0",
+        ylabel: str = "x1",
+        id: str | None = None,
+        classes: str | None = None,
+    ):
         super().__init__(budget, id=id, classes=classes)
         self.title = title
         self.xlabel = xlabel

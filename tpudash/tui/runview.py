@@ -16,10 +16,10 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, ProgressBar, RichLog, Static, TabbedContent, TabPane, Tabs
+from textual.widgets.tabbed_content import ContentTab
 
 from jobs import registry
-from tpudash.format import display_beat, format_seconds
-from tpudash.cli.render import DeviceNames, format_value, status_text, table_devices  # the CLI's rules
+from tpudash.format import DeviceNames, display_beat, format_seconds, format_value, status_text, table_devices
 from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
 
@@ -42,9 +42,11 @@ def format_params(params: dict, job: str = "") -> str:
     others (momentum with optimizer=sgd) is left out, as the job's form hides it."""
     spec = registry().get(job)
     declared = {param.name: param for param in spec.params} if spec is not None else {}
-    return "  ".join(f"{name}={clipped(format_value(value), 40)}" for name, value in params.items()
-                     if name not in declared or declared[name].applies(params))
-
+    return "  ".join(
+        f"{name}={clipped(format_value(value), 40)}"
+        for name, value in params.items()
+        if name not in declared or declared[name].applies(params)
+    )
 
 
 # -- the view -------------------------------------------------------------------
@@ -92,7 +94,13 @@ class RunTabs(TabbedContent):
         # holds it back); a click or key does, for a tab not active yet. The
         # one posted at mount comes while no tab is active yet. Tabs of a
         # TabbedContent nested in a pane have that one as parent.
-        if event.tabs.parent is self and self.active and self.get_pane(event.tab).id != self.active:
+        tab = event.tab
+        if (
+            event.tabs.parent is self
+            and self.active
+            and isinstance(tab, ContentTab)
+            and self.get_pane(tab).id != self.active
+        ):
             self.user_chose = True
 
 
@@ -142,9 +150,9 @@ class RunView(Vertical):
         self._progress_rows: dict[str, ProgressRow] = {}
         self._plots: dict[str, MetricPlot] = {}
         self._path_plot: PathPlot | None = None
-        self._replica_drawn = -1
-        self._last_header = None
-        self._last_state = None
+        self._replica_drawn: tuple[int, str] | None = None
+        self._last_header: tuple[str, str, str, str] | str | None = None
+        self._last_state: tuple[str, str, str | None] | str | None = None
         self._beat = 0
         self._ended_shown = False
         self._last_note: Text | None = None
@@ -163,8 +171,13 @@ class RunView(Vertical):
                 yield Static("No metrics yet.", id="plots-empty")
                 yield Grid(id="plots")
                 yield Static("", id="telemetry-note", markup=False)
-                yield MetricPlot("accelerator and host (%)", self.budget, xlabel="seconds since the run started",
-                                 y_range=(0, 100), id="telemetry-plot")
+                yield MetricPlot(
+                    "accelerator and host (%)",
+                    self.budget,
+                    xlabel="seconds since the run started",
+                    y_range=(0, 100),
+                    id="telemetry-plot",
+                )
             with TabPane("Replicas", id="tab-replicas"):
                 yield Static("", id="replica-note", markup=False)
                 yield ReplicaBarPlot(self.budget, id="replica-plot")
@@ -193,7 +206,7 @@ class RunView(Vertical):
         self._tables_drawn.clear()
         self._device_names = DeviceNames()
         self._result_tables.clear()
-        self._replica_drawn = -1
+        self._replica_drawn = None
         self.query_one("#run-tabs", RunTabs).user_chose = False
         self._last_header = self._last_state = None
         self._ended_shown = False
@@ -250,9 +263,6 @@ class RunView(Vertical):
             self.budget.start_round()
             self._sync_plots(model)
         self._choose_tab(self._preferred_tab(model))
-
-    def plots_stale(self) -> bool:
-        return self.model is not None and self._plots_stale(self.model)
 
     def _plots_stale(self, model: RunModel) -> bool:
         return self._drawn.get("plots") != model.plot_version
@@ -328,7 +338,7 @@ class RunView(Vertical):
         log = self.query_one("#run-log", RichLog)
         fresh = min(model.logs_total - self._logs_written, len(model.logs))
         styles = {"warning": "yellow", "error": "bold red", "debug": "dim"}
-        for level, text in list(model.logs)[len(model.logs) - fresh:] if fresh > 0 else ():
+        for level, text in list(model.logs)[len(model.logs) - fresh :] if fresh > 0 else ():
             prefix = "" if level == "info" else f"{level}: "
             log.write(Text(prefix + text, style=styles.get(level, "")))
         self._logs_written = model.logs_total
@@ -368,8 +378,9 @@ class RunView(Vertical):
         table = self._result_tables.get(title)
         if table is None:
             label = Static(Text(title, style="bold"), classes="result-title")
-            table = self._result_tables[title] = DataTable(classes="result-table", zebra_stripes=True,
-                                                           cursor_type="row")
+            table = self._result_tables[title] = DataTable(
+                classes="result-table", zebra_stripes=True, cursor_type="row"
+            )
             results.mount(label, table, before=self.query_one("#summary-title", Static))
         return table
 
@@ -397,8 +408,10 @@ class RunView(Vertical):
         if model.latest_numeric_replica:
             event = model.replicas[model.latest_numeric_replica]
             names = self._device_names.add(event.devices or [])
-            labels = [names.get(str(device)) or str(index) for index, device in
-                      enumerate(event.devices or [""] * len(event.values))]
+            labels = [
+                names.get(str(device)) or str(index)
+                for index, device in enumerate(event.devices or [""] * len(event.values))
+            ]
             self.query_one("#replica-plot", ReplicaBarPlot).set_values(event.name, labels, event.values)
 
     def _sync_plots(self, model: RunModel) -> None:
@@ -410,7 +423,6 @@ class RunView(Vertical):
             plot = self._plots.get(family)
             if plot is None:
                 plot = self._plots[family] = MetricPlot(family, self.budget, classes="metric-plot")
-                plot.family = family
                 grid.mount(plot)
             if self._drawn.get(family) != version:
                 plot.set_lines(plot_lines(tracks))
@@ -437,8 +449,13 @@ class RunView(Vertical):
         plot = self.query_one("#telemetry-plot", MetricPlot)
         plot.display = bool(model.telemetry) and self.telemetry_fits
         if model.telemetry and self._drawn.get("telemetry") != model.telemetry_version:
-            plot.set_lines([PlotLine(label, model.telemetry[label], color=TELEMETRY_COLORS.get(label))
-                            for label, _ in TELEMETRY_LINES if label in model.telemetry])
+            plot.set_lines(
+                [
+                    PlotLine(label, model.telemetry[label], color=TELEMETRY_COLORS.get(label))
+                    for label, _ in TELEMETRY_LINES
+                    if label in model.telemetry
+                ]
+            )
             self._drawn["telemetry"] = model.telemetry_version
 
     def _sync_telemetry_note(self, model: RunModel) -> None:
@@ -448,8 +465,13 @@ class RunView(Vertical):
         hint = None if reason else model.idle_accelerator_hint()
         if not self.telemetry_fits:
             reason = None  # it explains a plot that is not shown
-        text = (Text(f"TPU telemetry: {reason}", style="dim") if reason
-                else Text.assemble(("input-bound? ", "bold yellow"), (hint, "yellow")) if hint else None)
+        text = (
+            Text(f"TPU telemetry: {reason}", style="dim")
+            if reason
+            else Text.assemble(("input-bound? ", "bold yellow"), (hint, "yellow"))
+            if hint
+            else None
+        )
         if text is None:
             note.display = False
         elif text != self._last_note:
@@ -483,10 +505,6 @@ class RunView(Vertical):
     def plot_for(self, family: str) -> MetricPlot | None:
         return self._plots.get(family)
 
-    @property
-    def path_plot(self) -> PathPlot | None:
-        return self._path_plot
-
 
 def replica_note(model: RunModel) -> str | None:
     """What the Replicas tab says instead of a chart, or None when the latest numbers make one.
@@ -505,8 +523,7 @@ def replica_note(model: RunModel) -> str | None:
     if not model.finished_state:
         return "Per-replica values: waiting for data."
     why = {
-        "done": f"{model.job or 'the job'} does not report values per replica; its results are under Plots "
-                "and Results",
+        "done": f"{model.job or 'the job'} does not report values per replica; its results are under Plots and Results",
         "failed": "it failed before reporting any (the error is above; the traceback is in Log)",
         "cancelled": "it was cancelled before reporting any",
         "interrupted": "its process ended before reporting any",

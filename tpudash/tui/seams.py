@@ -17,7 +17,18 @@ breaking the dashboard quietly. Written against Textual 8.2.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from textual.widgets import OptionList
+
+# To the type checker the mixin is an App (it calls App's methods); at run
+# time it is a plain class placed before App in the app's bases.
+if TYPE_CHECKING:
+    from textual.app import App
+
+    _MixedIntoApp = App[Any]
+else:
+    _MixedIntoApp = object
 
 _GUARDED = "_tpudash_page_keys_guarded"
 TEXTUAL_MOVE_PAGE = OptionList._move_page
@@ -40,11 +51,11 @@ def guard_option_list_page_keys() -> None:
             return
         move_page(self, direction)
 
-    OptionList._move_page = move_page_once_laid_out
+    OptionList._move_page = move_page_once_laid_out  # type: ignore[method-assign]  # the seam: Textual patched
     setattr(OptionList, _GUARDED, True)
 
 
-class UndelayedRevisits:
+class UndelayedRevisits(_MixedIntoApp):
     """An App mixin: ``switch_mode_undelayed`` skips Textual's 50 ms hold for a mode shown before.
 
     Mix in before ``App`` (``class MyApp(UndelayedRevisits, App)``). Relies on

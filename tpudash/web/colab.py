@@ -60,8 +60,14 @@ def _colab_output():
     return output
 
 
-def show(height: int = DEFAULT_HEIGHT, *, tpu: str | None = None, runs_dir: str | os.PathLike | None = None,
-         cpu_devices: int | None = None, data_dir: str | os.PathLike | None = None) -> None:
+def show(
+    height: int = DEFAULT_HEIGHT,
+    *,
+    tpu: str | None = None,
+    runs_dir: str | os.PathLike | None = None,
+    cpu_devices: int | None = None,
+    data_dir: str | os.PathLike | None = None,
+) -> None:
     """Show the dashboard in this cell (Colab), or print its URL (elsewhere).
 
     height: of the cell's frame, in pixels (200 to 4000).
@@ -71,8 +77,9 @@ def show(height: int = DEFAULT_HEIGHT, *, tpu: str | None = None, runs_dir: str 
     A server already running with the same options is reused.
     """
     if isinstance(height, bool) or not isinstance(height, int):
-        raise ValueError(f"height: {height!r} is not a whole number of pixels; allowed: "
-                         f"{HEIGHT_RANGE[0]} to {HEIGHT_RANGE[1]}")
+        raise ValueError(
+            f"height: {height!r} is not a whole number of pixels; allowed: {HEIGHT_RANGE[0]} to {HEIGHT_RANGE[1]}"
+        )
     if not HEIGHT_RANGE[0] <= height <= HEIGHT_RANGE[1]:
         raise ValueError(f"height: {height} is out of range; allowed: {HEIGHT_RANGE[0]} to {HEIGHT_RANGE[1]} pixels")
     output = _colab_output()
@@ -80,8 +87,10 @@ def show(height: int = DEFAULT_HEIGHT, *, tpu: str | None = None, runs_dir: str 
     if output is not None:
         output.serve_kernel_port_as_iframe(server.port, path="/", height=str(height))
     else:
-        print(f"tpudash: the dashboard is at {server.url} (open it in a browser; each tab runs its own "
-              "dashboard; tpudash.web.colab.stop() ends them)")
+        print(
+            f"tpudash: the dashboard is at {server.url} (open it in a browser; each tab runs its own "
+            "dashboard; tpudash.web.colab.stop() ends them)"
+        )
 
 
 def url() -> str | None:
@@ -105,8 +114,12 @@ def stop() -> None:
 
 def _options(tpu, runs_dir, cpu_devices, data_dir) -> tuple:
     flags = []
-    for flag, value in (("--tpu", tpu), ("--runs-dir", runs_dir), ("--cpu-devices", cpu_devices),
-                        ("--data-dir", data_dir)):
+    for flag, value in (
+        ("--tpu", tpu),
+        ("--runs-dir", runs_dir),
+        ("--cpu-devices", cpu_devices),
+        ("--data-dir", data_dir),
+    ):
         if value is not None:
             flags += [flag, os.fspath(value) if isinstance(value, os.PathLike) else str(value)]
     return tuple(flags)
@@ -135,8 +148,14 @@ def _start_server(options: tuple, behind_proxy: bool) -> _Server:
         # Its own session: the notebook's interrupt (SIGINT to the kernel)
         # must not stop the dashboards; the kernel's end does (parent-death
         # signal, and atexit below).
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, preexec_fn=parent_death_signal(signal.SIGTERM))
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=parent_death_signal(signal.SIGTERM),
+        )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while True:
         text = log_path.read_text(encoding="utf-8", errors="replace")
@@ -149,8 +168,9 @@ def _start_server(options: tuple, behind_proxy: bool) -> _Server:
             port = int(port_match.group(1))
             return _Server(process, address, port, options, log_path)
         if process.poll() is not None:
-            raise ColabError(f"tpudash serve exited with code {process.returncode}: {text.strip()[-2000:]} "
-                             f"(log: {log_path})")
+            raise ColabError(
+                f"tpudash serve exited with code {process.returncode}: {text.strip()[-2000:]} (log: {log_path})"
+            )
         if time.monotonic() > deadline:
             process.terminate()
             raise ColabError(f"tpudash serve did not start within {START_TIMEOUT_SECONDS:g} s (log: {log_path})")

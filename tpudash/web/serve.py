@@ -26,19 +26,16 @@ module is the server around them:
   a running job cleanly), then whatever is still running after the cancel
   grace is ended. None is left behind.
 
-A served dashboard is recognised by ``is_served()``: textual-serve starts it
-with ``TEXTUAL_DRIVER`` naming Textual's web driver, and this server also
-sets ``TPUDASH_SERVED=1``. Its standard input and output are pipes, not a
-terminal, and that is expected.
+Each tab's dashboard process (how it starts, how it and its engine end)
+is ``tpudash.web.tabs``.
 
-This module imports only the standard library at the top, so importing it
-costs nothing; aiohttp and textual-serve load when a server is built.
+This module imports only the standard library (and tpudash's modules that
+import nothing more) at the top, so importing it costs nothing; aiohttp and textual-serve load when a server is built.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import ipaddress
 import json
 import os
@@ -47,16 +44,17 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
+
+from tpudash.net import is_loopback_host
+from tpudash.web.tabs import dashboard_environment, dashboard_service_class
 
 DEFAULT_HOST = "127.0.0.1"
 PUBLIC_HOST = "0.0.0.0"
 DEFAULT_PORT = 8000
-# What textual-serve sets for every app process it starts (app_service.py).
-WEB_DRIVER = "textual.drivers.web_driver:WebDriver"
-SERVED_VARIABLE = "TPUDASH_SERVED"
 # A dashboard asked to quit may first cancel its job (up to the cancel
 # grace) and wait for its engine; this much more before it is ended.
 QUIT_MARGIN_SECONDS = 5.0
@@ -64,18 +62,11 @@ QUIT_MARGIN_SECONDS = 5.0
 # asked for longer than POLL_ABANDONED_SECONDS (its tab was closed) is stopped.
 POLL_WAIT_SECONDS = 10.0
 POLL_ABANDONED_SECONDS = 45.0
-LOOPBACK_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 PAGE_PATH = Path(__file__).with_name("serve_page.html")
 
 
 class ServeError(ValueError):
     """A --host or --port that cannot be served; the message names the flag."""
-
-
-def is_served(environ: Mapping[str, str] | None = None) -> bool:
-    """True in a dashboard started for a browser tab: its terminal is a web page, not a tty."""
-    environ = os.environ if environ is None else environ
-    return environ.get("TEXTUAL_DRIVER") == WEB_DRIVER
 
 
 def parse_port(raw: object) -> int:
@@ -103,166 +94,42 @@ def resolve_host(host: str | None, public: bool) -> tuple[str, bool]:
     try:
         infos = socket.getaddrinfo(text, None, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as error:
-        raise ServeError(f"--host: cannot resolve {text!r} ({error}); allowed: an IP address or a host name "
-                         "of this machine, e.g. 127.0.0.1") from None
-    loopback = all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
+        raise ServeError(
+            f"--host: cannot resolve {text!r} ({error}); allowed: an IP address or a host name "
+            "of this machine, e.g. 127.0.0.1"
+        ) from None
+    loopback = all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
     if not loopback and not public:
-        raise ServeError(f"--host: {text} is not a loopback address, and whoever reaches it can launch jobs on "
-                         "this machine; add --public to serve it anyway, or keep the default 127.0.0.1 and "
-                         "forward the port over SSH (ssh -L 8000:localhost:8000 HOST)")
+        raise ServeError(
+            f"--host: {text} is not a loopback address, and whoever reaches it can launch jobs on "
+            "this machine; add --public to serve it anyway, or keep the default 127.0.0.1 and "
+            "forward the port over SSH (ssh -L 8000:localhost:8000 HOST)"
+        )
     return text, loopback
 
 
 def public_warning(host: str, port: int) -> str:
-    return (f"tpudash serve: warning: listening on {host}:{port}, not loopback. Anyone who can reach this port "
-            "gets a dashboard that launches jobs on this machine's accelerator and reads its runs. There is no "
-            "login; keep it behind a firewall, or serve on 127.0.0.1 and use SSH port forwarding.")
+    return (
+        f"tpudash serve: warning: listening on {host}:{port}, not loopback. Anyone who can reach this port "
+        "gets a dashboard that launches jobs on this machine's accelerator and reads its runs. There is no "
+        "login; keep it behind a firewall, or serve on 127.0.0.1 and use SSH port forwarding."
+    )
 
 
-def dashboard_command() -> list[str]:
-    """What each browser tab runs: this Python's ``python -m tpudash``."""
-    return [sys.executable, "-m", "tpudash"]
+def serve_dashboards(args: Any, settings: Any) -> int:
+    """``tpudash serve``: serve until SIGINT or SIGTERM; 0 once every dashboard has gone.
 
-
-def dashboard_environment(settings: Any, environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` carrying every setting as its TPUDASH_* variable, and the served marker."""
-    from tpudash.config import settings_environment
-
-    environment = settings_environment(settings, dict(environ))
-    environment[SERVED_VARIABLE] = "1"
-    return environment
-
-
-def command_serve(args: Any, settings: Any) -> int:
-    """``tpudash serve``: serve until SIGINT or SIGTERM; 0 once every dashboard has gone."""
-    from tpudash.cli.main import BadInput
-    from tpudash.config import SettingsError
-
-    try:
-        port = parse_port(DEFAULT_PORT if args.port is None else args.port)
-        host, loopback = resolve_host(args.host, args.public)
-        # Each tab's dashboard needs the runs directory: refuse now, not once per tab.
-        settings.check_runs_dir()
-    except (ServeError, SettingsError) as error:
-        raise BadInput(str(error)) from None
-    server = DashboardServer(settings, host=host, port=port, loopback=loopback,
-                             check_host_header=loopback and not args.allow_any_host_header)
-    try:
-        return server.run()
-    except ServeError as error:
-        raise BadInput(str(error)) from None
-
-
-def _descendants(pid: int) -> list:
-    """The process and everything under it now (the engine starts a session of its own)."""
-    import psutil
-
-    try:
-        process = psutil.Process(pid)
-        return [process, *process.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def _running(processes: list) -> list:
-    """Those still running; a zombie has ended (the engine's new parent may reap it late, or never)."""
-    import psutil
-
-    running = []
-    for process in processes:
-        try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                running.append(process)
-        except psutil.Error:
-            pass
-    return running
-
-
-def _wait_until_ended(processes: list, timeout: float) -> list:
-    import psutil
-
-    deadline = time.monotonic() + timeout
-    alive = _running(processes)
-    while alive and time.monotonic() < deadline:
-        psutil.wait_procs(alive, timeout=0.1)
-        alive = _running(alive)
-    return alive
-
-
-def _end_processes(processes: list, grace: float) -> list:
-    """Wait up to ``grace`` for ``processes`` to exit, then SIGTERM, then SIGKILL. Returns what had to be ended."""
-    import psutil
-
-    alive = _wait_until_ended(processes, grace)
-    for process in alive:
-        try:
-            process.terminate()
-        except psutil.Error:
-            pass
-    for process in _wait_until_ended(alive, 2.0):
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    _wait_until_ended(alive, 2.0)
-    return alive
-
-
-@functools.cache
-def _dashboard_service_class():
-    """textual-serve's AppService, starting ``python -m tpudash`` directly with this server's settings."""
-    from textual_serve.app_service import AppService
-
-    class DashboardService(AppService):
-        """One browser tab's dashboard process."""
-
-        def __init__(self, *args: Any, environment: dict[str, str], quit_grace: float, **kwargs: Any):
-            super().__init__(" ".join(dashboard_command()), *args, **kwargs)
-            self.environment = environment
-            self.quit_grace = quit_grace
-
-        async def _open_app_process(self, width: int = 80, height: int = 24):
-            # The server's environment with its settings as TPUDASH_* variables,
-            # and over it what textual-serve sets (the web driver, colours, size).
-            environment = dict(self.environment)
-            environment.update({key: value for key, value in self._build_environment(width=width, height=height).items()
-                                if os.environ.get(key) != value})
-            # No shell (textual-serve's default): paths with spaces need no
-            # quoting, and the pid is the dashboard's own. It gets SIGTERM when
-            # the server dies, even by SIGKILL: the web driver does not quit when
-            # its input ends, so it would go on running unseen.
-            from tpudash.childproc import parent_death_signal
-
-            self._process = process = await asyncio.create_subprocess_exec(
-                *dashboard_command(), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=environment, preexec_fn=parent_death_signal(signal.SIGTERM))
-            self._stdin = process.stdin
-            return process
-
-        @property
-        def pid(self) -> int | None:
-            return None if self._process is None else self._process.pid
-
-        async def ended(self) -> int | None:
-            """Wait until the dashboard process has exited; its exit code (None if it never started)."""
-            return None if self._process is None else await self._process.wait()
-
-        async def stop(self) -> None:
-            """Ask the dashboard to quit; end it, its engine included, if it has not within the grace."""
-            if self._task is None or self._process is None:
-                return
-            task, self._task = self._task, None
-            family = _descendants(self._process.pid)
-            await self.send_meta({"type": "quit"})
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, _end_processes, family, self.quit_grace)
-            try:
-                # Its output ends with the process; a pipe some grandchild still holds may not.
-                await asyncio.wait_for(task, 5.0)
-            except asyncio.TimeoutError:
-                pass  # wait_for has cancelled the relay
-
-    return DashboardService
+    What cannot be used (a port, a host, the runs directory) raises
+    ``ServeError`` or ``tpudash.config.SettingsError``; the CLI makes it exit 2.
+    """
+    port = parse_port(DEFAULT_PORT if args.port is None else args.port)
+    host, loopback = resolve_host(args.host, args.public)
+    # Each tab's dashboard needs the runs directory: refuse now, not once per tab.
+    settings.check_runs_dir()
+    server = DashboardServer(
+        settings, host=host, port=port, loopback=loopback, check_host_header=loopback and not args.allow_any_host_header
+    )
+    return server.run()
 
 
 @dataclass
@@ -285,8 +152,16 @@ class _PollSession:
 class DashboardServer:
     """The aiohttp server: the page, the terminal connections, one dashboard per connection."""
 
-    def __init__(self, settings: Any, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, loopback: bool = True,
-                 check_host_header: bool = True, environ: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        settings: Any,
+        *,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        loopback: bool = True,
+        check_host_header: bool = True,
+        environ: Mapping[str, str] | None = None,
+    ):
         self.settings = settings
         self.host = host
         self.port = port
@@ -307,22 +182,23 @@ class DashboardServer:
     # -- the web application -------------------------------------------------
 
     def make_app(self):
-        from aiohttp import web
-
         import textual_serve
+        from aiohttp import web
 
         static = Path(textual_serve.__file__).parent / "static"
         app = web.Application(middlewares=[self._make_guard()])
         # The token is a path segment: textual.js appends its own query to the WebSocket URL.
-        app.add_routes([
-            web.get("/", self.handle_page),
-            web.get("/ws/{token}", self.handle_websocket),
-            web.post("/poll/{token}/open", self.handle_poll_open),
-            web.post("/poll/{token}/read", self.handle_poll_read),
-            web.post("/poll/{token}/write", self.handle_poll_write),
-            # textual-serve's own scripts, styles and fonts; no listing, no symlinks.
-            web.static("/static", static, show_index=False, follow_symlinks=False),
-        ])
+        app.add_routes(
+            [
+                web.get("/", self.handle_page),
+                web.get("/ws/{token}", self.handle_websocket),
+                web.post("/poll/{token}/open", self.handle_poll_open),
+                web.post("/poll/{token}/read", self.handle_poll_read),
+                web.post("/poll/{token}/write", self.handle_poll_write),
+                # textual-serve's own scripts, styles and fonts; no listing, no symlinks.
+                web.static("/static", static, show_index=False, follow_symlinks=False),
+            ]
+        )
         return app
 
     def _make_guard(self):
@@ -331,8 +207,10 @@ class DashboardServer:
         @web.middleware
         async def guard(request, handler):
             if self.check_host_header and not _loopback_host_header(request.host):
-                raise web.HTTPForbidden(text="tpudash serve answers only to a loopback host name (localhost, "
-                                             "127.0.0.1) while it listens on loopback\n")
+                raise web.HTTPForbidden(
+                    text="tpudash serve answers only to a loopback host name (localhost, "
+                    "127.0.0.1) while it listens on loopback\n"
+                )
             if request.path != "/" and not request.path.startswith("/static/"):
                 parts = request.path.split("/")
                 if len(parts) < 3 or not secrets.compare_digest(parts[2].encode(), self.token.encode()):
@@ -350,17 +228,22 @@ class DashboardServer:
 
         font_size = request.query.get("fontsize", "16")
         font_size = font_size if font_size.isdigit() and 6 <= int(font_size) <= 48 else "16"
-        page = (PAGE_PATH.read_text(encoding="utf-8")
-                .replace("{{token}}", self.token)
-                .replace("{{font_size}}", font_size))
+        page = (
+            PAGE_PATH.read_text(encoding="utf-8").replace("{{token}}", self.token).replace("{{font_size}}", font_size)
+        )
         return web.Response(text=page, content_type="text/html")
 
     def _new_service(self, write_bytes, write_str, close):
         from textual_serve.download_manager import DownloadManager
 
-        service = _dashboard_service_class()(
-            write_bytes=write_bytes, write_str=write_str, close=close, download_manager=DownloadManager(),
-            environment=self.environment, quit_grace=self.quit_grace)
+        service = dashboard_service_class()(
+            write_bytes=write_bytes,
+            write_str=write_str,
+            close=close,
+            download_manager=DownloadManager(),
+            environment=self.environment,
+            quit_grace=self.quit_grace,
+        )
         self.services.add(service)
         return service
 
@@ -526,13 +409,16 @@ class DashboardServer:
             reason = error.strerror or str(error)
             hint = "; choose another, or --port 0 for any free port" if self.port else ""
             raise ServeError(f"--port: cannot listen on {self.host}:{self.port}: {reason}{hint}") from None
-        self.port = site._server.sockets[0].getsockname()[1]
+        self.port = runner.addresses[0][1]  # the port bound, when --port 0 let the system choose
         shown_host = socket.gethostname() if self.host in (PUBLIC_HOST, "::") else self.host
         self.url = f"http://{_url_host(shown_host)}:{self.port}/"
         if not self.loopback:
             print(public_warning(self.host, self.port), file=sys.stderr, flush=True)
-        print(f"tpudash serve: {self.url}  (each browser tab runs its own dashboard; runs in "
-              f"{self.settings.runs_dir}; Ctrl-C stops the server and every dashboard)", flush=True)
+        print(
+            f"tpudash serve: {self.url}  (each browser tab runs its own dashboard; runs in "
+            f"{self.settings.runs_dir}; Ctrl-C stops the server and every dashboard)",
+            flush=True,
+        )
         if on_listening is not None:
             on_listening(self.url)
         reaper = asyncio.create_task(self._reap_abandoned_polls())
@@ -548,8 +434,11 @@ class DashboardServer:
         """Ask every dashboard to quit, end what has not, close the pages' connections."""
         services = list(self.services)
         if services:
-            print(f"tpudash serve: stopping {len(services)} dashboard{'s' if len(services) != 1 else ''}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"tpudash serve: stopping {len(services)} dashboard{'s' if len(services) != 1 else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
         await asyncio.gather(*(service.stop() for service in services), return_exceptions=True)
         for session in self.poll_sessions.values():
             session.closed = True
@@ -575,15 +464,10 @@ def _loopback_host_header(host_header: str | None) -> bool:
         return False
     host = host_header.strip().lower()
     if host.startswith("["):  # [::1]:8000
-        host = host[1:host.find("]")] if "]" in host else host
+        host = host[1 : host.find("]")] if "]" in host else host
     elif host.count(":") == 1:
         host = host.split(":", 1)[0]
-    if host in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(host)
 
 
 def _url_host(host: str) -> str:

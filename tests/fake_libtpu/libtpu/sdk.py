@@ -2,7 +2,14 @@
 
 import os
 import signal
+import sys
+import time
 import types
+
+MODE = os.environ.get("FAKE_LIBTPU", "values")
+if MODE == "chatty":
+    print("libtpu: a line the SDK prints at import")
+_reads = 0
 
 
 class _Metric:
@@ -10,11 +17,22 @@ class _Metric:
         self.name = name
 
     def data(self) -> list[str]:
-        mode = os.environ.get("FAKE_LIBTPU", "values")
-        if mode == "crash":
+        global _reads
+        _reads += 1
+        if MODE == "crash":
             os.kill(os.getpid(), signal.SIGSEGV)
-        if mode == "error":
+        if MODE == "error":
             raise RuntimeError(f"metric {self.name} is not supported by this libtpu")
+        if MODE == "chatty":
+            # A line written straight to file descriptor 1, then a progress bar left without its newline.
+            os.write(1, b"libtpu: a line written to fd 1\n")
+            sys.stdout.write("reading tensorcore_util... 50%")
+            sys.stdout.flush()
+        if MODE == "late" and _reads == 1:
+            # The first read answers only once FAKE_LIBTPU_GATE exists, with values of its own.
+            while not os.path.exists(os.environ["FAKE_LIBTPU_GATE"]):
+                time.sleep(0.01)
+            return ["99"] * len(os.environ.get("FAKE_TENSORCORE_UTIL", "").split(","))
         return [value for value in os.environ.get("FAKE_TENSORCORE_UTIL", "").split(",") if value]
 
 

@@ -1,0 +1,92 @@
+"""Two runs' loss curves in one plot (History: mark two runs with ``space``, then ``o``)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.widgets import Static
+from textual.worker import Worker, WorkerState
+
+from screens.base import DashScreen
+from screens.stored_runs import RunsLoaded, follow_run
+from tpudash.runs.model import RunModel
+from tpudash.runs.series import DecimatedSeries
+from tpudash.tui.plots import MetricPlot, PlotLine
+
+
+def loss_series(model: RunModel) -> list[tuple[str, DecimatedSeries]]:
+    """The loss curves of a run worth overlaying: the finest train series, then val."""
+    tracks = model.families.get("loss", [])
+    lines = []
+    for granularity in ("batch", "step", "epoch"):
+        train = [track for track in tracks if track.split == "train" and track.granularity == granularity]
+        if train:
+            track = train[0]
+            lines.append(
+                ("train", track.smoothed if track.smoothed is not None and len(track.smoothed) else track.series)
+            )
+            break
+    lines += [(track.split, track.series) for track in tracks if track.split != "train"]
+    return lines
+
+
+class OverlayScreen(DashScreen):
+    """Two runs' loss curves in one plot."""
+
+    CSS_PATH = "history.tcss"
+
+    BINDINGS = [Binding("escape", "close", "Back", id="history.overlay_back")]
+
+    def __init__(self, run_ids: list[str]):
+        super().__init__()
+        self.run_ids = run_ids
+        self.models: list[RunModel] = []
+
+    def compose_body(self) -> ComposeResult:
+        yield Static(Text("loading…", style="dim"), id="overlay-title")
+        yield MetricPlot("loss", self.dashboard.redraw_budget, id="overlay-plot")
+
+    def on_mount(self) -> None:
+        self.load()
+
+    @work(thread=True, exit_on_error=False, group="history-load", description="Read two runs' events.jsonl")
+    def load(self) -> None:
+        self.post_message(RunsLoaded([follow_run(self.dashboard.session.store, run_id) for run_id in self.run_ids]))
+
+    def on_runs_loaded(self, message: RunsLoaded) -> None:
+        title = self.query_one("#overlay-title", Static)
+        self.models = [follower.model for follower in message.followers]
+        colors = (("blue", "cyan"), ("red", "orange"))
+        lines: list[PlotLine] = []
+        missing = []
+        for (train_color, val_color), model in zip(colors, self.models):
+            series = loss_series(model)
+            if not series:
+                missing.append(model.run_id)
+            for split, values in series:
+                lines.append(
+                    PlotLine(
+                        f"{model.job} {model.run_id[-6:]} {split}",
+                        values,
+                        color=train_color if split == "train" else val_color,
+                    )
+                )
+        self.query_one("#overlay-plot", MetricPlot).set_lines(lines)
+        text = Text.assemble(("loss: ", "bold"), " vs ".join(model.run_id for model in self.models))
+        if missing:
+            text.append(f"   no loss metric in {', '.join(missing)}", "yellow")
+        title.update(text)
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:
+            title = self.query_one("#overlay-title", Static)
+            title.update(Text(f"cannot open the runs: {event.worker.error}", style="bold red"))
+
+    @property
+    def plot(self) -> MetricPlot:
+        return self.query_one("#overlay-plot", MetricPlot)
+
+    def action_close(self) -> None:
+        self.dismiss()

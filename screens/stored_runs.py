@@ -1,0 +1,56 @@
+"""What the screens of runs on disk share: reading runs on a worker thread, and CSV export.
+
+History, a run's own view (``screens.run_detail``) and the overlay of two runs
+(``screens.overlay``) read runs from their events.jsonl off the UI thread; History
+and a run's view export a run's metrics as CSV into its run directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from textual import work
+from textual.message import Message
+
+from screens.base import DashScreen
+from tpudash.runs.follow import RunFollower
+from tpudash.runs.store import RunStore
+
+EXPORT_FILE = "metrics.csv"
+
+
+def follow_run(store: RunStore, run_id: str) -> RunFollower:
+    """A follower of ``run_id`` that has read everything written so far (call from a worker thread)."""
+    follower = RunFollower(store, run_id)
+    follower.poll()
+    return follower
+
+
+class RunExported(Message):
+    """A run's metrics were written as CSV to ``path``."""
+
+    def __init__(self, path: Path):
+        super().__init__()
+        self.path = path
+
+
+class RunsLoaded(Message):
+    """Runs were read from their events.jsonl: a follower each, in the order asked."""
+
+    def __init__(self, followers: list[RunFollower]):
+        super().__init__()
+        self.followers = followers
+
+
+class ExportsRuns(DashScreen):
+    """A screen whose ``export_run(run_id)`` writes the run's metrics as CSV in a worker and says where."""
+
+    @work(thread=True, exit_on_error=False, group="history-export", description="Export a run's metrics as CSV")
+    def export_run(self, run_id: str) -> None:
+        store = self.dashboard.session.store
+        path = store.find(run_id) / EXPORT_FILE
+        path.write_text(store.export(run_id, "csv"), encoding="utf-8")
+        self.post_message(RunExported(path))
+
+    def on_run_exported(self, message: RunExported) -> None:
+        self.app.notify(f"exported to {message.path}", title="CSV export")

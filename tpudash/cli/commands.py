@@ -1,0 +1,370 @@
+"""The ``tpudash`` subcommands: each ``command_<name>(args, settings)`` returns its exit code.
+
+``tpudash.cli.main`` parses the command line and calls one of these. They
+print through ``tpudash.cli.render`` and the run sinks (``tpudash.cli.sinks``),
+raise ``BadInput`` for what cannot be used (exit 2), and reach TensorFlow only
+through ``tpudash.engine.headless`` (``run`` and ``devices`` detect the
+runtime in this process). Everything heavy is imported inside the command
+that needs it, so ``tpudash --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from tpudash.cli.exits import EXIT_BY_STATUS, EXIT_CANCELLED, EXIT_DONE, EXIT_FAILED, BadInput
+
+if TYPE_CHECKING:
+    from jobs.base import JobSpec
+    from jobs.events import Telemetry
+    from tpudash.accel.description import Runtime
+    from tpudash.config import Settings
+
+# What ``--once`` measures CPU over (psutil compares two readings).
+ONCE_CPU_WINDOW_SECONDS = 0.25
+
+
+def readable_runs_dir(settings: Settings) -> Path:
+    """The runs directory for listing and export: missing is fine (no runs yet), a file is not."""
+    from tpudash.config import default_runs_dir
+
+    runs_dir = Path(settings.runs_dir or default_runs_dir(os.environ))
+    if runs_dir.exists() and not runs_dir.is_dir():
+        raise BadInput(f"--runs-dir / TPUDASH_RUNS_DIR: {runs_dir} is not a directory")
+    return runs_dir
+
+
+def runs_dir_source(args: argparse.Namespace) -> str:
+    """Where the runs directory came from, named as the user would set it."""
+    if getattr(args, "runs_dir", None) is not None:
+        return "--runs-dir"
+    if os.environ.get("TPUDASH_RUNS_DIR"):
+        return "TPUDASH_RUNS_DIR"
+    return "the default runs directory"
+
+
+@contextmanager
+def runtime_in_this_process(args: argparse.Namespace, settings: Settings) -> Iterator[Runtime]:
+    """The runtime detected in this process (``tpudash.engine.headless``), TensorFlow's native log taken meanwhile.
+
+    A runtime that cannot start is bad input. Only the real command line
+    (``args.restartable``) may start this process over on the CPU default.
+    """
+    from tpudash.engine.headless import RuntimeUnavailable, detect_runtime, release_native_stderr
+
+    try:
+        try:
+            runtime = detect_runtime(settings, restartable=getattr(args, "restartable", False))
+        except RuntimeUnavailable as error:
+            raise BadInput(str(error)) from None
+        yield runtime
+    finally:
+        release_native_stderr()
+
+
+def command_tui(settings: Settings) -> int:
+    from tpudash.tui.app import run_app
+
+    settings.check_runs_dir()
+    return run_app(settings) or 0
+
+
+def command_devices(args: argparse.Namespace, settings: Settings) -> int:
+    from tpudash.cli.render import render_devices
+
+    try:
+        with runtime_in_this_process(args, settings) as runtime:
+            if args.json:
+                print(json.dumps(runtime.description.to_dict(), indent=2))
+            else:
+                render_devices(runtime.description)
+    except BadInput as error:
+        # What the host scan found is worth showing even when TensorFlow
+        # cannot start: it is where the fix comes from.
+        _print_host(args.json, str(error))
+        raise
+    return EXIT_DONE
+
+
+def _print_host(as_json: bool, error: str) -> None:
+    from tpudash.accel.hostcheck import inspect
+    from tpudash.cli.render import render_host
+
+    host = inspect().to_dict()
+    if as_json:
+        print(json.dumps({"error": error, "host_check": host}, indent=2))
+    else:
+        render_host(host)
+
+
+def command_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    from jobs import registry
+    from tpudash.cli.render import render_jobs
+
+    specs = list(registry().values())
+    if args.json:
+        print(json.dumps([spec.describe() for spec in specs], indent=2))
+    else:
+        render_jobs(specs)
+    return EXIT_DONE
+
+
+def command_run(args: argparse.Namespace, settings: Settings) -> int:
+    from jobs import UnknownJobError, get_job, registry
+    from jobs.base import ParamError, did_you_mean, parse_assignments
+    from tpudash.config import SettingsError
+
+    if args.job is None and not args.help:
+        args.run_parser.error("the following arguments are required: job")
+    try:
+        spec = None if args.job is None else get_job(args.job)
+    except UnknownJobError as error:
+        raise BadInput(f"{error}{did_you_mean(args.job, registry())}") from None
+    if args.help:
+        return show_run_help(args.run_parser, spec)
+    assert spec is not None  # a job is named unless --help was asked for
+    try:
+        params = spec.resolve(parse_assignments(args.assignments))
+    except ParamError as error:
+        raise BadInput(str(error)) from None
+    try:
+        runs_dir = settings.check_runs_dir()
+    except SettingsError as error:
+        raise BadInput(str(error)) from None
+    with runtime_in_this_process(args, settings) as runtime:
+        if spec.check_runtime is not None:
+            try:
+                spec.check_runtime(params, runtime)
+            except ParamError as error:
+                raise BadInput(str(error)) from None
+        return execute_headless(spec, params, runtime, settings, runs_dir, as_json=args.json)
+
+
+def show_run_help(run_parser: argparse.ArgumentParser, spec: JobSpec | None) -> int:
+    """``tpudash run [JOB] --help``: the command's help, then the job's params."""
+    from rich.console import Console
+
+    from jobs import registry
+    from tpudash.cli.render import render_job
+
+    run_parser.print_help()
+    print()
+    if spec is None:
+        print(f"jobs: {', '.join(registry())}")
+    else:
+        render_job(spec, Console(highlight=False))
+    return EXIT_DONE
+
+
+def execute_headless(
+    spec: JobSpec, params: dict, runtime: Runtime, settings: Settings, runs_dir: Path, as_json: bool
+) -> int:
+    """Run on a job thread so Ctrl-C and SIGTERM become a clean, recorded cancel."""
+    from tpudash.cli.sinks import ConsoleSink, JsonLinesSink
+    from tpudash.engine.headless import InProcessJob, native_log_path
+    from tpudash.telemetry.recorder import RecordingTelemetry
+
+    def on_output_closed() -> None:
+        # The reader of standard output went away (`tpudash run … | head`).
+        print(f"tpudash: standard output was closed; cancelling {spec.name}", file=sys.stderr)
+        job.cancel()
+
+    sink = JsonLinesSink(sys.stdout, on_output_closed) if as_json else ConsoleSink(on_output_closed=on_output_closed)
+    telemetry = RecordingTelemetry(settings, {"tpudash_run": os.getpid()})
+    job = InProcessJob(spec, params, runtime, settings, runs_dir, sinks=[sink, telemetry])
+    interrupts = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        interrupts.append(signum)
+        if len(interrupts) == 1:
+            sink.notice(f"cancelling {spec.name} (signal {signal.Signals(signum).name}); again to stop at once")
+            job.cancel()
+        else:
+            raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with telemetry:
+            job.start()
+            while not job.wait(0.2):
+                pass
+    except KeyboardInterrupt:
+        # Second signal: the job ignores cancel; the record stays "running" and
+        # reads as interrupted, with every event written so far.
+        return EXIT_CANCELLED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        sink.close()
+    log_path = native_log_path()
+    if job.state == "failed" and log_path is not None:
+        print(f"tpudash: TensorFlow's native log for this session: {log_path}", file=sys.stderr)
+    return EXIT_BY_STATUS.get(job.state, EXIT_FAILED)
+
+
+def command_runs(args: argparse.Namespace, settings: Settings) -> int:
+    from tpudash.cli.render import render_runs
+    from tpudash.runs.store import RunStore
+
+    runs_dir = readable_runs_dir(settings)
+    if not runs_dir.exists():
+        raise BadInput(
+            f"{runs_dir_source(args)}: {runs_dir} does not exist, so it holds no runs; "
+            "choose the runs directory with --runs-dir DIR or TPUDASH_RUNS_DIR "
+            "(default $XDG_DATA_HOME/tpudash/runs; a run creates it)"
+        )
+    runs = RunStore(runs_dir).list_runs()
+    if args.json:
+        print(json.dumps([run.to_dict() for run in runs], indent=2, default=str))
+    else:
+        render_runs(runs, runs_dir)
+    return EXIT_DONE
+
+
+def command_watch(args: argparse.Namespace, settings: Settings) -> int:
+    """Print a run's events as they are written; the exit code of how it ended."""
+    from rich.text import Text
+
+    from tpudash.cli.sinks import ConsoleSink, JsonLinesSink
+    from tpudash.format import status_text
+    from tpudash.runs.follow import POLL_SECONDS, RunFollower, newest_live_run
+    from tpudash.runs.store import STATUS_INTERRUPTED, STATUS_RUNNING, RunStore
+    from tpudash.telemetry.recorder import RecordingTelemetry
+
+    store = RunStore(readable_runs_dir(settings))
+    run_id = args.run_id
+    if run_id is None:
+        newest = newest_live_run(store)
+        if newest is None:
+            raise BadInput(
+                f"RUN: no run is live in {store.root}; name one (`tpudash runs` lists them), or start "
+                "your training with TpudashCallback first"
+            )
+        run_id = newest.run_id
+    try:
+        follower = RunFollower(store, run_id)
+    except KeyError as error:
+        raise BadInput(f"RUN: {error.args[0]}") from None
+    stop_watching = threading.Event()
+
+    def on_output_closed() -> None:
+        stop_watching.set()
+
+    sink: JsonLinesSink | ConsoleSink
+    sink = JsonLinesSink(sys.stdout, on_output_closed) if args.json else ConsoleSink(on_output_closed=on_output_closed)
+    telemetry = RecordingTelemetry(settings, {"writer": follower.info.pid} if follower.info.pid else {})
+    # A run that has already ended gets no samples of a time it was not live.
+    telemetry.run_dir = follower.run_dir if follower.info.status == STATUS_RUNNING else None
+    try:
+        with telemetry:
+            while not stop_watching.is_set():
+                for stamp, event in follower.poll():
+                    sink(None, event, stamp)
+                if follower.ended:
+                    break
+                stop_watching.wait(POLL_SECONDS)
+    except KeyboardInterrupt:
+        sink.notice(f"stopped watching {follower.info.run_id}; the run itself goes on")
+        return EXIT_CANCELLED
+    finally:
+        sink.close()
+    if stop_watching.is_set():
+        return EXIT_CANCELLED
+    model = follower.model
+    if model.status == STATUS_INTERRUPTED:
+        writer = f"pid {follower.info.pid}" if follower.info.pid is not None else "its process"
+        if isinstance(sink, JsonLinesSink):
+            sink.notice(f"{follower.info.run_id}: {writer} ended without finishing the run: interrupted")
+        else:  # the ending line `run` prints, with why
+            sink.console.print(
+                Text.assemble(
+                    status_text(STATUS_INTERRUPTED), f": {writer} ended without finishing {follower.info.run_id}"
+                )
+            )
+    return EXIT_BY_STATUS.get(model.status, EXIT_FAILED)
+
+
+def command_telemetry(args: argparse.Namespace, settings: Settings) -> int:
+    """Print telemetry samples: one (``--once``), or one per interval until interrupted."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from jobs.events import dumps
+    from tpudash.cli.sinks import silence_output
+    from tpudash.format import telemetry_view
+    from tpudash.telemetry.sampling import SamplingLoop, telemetry_sampler
+
+    if not settings.telemetry_interval and not args.once:
+        raise BadInput("--telemetry-interval: 0 turns sampling off; allowed here: 0.1 to 60 seconds, or --once")
+    sampler = telemetry_sampler(settings)
+    if args.once:
+        threading.Event().wait(ONCE_CPU_WINDOW_SECONDS)  # psutil's CPU figure is over this window
+        stamp, sample = sampler.sample()
+        sampler.close()
+        if args.json:
+            print(dumps(sample, stamp))
+        else:
+            Console().print(telemetry_view(sample, (), settings.tpu_metrics))
+        return EXIT_DONE
+    live = None if args.json else Live(console=Console(), auto_refresh=False)
+
+    def show(stamp: float, sample: Telemetry) -> None:
+        if live is None:
+            print(dumps(sample, stamp), flush=True)
+        else:
+            past = [old for _, old in list(sampler.history)[:-1]]
+            live.update(telemetry_view(sample, past, settings.tpu_metrics), refresh=True)
+
+    try:
+        if live is not None:
+            live.start()
+        SamplingLoop(sampler, settings.telemetry_interval, show).run()
+    except KeyboardInterrupt:
+        return EXIT_CANCELLED
+    except BrokenPipeError:
+        silence_output(sys.stdout)  # `tpudash telemetry --json | head`: the reader has what it wanted
+        return EXIT_DONE
+    finally:
+        if live is not None:
+            live.stop()
+    return EXIT_DONE
+
+
+def command_export(args: argparse.Namespace, settings: Settings) -> int:
+    from tpudash.runs.store import RunStore
+
+    store = RunStore(readable_runs_dir(settings))
+    try:
+        text = store.export(args.run_id, args.format)
+    except KeyError as error:
+        raise BadInput(error.args[0]) from None
+    if args.output:
+        try:
+            Path(args.output).write_text(text, encoding="utf-8")
+        except OSError as error:
+            raise BadInput(f"-o/--output: cannot write {args.output}: {error.strerror or error}") from None
+        print(f"exported {args.run_id} to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_DONE
+
+
+def command_serve(args: argparse.Namespace, settings: Settings) -> int:
+    """The dashboard in a web browser (``tpudash.web.serve``); what it cannot use is bad input."""
+    from tpudash.config import SettingsError
+    from tpudash.web.serve import ServeError, serve_dashboards
+
+    try:
+        return serve_dashboards(args, settings)
+    except (ServeError, SettingsError) as error:
+        raise BadInput(str(error)) from None

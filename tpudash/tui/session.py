@@ -1,0 +1,559 @@
+"""The dashboard's session, without Textual: what the app shows and why, apart from how it is drawn.
+
+``DashboardSession`` wires the runs directory (``RunStore``), the lane
+(``tpudash.engine.lane.Lane``) and the engine that executes its runs; it
+reacts to the lane (``LaneObserver``), validates launches, decides the quit
+flow (what to ask, when the engine is released), writes the session bar's
+status text, follows the runs directory for runs started elsewhere and runs
+the telemetry sampling thread. It shows everything through a ``SessionView``
+(the Textual app: its reactives and notifications), so it is tested with a
+plain object for a view, scripted engines and an injected clock, as ``Lane``
+is. Whatever reaches it from another thread (an engine reply, a scan of the
+runs directory, a telemetry sample) is handed to the UI thread with the
+view's ``call_later``, so its state changes only there.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from tpudash.config import Settings
+from tpudash.engine.lane import ENGINE_CRASHED, Lane, LaneObserver, LiveRun
+from tpudash.format import display_beat, format_seconds
+from tpudash.tui.telemetry_feed import TelemetryFeed
+
+if TYPE_CHECKING:  # the store, the engine's handle and telemetry load on first use, after the first frame
+    import asyncio
+
+    from jobs.base import JobSpec
+    from tpudash.accel.hostcheck import HostCheck
+    from tpudash.engine.handle import EngineHandle, Listener
+    from tpudash.engine.protocol import RuntimeFailed
+    from tpudash.runs.follow import RunsDirectoryWatch, RunsScan
+    from tpudash.runs.store import RunInfo, RunStore
+    from tpudash.telemetry.sampling import TelemetrySampler
+
+# How many runs may wait for the lane: a longer queue is more likely a key
+# held down than a plan, and each waiting run is one more to cancel on quit.
+MAX_WAITING_RUNS = 4
+# Runs of this session kept in memory for the run view (their models are bounded).
+MAX_SESSION_RUNS = 50
+
+EngineFactory = Callable[["Listener"], "EngineHandle"]
+Severity = Literal["information", "warning", "error"]
+
+
+class SessionView(Protocol):
+    """Where the session shows what it knows: the app's reactives, its notifications, its UI thread."""
+
+    runtime_status: str
+    engine_status: str
+    lane_status: str
+    runtime: Any
+    runtime_error: str | None
+    tensorflow_missing: str | None
+    device_check: dict | None
+    shown_run_id: str | None
+    lane_version: int
+    runs_version: int
+    telemetry: Any
+    runtime_settled: asyncio.Event
+
+    def notify(
+        self, message: str, *, title: str = "", severity: Severity = "information", timeout: float | None = None
+    ) -> None: ...
+
+    def call_later(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+        """Run ``callback`` on the UI thread soon (callable from any thread); False once the UI has closed."""
+        ...
+
+    def redraw_now(self) -> None:
+        """A run was queued, started or ended: the screen on show redraws now rather than at the next tick."""
+        ...
+
+    def show_run_view(self) -> None:
+        """Switch to the Run view, which draws ``shown_run_id`` (after a launch)."""
+        ...
+
+
+class DashboardSession(LaneObserver):
+    """The session's runs, engine, runs directory and telemetry, shown through a ``SessionView``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        view: SessionView,
+        *,
+        engine_factory: EngineFactory | None = None,
+        job_specs: Mapping[str, JobSpec] | None = None,
+        host_check_provider: Callable[[], HostCheck] | None = None,
+        telemetry_sampler: Callable[[Settings], TelemetrySampler] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """``engine_factory`` replaces how an engine is started (tests run it on a thread), ``job_specs``
+        the job registry, ``host_check_provider`` ``tpudash.accel.hostcheck.inspect`` and
+        ``telemetry_sampler`` ``tpudash.telemetry.sampling.telemetry_sampler``; ``clock`` is the lane's."""
+        self.settings = settings
+        self.view = view
+        self._engine_factory = engine_factory
+        self._job_specs = dict(job_specs) if job_specs is not None else None
+        self._host_check_provider = host_check_provider
+        self._telemetry_sampler = telemetry_sampler
+        self._clock = clock
+        self.engine_log_path: Path | None = None
+        """Where the engine's stderr goes: the session log holding fd 2, when the app redirected it."""
+        self._store: RunStore | None = None
+        self._lane: Lane | None = None
+        self.quitting = False
+        """True once quit was confirmed (or a signal came): no new run starts."""
+        self._beat = 0
+        self._poll_posted = False
+        self._runs_watch: RunsDirectoryWatch | None = None
+        self._runs_scan_failed = False
+        self.live_on_disk: list[RunInfo] = []
+        """Live runs in the runs directory at the last look (any writer), newest first."""
+        self.telemetry = TelemetryFeed(settings, self._deliver_telemetry, telemetry_sampler)
+        """The sampling thread behind the view's ``telemetry`` (started after the first frame, unless off)."""
+
+    # -- wiring ---------------------------------------------------------------------------------
+    @property
+    def runs_dir(self) -> Path:
+        from tpudash.config import default_runs_dir
+
+        return Path(self.settings.runs_dir or default_runs_dir(os.environ))
+
+    @property
+    def store(self) -> RunStore:
+        """The runs directory (created on first use, after the first frame)."""
+        if self._store is None:
+            from tpudash.runs.store import RunStore
+
+            self._store = RunStore(self.runs_dir)
+        return self._store
+
+    @property
+    def lane(self) -> Lane:
+        """The session's runs and the engine that executes them (made on first use)."""
+        if self._lane is None:
+            self._lane = Lane(
+                self.store,
+                self._start_engine,
+                self,
+                self._wake_for_lane,
+                cancel_grace=self.settings.cancel_grace,
+                release_after=self.settings.release_after,
+                keep_runs=MAX_SESSION_RUNS,
+                clock=self._clock,
+            )
+        return self._lane
+
+    @property
+    def job_specs(self) -> dict[str, JobSpec]:
+        """Every job the session offers, by name (the registry unless injected)."""
+        if self._job_specs is None:
+            from jobs import registry
+
+            self._job_specs = dict(registry())
+        return self._job_specs
+
+    @property
+    def live_runs(self) -> dict[str, LiveRun]:
+        """This session's runs by id, in launch order (the lane keeps the last ``MAX_SESSION_RUNS``)."""
+        return {live.run_id: live for live in self._lane.runs} if self._lane is not None else {}
+
+    @property
+    def current_live_run(self) -> LiveRun | None:
+        """The run the engine has now, if any."""
+        return self._lane.current if self._lane is not None else None
+
+    @property
+    def engine_pid(self) -> int | None:
+        """The pid of the engine process that owns TensorFlow now (None when there is none)."""
+        engine = self._lane.engine if self._lane is not None else None
+        return engine.pid if engine is not None else None
+
+    @property
+    def busy(self) -> bool:
+        """A run is running or waiting."""
+        return self._lane is not None and self._lane.busy
+
+    def inspect_host(self) -> dict:
+        """What the host scan finds before TensorFlow (chips, builds, holders); blocking, off the UI thread."""
+        if self._host_check_provider is not None:
+            return self._host_check_provider().to_dict()
+        from tpudash.accel.hostcheck import inspect
+
+        return inspect().to_dict()
+
+    # -- the engine -------------------------------------------------------------------------------
+    def _start_engine(self, listener: Listener) -> EngineHandle:
+        if self._engine_factory is not None:
+            return self._engine_factory(listener)
+        from tpudash.accel.nativelog import session_log_path
+        from tpudash.engine.handle import EngineProcess
+
+        self.store.root.mkdir(parents=True, exist_ok=True)
+        return EngineProcess(listener, self.settings, self.engine_log_path or session_log_path(self.runs_dir))
+
+    def _wake_for_lane(self) -> None:
+        """An engine message arrived (on a reader thread): poll the lane now rather than at the next tick."""
+        if not self._poll_posted:
+            self._poll_posted = True
+            self.view.call_later(self._poll_woken)
+
+    def _poll_woken(self) -> None:
+        self._poll_posted = False
+        if self._lane is not None and self._lane.poll():
+            self.lane_changed()
+
+    def engine_needed(self) -> None:
+        """The Devices screen needs the runtime: start the engine unless it was ever started."""
+        if not self.quitting:
+            self.lane.ensure_engine()
+            self._update_engine_status()
+
+    def reinitialize_runtime(self) -> str | None:
+        """A new engine, TensorFlow set up from scratch; why not, when a run holds the engine."""
+        refused = self.lane.restart_engine()
+        if refused is not None:
+            return refused
+        view = self.view
+        view.runtime_settled.clear()
+        # Errors first: screens redraw on ``runtime`` and show "connecting…" only without one.
+        view.runtime_error = None
+        view.tensorflow_missing = None
+        view.runtime = None
+        view.runtime_status = "connecting…"
+        self._update_engine_status()
+        return None
+
+    def release_engine(self) -> None:
+        """Release the accelerator: the engine exits, so a notebook or another process can take the TPU."""
+        refused = self.lane.release()
+        if refused is not None:
+            self.view.notify(f"Not released: {refused}.", title="Release the accelerator", severity="warning")
+            return
+        self.view.notify(
+            "The engine exited; the accelerator is free. The next launch starts a new engine.",
+            title="Accelerator released",
+        )
+        self._update_engine_status()
+
+    # -- what the lane says (LaneObserver, on the UI thread) ----------------------------------------
+    def lane_runtime(self, description: dict) -> None:
+        from tpudash.accel.description import Runtime
+
+        runtime = Runtime.from_description(description)
+        view = self.view
+        view.runtime_settled.set()
+        simulated = " (simulated)" if runtime.description.simulated else ""
+        view.runtime_status = (
+            f"{runtime.description.kind} · {runtime.description.strategy} · "
+            f"{runtime.description.num_replicas} replicas{simulated}"
+        )
+        view.runtime_error = None
+        view.tensorflow_missing = None
+        view.runtime = runtime
+
+    def lane_runtime_failed(self, failure: RuntimeFailed) -> None:
+        view = self.view
+        view.runtime_settled.set()
+        if failure.missing_tensorflow:
+            # Not a failure of the dashboard: everything but launching works.
+            missing = failure.message or failure.error
+            view.runtime_status = "no TensorFlow"
+            view.tensorflow_missing = missing
+            view.runtime_error = missing
+            view.runtime = None
+            view.notify(missing, title="No TensorFlow: jobs cannot run", severity="warning", timeout=15)
+            return
+        error = failure.error or "unknown error"
+        view.runtime_status = "runtime failed"
+        view.runtime_error = error
+        view.runtime = None
+        view.notify(error, title="Runtime detection failed", severity="error", timeout=15)
+
+    def lane_run_settled(self, live: LiveRun) -> None:
+        model = live.model
+        duration = format_seconds(model.elapsed())
+        if live.run_id not in self.live_runs:
+            return
+        notify = self.view.notify
+        if model.status == "done":
+            notify(f"{model.job} done in {duration}", title="Run finished")
+        elif model.status == "failed":
+            notify(model.error or "failed", title=f"{model.job} failed", severity="error", timeout=10)
+        elif model.status == "cancelled" and model.started is None:
+            notify(f"{model.job} removed from the queue before it started", title="Run cancelled", severity="warning")
+        elif model.status == "cancelled":
+            notify(f"{model.job} cancelled after {duration}", title="Run cancelled", severity="warning")
+        results = model.device_results()
+        if results:
+            self.view.device_check = {
+                "run_id": model.run_id,
+                "job": model.job,
+                "finished": model.finished,
+                "status": model.status,
+                "results": results,
+            }
+
+    def lane_engine_changed(self) -> None:
+        self._update_engine_status()
+
+    def lane_changed(self) -> None:
+        """Something changed on the lane (a launch, a cancel, a run's start or end): status, lists, the screen."""
+        self._aim_telemetry()
+        self.view.lane_version += 1
+        self._update_engine_status()
+        self._update_lane_status()
+        self.view.redraw_now()
+
+    def tick(self) -> None:
+        """The UI's timer: read the engine's news and the running run's events; the clock shown once a second."""
+        if self._lane is not None and self._lane.poll():
+            self.lane_changed()
+        beat = display_beat()
+        if beat != self._beat:
+            self._beat = beat
+            self._update_lane_status()
+
+    # -- status text ------------------------------------------------------------------------------
+    def _update_engine_status(self) -> None:
+        lane = self._lane
+        if lane is None:
+            return
+        status = lane.engine_line()
+        if status != self.view.engine_status:
+            if lane.engine_state == ENGINE_CRASHED and lane.last_exit is not None:
+                self.view.notify(
+                    f"{lane.last_exit.describe()}; the next launch starts a new one. "
+                    "Its last lines are in the session log (l).",
+                    title="Engine crashed",
+                    severity="error",
+                    timeout=15,
+                )
+            self.view.engine_status = status
+
+    def _update_lane_status(self) -> None:
+        lane = self._lane
+        if lane is None:
+            return  # nothing launched yet
+        self.view.lane_status = self.lane_status_text(lane)
+
+    def lane_status_text(self, lane: Lane) -> str:
+        """The session bar's words for the lane: the running job, its status and clock, the queue, the last end."""
+        live = lane.current
+        waiting = len(lane.waiting)
+        if live is not None and self.quitting:
+            # Quit was confirmed: the job is being cancelled and the app exits once it is recorded.
+            return f"stopping: cancelling {live.job}…"
+        if live is not None:
+            model = live.model
+            clock = format_seconds(model.elapsed(), precise=False)
+            status = "cancelling" if live.cancelling else model.status if model.started else "starting"
+            text = f"{model.job} ● {status} {clock}"
+        else:
+            last = next((item for item in reversed(lane.runs) if item.model.finished_state), None)
+            text = (
+                f"last: {last.model.job} {last.model.status} ({format_seconds(last.model.elapsed())})"
+                if last
+                else "idle"
+            )
+            if last is not None and last.model.error:
+                text += f": {last.model.error}"
+        if waiting:
+            text += f" · {waiting} queued"
+        return text
+
+    # -- launching ----------------------------------------------------------------------------------
+    def launch(self, spec: JobSpec, params: dict) -> LiveRun | None:
+        """Queue ``spec`` with validated ``params``; the engine runs it when the lane is free (None: refused)."""
+        if self.quitting:
+            return None
+        view = self.view
+        if view.tensorflow_missing is not None:
+            # Refused here, nothing reaches the engine, so no run directory or
+            # failed record is made for a job that could never start.
+            view.notify(
+                view.tensorflow_missing, title=f"{spec.name} not launched: no TensorFlow", severity="error", timeout=15
+            )
+            return None
+        if len(self.lane.waiting) >= MAX_WAITING_RUNS:
+            view.notify(
+                f"{MAX_WAITING_RUNS} runs are already waiting; cancel one or wait.",
+                title="Queue full",
+                severity="warning",
+            )
+            return None
+        busy = self.lane.current
+        live = self.lane.launch(spec, params)
+        view.shown_run_id = live.run_id
+        self.lane_changed()
+        if busy is not None:
+            view.notify(f"{spec.name} queued behind {busy.job}", title="Queued")
+        view.show_run_view()
+        return live
+
+    def launch_by_name(self, name: str, overrides: Mapping[str, Any] | None = None) -> LiveRun | None:
+        """Resolve a job's params from ``overrides`` (checked against the runtime too), then ``launch``."""
+        from jobs.base import ParamError
+
+        spec = self.job_specs.get(name)
+        if spec is None:
+            self.view.notify(
+                f"job {name!r} is not installed; available: {', '.join(self.job_specs)}",
+                title="Unknown job",
+                severity="error",
+            )
+            return None
+        try:
+            params = spec.resolve(overrides or {})
+            if self.view.runtime is not None and spec.check_runtime is not None:
+                spec.check_runtime(params, self.view.runtime)
+        except ParamError as error:
+            self.view.notify(str(error), title=f"{name}: bad params", severity="error")
+            return None
+        return self.launch(spec, params)
+
+    def cancel_run(self, live: LiveRun) -> None:
+        """Cancel one session run: a queued one leaves the queue; a running one stops within the grace period."""
+        self.lane.cancel(live)
+        self.view.notify(f"Cancelling {live.job}…", title="Cancel")
+        self.lane_changed()
+
+    def cancel_latest(self) -> None:
+        """Cancel the job on the lane; else the last one queued."""
+        lane = self._lane
+        live = lane.current if lane is not None else None
+        if live is None:
+            waiting = lane.waiting if lane is not None else []
+            if not waiting:
+                self.view.notify("No job is running.", severity="warning")
+                return
+            live = waiting[-1]
+        self.cancel_run(live)
+
+    # -- quitting -----------------------------------------------------------------------------------
+    def quit_question(self) -> str | None:
+        """What to ask before quitting (a run is running or waiting), or None: quit at once."""
+        if not self.busy:
+            return None
+        current = self.lane.current
+        what = f"{current.job} is running" if current is not None else "runs are waiting"
+        waiting = len(self.lane.waiting)
+        more = f" and {waiting} more wait" if current is not None and waiting else ""
+        return f"{what}{more}. Quitting cancels it and records it as cancelled."
+
+    def begin_quit(self) -> None:
+        """Quit was confirmed: cancel every run; ``stopped`` tells when the cancels are recorded."""
+        self.quitting = True
+        if self._lane is not None:
+            self._lane.stop()
+            self.lane_changed()
+            if not self._lane.stopped:
+                self.view.notify(
+                    "Cancelling the running job, then quitting… (q again: quit without waiting)", title="Quit"
+                )
+
+    @property
+    def stopped(self) -> bool:
+        """After ``begin_quit``: nothing runs any more (the lane ends the engine after the grace period)."""
+        return self._lane is None or self._lane.stopped
+
+    def close(self) -> None:
+        """The app is leaving, however it ends: the engine goes too (it cancels and records its job), and sampling."""
+        # The engine cancels its job, records it, and exits, releasing the accelerator for the next process.
+        if self._lane is not None:
+            self._lane.close()
+        self.telemetry.stop()
+
+    # -- runs written elsewhere ---------------------------------------------------------------------
+    def scan_runs_directory(self) -> None:
+        """Look for new runs and live runs of other writers (blocking: on a worker thread); the UI hears after."""
+        try:
+            if self._runs_watch is None:
+                from tpudash.runs.follow import RunsDirectoryWatch
+
+                self._runs_watch = RunsDirectoryWatch(self.store)
+            scan = self._runs_watch.scan()
+        except Exception as error:  # an unreadable runs directory: said on the screen, the scans go on
+            self.view.call_later(self.runs_unreadable, error)
+            return
+        self.view.call_later(self.runs_scanned, scan)
+
+    def runs_unreadable(self, error: Exception) -> None:
+        # Looked at every second: say it once, not every second.
+        if not self._runs_scan_failed:
+            self._runs_scan_failed = True
+            self.view.notify(
+                f"{type(error).__name__}: {error}", title="Cannot read the runs directory", severity="error"
+            )
+
+    def runs_scanned(self, scan: RunsScan) -> None:
+        from tpudash.runs.follow import SOURCE_WORDS
+
+        self.live_on_disk = scan.live
+        self._aim_telemetry()
+        for info in scan.appeared_live:
+            if info.run_id in self.live_runs:
+                continue  # this session's own run: its Run view is already showing it
+            writer = SOURCE_WORDS.get(info.source, info.source)
+            self.view.notify(
+                f"{info.job}, from {writer} in pid {info.pid}. Press w to watch it.", title="A run is live", timeout=10
+            )
+        if scan.changed:
+            self.view.runs_version += 1
+
+    def last_device_check(self) -> dict | None:
+        """The newest matmul check on disk with device results (blocking: on a worker thread), or None."""
+        from tpudash.runs.model import RunModel
+
+        for info in reversed(self.store.list_runs()):
+            if info.job != "matmul" or info.status not in ("done", "failed"):
+                continue
+            data = self.store.load(info.run_id)
+            model = RunModel.from_events(data.events, run_id=info.run_id, job=info.job)
+            results = model.device_results()
+            if results:
+                return {
+                    "run_id": info.run_id,
+                    "job": info.job,
+                    "finished": info.finished,
+                    "status": info.status,
+                    "results": results,
+                }
+        return None
+
+    def device_check_found(self, check: dict) -> None:
+        if self.view.device_check is None:  # a check run in this session came first
+            self.view.device_check = check
+
+    # -- telemetry ----------------------------------------------------------------------------------
+    def start_telemetry(self) -> threading.Thread:
+        """Sample until ``close``; every live run gets the samples taken while it is live."""
+        return self.telemetry.start()
+
+    def _deliver_telemetry(self, stamp: float, sample: Any) -> None:
+        self.view.call_later(self._telemetry_sampled, stamp, sample)  # from the sampling thread
+
+    def _telemetry_sampled(self, stamp: float, sample: Any) -> None:
+        self.view.telemetry = (stamp, sample)
+
+    def _aim_telemetry(self) -> None:
+        """Which runs are live now (this session's and any other process's on this host), and whose memory to show."""
+        run_dirs = [self.store.root / info.run_id for info in self.live_on_disk]
+        processes: dict[str, int] = {}
+        current = self.current_live_run
+        if current is not None:
+            run_dirs.append(self.store.root / current.run_id)
+        if self.engine_pid is not None:
+            processes["engine"] = self.engine_pid
+        writers = [info.pid for info in self.live_on_disk if info.pid is not None and info.pid != self.engine_pid]
+        if writers:
+            processes["writer"] = writers[0]
+        self.telemetry.aim(run_dirs, processes)
