@@ -215,8 +215,9 @@ class JobSpec:
         for name, raw in (overrides or {}).items():
             if name not in known:
                 allowed = ", ".join(known) or "none"
-                raise ParamError(name, f"unknown param for job {self.name!r}; allowed: {allowed}"
-                                       f"{did_you_mean(name, known)}")
+                raise ParamError(
+                    name, f"unknown param for job {self.name!r}; allowed: {allowed}{did_you_mean(name, known)}"
+                )
             values[name] = known[name].parse(raw)
         for param in self.params:
             param.validate(values[param.name])

@@ -67,7 +67,12 @@ class DatasetShape:
 DATASETS: dict[str, DatasetShape] = {
     "mnist": DatasetShape("mnist", "MNIST", (28, 28, 1), 10, 60_000, 10_000, ("storage.googleapis.com",)),
     "fashion_mnist": DatasetShape(
-        "fashion_mnist", "Fashion-MNIST", (28, 28, 1), 10, 60_000, 10_000,
+        "fashion_mnist",
+        "Fashion-MNIST",
+        (28, 28, 1),
+        10,
+        60_000,
+        10_000,
         ("fashion-mnist.s3-website.eu-central-1.amazonaws.com",),
     ),
     "cifar10": DatasetShape("cifar10", "CIFAR-10", (32, 32, 3), 10, 50_000, 10_000, ("www.cs.toronto.edu",)),
@@ -126,8 +131,7 @@ def network_reachable(hosts: Iterable[str], timeout: float = NETWORK_PROBE_SECON
             pass
 
     threads = [
-        threading.Thread(target=probe, args=(target,), name=f"tpudash-probe-{target}", daemon=True)
-        for target in hosts
+        threading.Thread(target=probe, args=(target,), name=f"tpudash-probe-{target}", daemon=True) for target in hosts
     ]
     for thread in threads:
         thread.start()
@@ -183,10 +187,18 @@ def load_splits(
         counts = (train_count, test_count)
         chunks = [tfds_chunks(train), tfds_chunks(test)]
     report = ChunkProgress(sum(counts), progress)
-    train_arrays, test_arrays = (in_memory(split_chunks, count, shape, report)
-                                 for split_chunks, count in zip(chunks, counts))
-    return Splits(shape, source, as_dataset(*train_arrays), as_dataset(*test_arrays), len(train_arrays[1]),
-                  len(test_arrays[1]), data_dir=directory)
+    train_arrays, test_arrays = (
+        in_memory(split_chunks, count, shape, report) for split_chunks, count in zip(chunks, counts)
+    )
+    return Splits(
+        shape,
+        source,
+        as_dataset(*train_arrays),
+        as_dataset(*test_arrays),
+        len(train_arrays[1]),
+        len(test_arrays[1]),
+        data_dir=directory,
+    )
 
 
 class ChunkProgress:
@@ -212,8 +224,8 @@ def in_memory(chunks: Iterable[tuple[Any, Any]], count: int, shape: DatasetShape
     filled = 0
     for chunk_images, chunk_labels in chunks:
         size = min(len(chunk_labels), count - filled)
-        images[filled:filled + size] = np.reshape(chunk_images[:size], (size, *shape.image_shape))
-        labels[filled:filled + size] = chunk_labels[:size]
+        images[filled : filled + size] = np.reshape(chunk_images[:size], (size, *shape.image_shape))
+        labels[filled : filled + size] = chunk_labels[:size]
         filled += size
         report.add(size)
         if filled == count:

@@ -30,19 +30,43 @@ from jobs.hostmemory import available_host_bytes, format_gib
 
 PARAMS = (
     Param("dataset", "str", "mnist", "images to classify (flattened into the input layer)", choices=data.DATASET_NAMES),
-    Param("source", "str", "tfds", "tfds: the real data; synthetic: a learnable stand-in of the same shapes",
-          choices=data.SOURCES),
-    Param("hidden", "ints", (700, 500), "sizes of the hidden ReLU layers (the DTensor MNIST example: 700,500)",
-          minimum=1, maximum=65_536),
+    Param(
+        "source",
+        "str",
+        "tfds",
+        "tfds: the real data; synthetic: a learnable stand-in of the same shapes",
+        choices=data.SOURCES,
+    ),
+    Param(
+        "hidden",
+        "ints",
+        (700, 500),
+        "sizes of the hidden ReLU layers (the DTensor MNIST example: 700,500)",
+        minimum=1,
+        maximum=65_536,
+    ),
     Param("epochs", "int", 3, "passes over the training examples", minimum=1, maximum=100_000),
     Param("batch_size", "int", 128, "global batch, split over the mesh's batch axis", minimum=1, maximum=1 << 20),
     Param("learning_rate", "float", 0.001, "Adam step size", minimum=0.0, maximum=10.0, minimum_exclusive=True),
-    Param("limit_train", "int", 5000, "use the first N training examples (0 = all; the example uses 5000)", minimum=0,
-          maximum=10_000_000),
-    Param("limit_test", "int", 5000, "use the first N test examples (0 = all; the example uses 5000)", minimum=0,
-          maximum=10_000_000),
-    Param("seed", "int", 22, "seed of the weights and the shuffling (the example uses 22)", minimum=0,
-          maximum=2**31 - 1),
+    Param(
+        "limit_train",
+        "int",
+        5000,
+        "use the first N training examples (0 = all; the example uses 5000)",
+        minimum=0,
+        maximum=10_000_000,
+    ),
+    Param(
+        "limit_test",
+        "int",
+        5000,
+        "use the first N test examples (0 = all; the example uses 5000)",
+        minimum=0,
+        maximum=10_000_000,
+    ),
+    Param(
+        "seed", "int", 22, "seed of the weights and the shuffling (the example uses 22)", minimum=0, maximum=2**31 - 1
+    ),
 )
 
 
@@ -92,8 +116,11 @@ def check_runtime(params: dict, runtime: Any) -> None:
         )
     for name in ("limit_train", "limit_test"):
         if params[name] and params[name] < params["batch_size"]:
-            raise ParamError(name, f"{params[name]} is fewer than one batch of {params['batch_size']}; "
-                                   f"allowed: 0 (all) or >= {params['batch_size']}")
+            raise ParamError(
+                name,
+                f"{params[name]} is fewer than one batch of {params['batch_size']}; "
+                f"allowed: 0 (all) or >= {params['batch_size']}",
+            )
 
 
 def make_mesh(runtime: Any):
@@ -115,7 +142,8 @@ def _unavailable_text(runtime: Any, what: str, error: BaseException) -> str:
     hint = (
         " DTensor on a TPU needs a TPU VM and dtensor.initialize_accelerator_system('TPU'), which cannot "
         "share the TPU with the TPUStrategy tpudash has already initialized; the train job runs there."
-        if runtime.kind == "TPU" else ""
+        if runtime.kind == "TPU"
+        else ""
     )
     count = len(runtime.logical_devices)
     lines = str(error).strip().splitlines()
@@ -129,11 +157,19 @@ def build_mlp(runtime: Any, dtensor, mesh, sizes: list[int], seed: int) -> MLP:
 
     weight_layout = dtensor.Layout([dtensor.UNSHARDED, dtensor.UNSHARDED], mesh)
     try:
-        return MLP([
-            DenseLayer(dtensor, sizes[index], sizes[index + 1], weight_layout,
-                       activation=tf.nn.relu if index < len(sizes) - 2 else tf.identity, seed=(seed, index + 23))
-            for index in range(len(sizes) - 1)
-        ])
+        return MLP(
+            [
+                DenseLayer(
+                    dtensor,
+                    sizes[index],
+                    sizes[index + 1],
+                    weight_layout,
+                    activation=tf.nn.relu if index < len(sizes) - 2 else tf.identity,
+                    seed=(seed, index + 23),
+                )
+                for index in range(len(sizes) - 1)
+            ]
+        )
     except Exception as error:  # noqa: BLE001 - a mesh that cannot hold variables is no DTensor runtime
         raise DTensorUnavailable(_unavailable_text(runtime, "place replicated variables on", error)) from error
 
@@ -146,11 +182,14 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
     devices = mesh.num_local_devices()
     tf.random.set_seed(params["seed"])
     splits = data.load_splits(
-        params["dataset"], params["source"],
+        params["dataset"],
+        params["source"],
         data_dir=getattr(ctx.settings, "data_dir", None),
         try_gcs=runtime.kind == "TPU",
-        limit_train=params["limit_train"], limit_test=params["limit_test"],
-        seed=params["seed"], log=ctx.log,
+        limit_train=params["limit_train"],
+        limit_test=params["limit_test"],
+        seed=params["seed"],
+        log=ctx.log,
     )
     ctx.raise_if_cancelled()
     batch_size = params["batch_size"]
@@ -169,26 +208,41 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
 
     # Full batches only: every shard of the batch axis must be the same size.
     train_data = data.without_tuning_thread(
-        splits.train.cache().shuffle(data.SHUFFLE_BUFFER, seed=params["seed"])
-        .batch(batch_size, drop_remainder=True).map(flatten, num_parallel_calls=tf.data.AUTOTUNE)
-        .prefetch(tf.data.AUTOTUNE))
+        splits.train.cache()
+        .shuffle(data.SHUFFLE_BUFFER, seed=params["seed"])
+        .batch(batch_size, drop_remainder=True)
+        .map(flatten, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     test_data = data.without_tuning_thread(
-        splits.test.cache().batch(batch_size, drop_remainder=True)
-        .map(flatten, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
+        splits.test.cache()
+        .batch(batch_size, drop_remainder=True)
+        .map(flatten, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
     model = build_mlp(runtime, dtensor, mesh, sizes, params["seed"])
     layers = model.layers
     optimizer = Adam(dtensor, model.trainable_variables, learning_rate=params["learning_rate"])
     parameter_count = sum(int(tf.size(variable)) for variable in model.trainable_variables)
-    ctx.emit(Table(
-        title=f"DTensor MLP on {splits.label}: {parameter_count:,} params, mesh batch={devices}",
-        columns=["layer", "shape", "layout", "params"],
-        rows=[
-            *[[f"dense {index + 1}", f"{layer.in_dim}→{layer.out_dim}", "replicated",
-               layer.in_dim * layer.out_dim + layer.out_dim] for index, layer in enumerate(layers)],
-            ["total", "", "", parameter_count],
-        ],
-    ))
+    ctx.emit(
+        Table(
+            title=f"DTensor MLP on {splits.label}: {parameter_count:,} params, mesh batch={devices}",
+            columns=["layer", "shape", "layout", "params"],
+            rows=[
+                *[
+                    [
+                        f"dense {index + 1}",
+                        f"{layer.in_dim}→{layer.out_dim}",
+                        "replicated",
+                        layer.in_dim * layer.out_dim + layer.out_dim,
+                    ]
+                    for index, layer in enumerate(layers)
+                ],
+                ["total", "", "", parameter_count],
+            ],
+        )
+    )
     ctx.log(
         f"DTensor data parallelism: mesh [('batch', {devices})] over {', '.join(mesh.local_devices()[:2])}"
         f"{', …' if devices > 2 else ''}; weights replicated, each batch of {batch_size} split into "
@@ -212,8 +266,10 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
         return cross_entropy_loss(tf, logits, y_batch), accuracy(tf, logits, y_batch)
 
     def pack(x_batch, y_batch):
-        return (repack_local_tensor(dtensor, tf, x_batch, batch_layouts[0]),
-                repack_local_tensor(dtensor, tf, y_batch, batch_layouts[1]))
+        return (
+            repack_local_tensor(dtensor, tf, x_batch, batch_layouts[0]),
+            repack_local_tensor(dtensor, tf, y_batch, batch_layouts[1]),
+        )
 
     history: dict[str, list[float]] = {"train_loss": [], "train_accuracy": [], "test_loss": [], "test_accuracy": []}
     global_step = 0
@@ -271,10 +327,16 @@ class DenseLayer:
         self.activation = activation
         uniform_initializer = tf.function(tf.random.stateless_uniform)
         xavier_limit = math.sqrt(6.0) / math.sqrt(in_dim + out_dim)
-        self.w = dtensor.DVariable(dtensor.call_with_layout(
-            uniform_initializer, weight_layout, shape=(in_dim, out_dim), seed=seed,
-            minval=-xavier_limit, maxval=xavier_limit,
-        ))
+        self.w = dtensor.DVariable(
+            dtensor.call_with_layout(
+                uniform_initializer,
+                weight_layout,
+                shape=(in_dim, out_dim),
+                seed=seed,
+                minval=-xavier_limit,
+                maxval=xavier_limit,
+            )
+        )
         bias_layout = weight_layout.delete([0])
         self.b = dtensor.DVariable(dtensor.call_with_layout(tf.zeros, bias_layout, shape=[out_dim]))
 
@@ -323,8 +385,8 @@ class Adam:
         for index, (d_var, var) in enumerate(zip(grads, self.model_vars)):
             self.v_dvar[index].assign(self.beta_1 * self.v_dvar[index] + (1 - self.beta_1) * d_var)
             self.s_dvar[index].assign(self.beta_2 * self.s_dvar[index] + (1 - self.beta_2) * tf.square(d_var))
-            v_corrected = self.v_dvar[index] / (1 - self.beta_1 ** self.t)
-            s_corrected = self.s_dvar[index] / (1 - self.beta_2 ** self.t)
+            v_corrected = self.v_dvar[index] / (1 - self.beta_1**self.t)
+            s_corrected = self.s_dvar[index] / (1 - self.beta_2**self.t)
             var.assign_sub(self.learning_rate * (v_corrected / (tf.sqrt(s_corrected) + self.epsilon)))
         self.t.assign_add(1.0)
 
@@ -349,7 +411,8 @@ def repack_local_tensor(dtensor, tf, x, layout):
             continue
         num_splits = layout.shape[axis]
         queue = tf.nest.map_structure(
-            lambda tensor, num_splits=num_splits, axis=axis: tf.split(tensor, num_splits, axis=axis), queue)
+            lambda tensor, num_splits=num_splits, axis=axis: tf.split(tensor, num_splits, axis=axis), queue
+        )
         sharded_dims.append(dim)
     components = []
     for locations in layout.mesh.local_device_locations():

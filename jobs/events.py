@@ -138,7 +138,7 @@ def split_final_name(key: str) -> tuple[str, str]:
     """``val_loss`` → (``val``, ``loss``); ``loss`` → (``train``, ``loss``): ``Metric.final_name`` read back."""
     for prefix in SPLIT_PREFIXES:
         if key.startswith(prefix):
-            return prefix[:-1], key[len(prefix):]
+            return prefix[:-1], key[len(prefix) :]
     return "train", key
 
 

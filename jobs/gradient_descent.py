@@ -48,7 +48,9 @@ def make_optimizer(tf: Any, name: str, learning_rate: float, momentum: float):
 def _check_runtime(params: dict, runtime: Any) -> None:
     count = len(runtime.logical_devices)
     if params["device"] >= count:
-        raise ParamError("device", f"{params['device']} is out of range; this session has {count} devices (0-{count - 1})")
+        raise ParamError(
+            "device", f"{params['device']} is out of range; this session has {count} devices (0-{count - 1})"
+        )
 
 
 def run(ctx, params: dict) -> dict:
@@ -75,15 +77,19 @@ def run(ctx, params: dict) -> dict:
         x0, x1 = (float(value) for value in variable.numpy())
         if not all(math.isfinite(value) for value in (loss, x0, x1)):
             # Not plotted: an infinite point would flatten every chart.
-            message = (f"diverged at step {step}: loss {loss}, x = [{x0}, {x1}]; "
-                       f"try a smaller learning_rate than {params['learning_rate']:g}")
+            message = (
+                f"diverged at step {step}: loss {loss}, x = [{x0}, {x1}]; "
+                f"try a smaller learning_rate than {params['learning_rate']:g}"
+            )
             ctx.log(message, "error")
             raise Diverged(message)
         for name, value in (("loss", loss), ("x0", x0), ("x1", x1)):
             ctx.emit(Metric(name=name, value=value, step=step))
 
-    ctx.log(f"{params['objective']} from {list(params['start'])} with {params['optimizer']} "
-            f"(learning rate {params['learning_rate']:g}), {steps} steps on {device.name}")
+    ctx.log(
+        f"{params['objective']} from {list(params['start'])} with {params['optimizer']} "
+        f"(learning rate {params['learning_rate']:g}), {steps} steps on {device.name}"
+    )
     with tf.device(device.name):
         variable = tf.Variable(tensor, trainable=True)
         ctx.progress(0, steps, "step")
@@ -117,12 +123,24 @@ SPECS = (
             "[0.01152921 0.04611686]."
         ),
         params=(
-            Param("objective", "str", "quadratic", "quadratic: x0² + x1²; rosenbrock: (1 − x0)² + 100 (x1 − x0²)²",
-                  choices=OBJECTIVES),
+            Param(
+                "objective",
+                "str",
+                "quadratic",
+                "quadratic: x0² + x1²; rosenbrock: (1 − x0)² + 100 (x1 − x0²)²",
+                choices=OBJECTIVES,
+            ),
             Param("optimizer", "str", "sgd", "sgd, momentum (SGD with momentum) or adam", choices=OPTIMIZERS),
             Param("learning_rate", "float", 0.1, "step size", minimum=0.0, minimum_exclusive=True, maximum=100.0),
-            Param("momentum", "float", 0.9, "momentum of optimizer=momentum", minimum=0.0, maximum=0.999,
-                  applies_when=("optimizer", ("momentum",))),
+            Param(
+                "momentum",
+                "float",
+                0.9,
+                "momentum of optimizer=momentum",
+                minimum=0.0,
+                maximum=0.999,
+                applies_when=("optimizer", ("momentum",)),
+            ),
             Param("steps", "int", 20, "optimizer steps", minimum=1, maximum=100_000),
             Param("start", "floats", (1.0, 4.0), "starting point x0,x1", length=2),
             Param("device", "int", 0, "index of the logical device to run on", minimum=0),

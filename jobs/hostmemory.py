@@ -41,8 +41,12 @@ def _cgroup_headroom() -> int | None:
     """Bytes left under this container's memory limit, None without a limit."""
     for limit_path, usage_path, stat_path, inactive_key in (
         ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "/sys/fs/cgroup/memory.stat", "inactive_file"),
-        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes",
-         "/sys/fs/cgroup/memory/memory.stat", "total_inactive_file"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+            "/sys/fs/cgroup/memory/memory.stat",
+            "total_inactive_file",
+        ),
     ):
         limit, usage = _read_int(limit_path), _read_int(usage_path)
         if limit is None or usage is None or limit >= UNLIMITED_CGROUP_BYTES:

@@ -51,6 +51,8 @@ REDUCED_FLOAT32_INPUT_ROUNDOFF = {"TPU": 2.0**-8, "GPU": 2.0**-11}
 BLAS_SETTLE_SECONDS = 0.25
 # OpenBLAS multiplies on one thread (no spinning helpers) below this m·k·n.
 BLAS_THREADED_WORK = 65536 * 4
+
+
 class OutOfMemory(RuntimeError):
     """An allocation failed during the run; the message says which sizes to lower."""
 
@@ -184,7 +186,9 @@ def _check_runtime(params: dict, runtime: Any) -> None:
     chosen = range(count) if selection is None else selection
     for index in chosen:
         if index >= count:
-            raise ParamError("devices", f"device {index} is out of range; this session has {count} devices (0-{count - 1})")
+            raise ParamError(
+                "devices", f"device {index} is out of range; this session has {count} devices (0-{count - 1})"
+            )
     if params["inject_error"] and params["inject_device"] not in chosen:
         raise ParamError(
             "inject_device",
@@ -206,8 +210,7 @@ def _device_suffix(device_name: str) -> str:
     return device_name.rpartition("device:")[2]
 
 
-def _median_seconds(multiply, a, b, warmup: int, repeats: int, settle_seconds: float = 0.0,
-                    cancelled=lambda: False):
+def _median_seconds(multiply, a, b, warmup: int, repeats: int, settle_seconds: float = 0.0, cancelled=lambda: False):
     """Median wall time of ``multiply(a, b)``, each run forced to finish.
 
     Reading one element of the product back to the host cannot happen
@@ -237,8 +240,18 @@ def _median_seconds(multiply, a, b, warmup: int, repeats: int, settle_seconds: f
     return statistics.median(durations), product
 
 
-def _check_device(tf: Any, multiply, name: str, inputs: tuple, expected: Any, scale: float,
-                  tolerance: float, params: dict, settle_seconds: float = 0.0, cancelled=lambda: False) -> dict:
+def _check_device(
+    tf: Any,
+    multiply,
+    name: str,
+    inputs: tuple,
+    expected: Any,
+    scale: float,
+    tolerance: float,
+    params: dict,
+    settle_seconds: float = 0.0,
+    cancelled=lambda: False,
+) -> dict:
     """Time the multiply on device ``name`` and compare its product with ``expected``."""
     import numpy as np
 
@@ -321,8 +334,9 @@ def _run_check(ctx, params: dict, tf: Any) -> dict:
         try:
             if ctx.cancelled():
                 raise JobCancelled()
-            outcome = _check_device(tf, multiply, name, (host_a, host_b), expected, scale, tolerance, params,
-                                    settle_seconds, ctx.cancelled)
+            outcome = _check_device(
+                tf, multiply, name, (host_a, host_b), expected, scale, tolerance, params, settle_seconds, ctx.cancelled
+            )
         except JobCancelled:
             # The devices finished so far keep their rows; the one cut short has none.
             ctx.log(f"cancelled after {len(results)} of {len(chosen)} devices", "warning")
@@ -345,7 +359,11 @@ def _run_check(ctx, params: dict, tf: Any) -> dict:
 
     _emit_table(ctx, results, params, tolerance)
     summary = _summary(results, params, tolerance)
-    ctx.emit(ReplicaValues(name="gflops", values=[row["gflops"] for row in results], devices=[row["device"] for row in results]))
+    ctx.emit(
+        ReplicaValues(
+            name="gflops", values=[row["gflops"] for row in results], devices=[row["device"] for row in results]
+        )
+    )
     if summary["failed_devices"]:
         failed = ", ".join(summary["failed_devices"])
         ctx.log(f"matmul check failed on {failed}", "error")
@@ -369,16 +387,24 @@ def _emit_table(ctx, results: list[dict], params: dict, tolerance: float) -> Non
         return
     m, k, n = params["m"], params["k"], params["n"]
     rows = [
-        [row["device"], float(f"{row['max_abs_error']:.3g}"), float(f"{row['relative_error']:.3g}"),
-         float(f"{tolerance:.3g}"), "pass" if row["passed"] else "FAIL", round(row["median_ms"], 3),
-         round(row["gflops"], 2)]
+        [
+            row["device"],
+            float(f"{row['max_abs_error']:.3g}"),
+            float(f"{row['relative_error']:.3g}"),
+            float(f"{tolerance:.3g}"),
+            "pass" if row["passed"] else "FAIL",
+            round(row["median_ms"], 3),
+            round(row["gflops"], 2),
+        ]
         for row in results
     ]
-    ctx.emit(Table(
-        title=f"matmul check: {m}×{k}·{k}×{n} {params['dtype']}, median of {params['repeats']}",
-        columns=["device", "max abs error", "relative error", "tolerance", "result", "median ms", "GFLOP/s"],
-        rows=rows,
-    ))
+    ctx.emit(
+        Table(
+            title=f"matmul check: {m}×{k}·{k}×{n} {params['dtype']}, median of {params['repeats']}",
+            columns=["device", "max abs error", "relative error", "tolerance", "result", "median ms", "GFLOP/s"],
+            rows=rows,
+        )
+    )
 
 
 def _summary(results: list[dict], params: dict, tolerance: float) -> dict:
@@ -418,14 +444,31 @@ SPECS = (
             _dimension("n", 1024, "columns of B and of the product"),
             Param("dtype", "str", "float32", "element type of A and B", choices=DTYPES),
             Param("repeats", "int", 5, "timed multiplies per device; the median is reported", minimum=1, maximum=1000),
-            Param("warmup", "int", 1, "untimed multiplies per device first (tracing, caches); the first device "
-                  "also warms up for 0.25 s after a large NumPy reference", minimum=0, maximum=100),
+            Param(
+                "warmup",
+                "int",
+                1,
+                "untimed multiplies per device first (tracing, caches); the first device "
+                "also warms up for 0.25 s after a large NumPy reference",
+                minimum=0,
+                maximum=100,
+            ),
             Param("seed", "int", 0, "seed of the random matrices", minimum=0, maximum=2**31 - 1),
-            Param("devices", "str", "all", "which devices: all, or indices and ranges such as 0,2,4-7",
-                  check=_check_device_selection),
-            Param("inject_error", "float", 0.0,
-                  "self-test: corrupt one reference element by this fraction of the product's largest "
-                  "magnitude; anything above the tolerance must make inject_device fail", minimum=0.0),
+            Param(
+                "devices",
+                "str",
+                "all",
+                "which devices: all, or indices and ranges such as 0,2,4-7",
+                check=_check_device_selection,
+            ),
+            Param(
+                "inject_error",
+                "float",
+                0.0,
+                "self-test: corrupt one reference element by this fraction of the product's largest "
+                "magnitude; anything above the tolerance must make inject_device fail",
+                minimum=0.0,
+            ),
             Param("inject_device", "int", 0, "the device whose reference inject_error corrupts", minimum=0),
         ),
         run=run,

@@ -91,11 +91,18 @@ def _light(input_shape: tuple, num_classes: int):
 
 
 MODELS: dict[str, ModelRecipe] = {
-    "light": ModelRecipe("light", "small CNN (Conv 16, Conv 32, Dense 64) that trains in seconds on a CPU", True, _light),
-    "mnist-cnn": ModelRecipe("mnist-cnn", "the \"Use TPUs\" guide's MNIST CNN (Conv 256-3 ×2, Dense 256, 128, 10)",
-                             True, _mnist_cnn),
-    "cifar-cnn": ModelRecipe("cifar-cnn", "the Colab TPU walkthrough's CIFAR-10 CNN (Conv 32/64/128, Dense 64, 10): "
-                             "225,034 params", False, _cifar_cnn),
+    "light": ModelRecipe(
+        "light", "small CNN (Conv 16, Conv 32, Dense 64) that trains in seconds on a CPU", True, _light
+    ),
+    "mnist-cnn": ModelRecipe(
+        "mnist-cnn", 'the "Use TPUs" guide\'s MNIST CNN (Conv 256-3 ×2, Dense 256, 128, 10)', True, _mnist_cnn
+    ),
+    "cifar-cnn": ModelRecipe(
+        "cifar-cnn",
+        "the Colab TPU walkthrough's CIFAR-10 CNN (Conv 32/64/128, Dense 64, 10): 225,034 params",
+        False,
+        _cifar_cnn,
+    ),
 }
 MODEL_NAMES = tuple(MODELS)
 
@@ -133,12 +140,14 @@ def summary_table(model: Any, title: str | None = None) -> Table:
         except (AttributeError, ValueError):
             output_shape = "?"
         policy = getattr(layer, "dtype_policy", None)
-        rows.append([
-            f"{layer.name} ({type(layer).__name__})",
-            output_shape,
-            getattr(policy, "name", str(getattr(layer, "dtype", ""))),
-            int(layer.count_params()),
-        ])
+        rows.append(
+            [
+                f"{layer.name} ({type(layer).__name__})",
+                output_shape,
+                getattr(policy, "name", str(getattr(layer, "dtype", ""))),
+                int(layer.count_params()),
+            ]
+        )
     total = parameter_count(model)
     trainable = int(sum(_size(weight.shape) for weight in model.trainable_weights))
     rows.append(["total", "", "", total])

@@ -97,12 +97,14 @@ def run_replica_matmul(ctx, params: dict) -> dict:
     if small:
         ctx.emit(ReplicaValues(name="product", values=[product.tolist() for product in products], devices=devices))
     # The table first: the headless output then leaves out the per-replica errors it already shows.
-    ctx.emit(Table(
-        title=f"replica-matmul: {reference.shape[0]}×{host_a.shape[1]}·{host_b.shape[0]}×{reference.shape[1]} "
-              f"on {len(products)} replicas",
-        columns=["replica", "device", "max abs error", "result"],
-        rows=rows,
-    ))
+    ctx.emit(
+        Table(
+            title=f"replica-matmul: {reference.shape[0]}×{host_a.shape[1]}·{host_b.shape[0]}×{reference.shape[1]} "
+            f"on {len(products)} replicas",
+            columns=["replica", "device", "max abs error", "result"],
+            rows=rows,
+        )
+    )
     ctx.emit(ReplicaValues(name="max abs error", values=errors, devices=devices))
 
     failed = [device for device, match in zip(devices, matches) if not match]
@@ -161,8 +163,10 @@ def run_replica_dataset(ctx, params: dict) -> dict:
     def distributed_step(batch):
         return strategy.run(per_replica_fn, args=(batch,))
 
-    ctx.log(f"range({params['n']}).batch({params['per_replica']} × {replicas} = {global_batch}) "
-            f"through {params['fn']} on {replicas} replicas: {steps} steps")
+    ctx.log(
+        f"range({params['n']}).batch({params['per_replica']} × {replicas} = {global_batch}) "
+        f"through {params['fn']} on {replicas} replicas: {steps} steps"
+    )
     ctx.progress(0, steps, "step")
     outputs_per_step = []
     wrong_steps = []
@@ -171,7 +175,9 @@ def run_replica_dataset(ctx, params: dict) -> dict:
         inputs = _local_values(strategy, batch)
         outputs = _local_values(strategy, distributed_step(batch))
         ctx.emit(ReplicaValues(name=f"inputs step {step}", values=[item.tolist() for item in inputs], devices=devices))
-        ctx.emit(ReplicaValues(name=f"outputs step {step}", values=[item.tolist() for item in outputs], devices=devices))
+        ctx.emit(
+            ReplicaValues(name=f"outputs step {step}", values=[item.tolist() for item in outputs], devices=devices)
+        )
         if not all(np.array_equal(output, expected_fn(item)) for item, output in zip(inputs, outputs)):
             wrong_steps.append(step)
             ctx.log(f"step {step}: a replica's output is not {params['fn']} of its input", "error")
@@ -203,7 +209,11 @@ def _all_reduce_checks(tf: Any, strategy: Any) -> dict:
     def contribute():
         replica_context = tf.distribute.get_replica_context()
         contribution = tf.cast(replica_context.replica_id_in_sync_group + 1, tf.float32)
-        return contribution, replica_context.all_reduce(SUM, contribution), replica_context.all_reduce(MEAN, contribution)
+        return (
+            contribution,
+            replica_context.all_reduce(SUM, contribution),
+            replica_context.all_reduce(MEAN, contribution),
+        )
 
     contributions, sums, means = tf.function(lambda: strategy.run(contribute))()
     return {
@@ -246,11 +256,13 @@ def run_all_reduce(ctx, params: dict) -> dict:
         passed = all(close(value, expected) for value in got)
         shown = got[0] if len(set(got)) == 1 else got
         check_rows.append([how, op, shown, expected, "pass" if passed else "FAIL"])
-    ctx.emit(Table(
-        title=f"all-reduce of replica_id + 1 over {replicas} replicas",
-        columns=["reduction", "op", "result", "expected", "result ok"],
-        rows=check_rows,
-    ))
+    ctx.emit(
+        Table(
+            title=f"all-reduce of replica_id + 1 over {replicas} replicas",
+            columns=["reduction", "op", "result", "expected", "result ok"],
+            rows=check_rows,
+        )
+    )
     wrong = [f"{row[0]} {row[1]} gave {row[2]}, expected {row[3]}" for row in check_rows if row[4] != "pass"]
     for line in wrong:
         ctx.log(line, "error")
@@ -298,13 +310,17 @@ def run_all_reduce(ctx, params: dict) -> dict:
     # The NCCL-tests convention: a ring all-reduce moves 2(N-1)/N of the
     # tensor over each link, which makes figures comparable across N.
     bus_gbps = algorithm_gbps * 2 * (replicas - 1) / replicas
-    ctx.emit(Table(
-        title=f"timed all-reduce SUM, median of {repeats}",
-        columns=["bytes", "replicas", "median ms", "algorithm GB/s", "bus GB/s"],
-        rows=[[size_bytes, replicas, round(median_seconds * 1e3, 3), round(algorithm_gbps, 3), round(bus_gbps, 3)]],
-    ))
-    ctx.log(f"all-reduce of {size_bytes / MEGABYTE:g} MiB over {replicas} replicas: "
-            f"{median_seconds * 1e3:.2f} ms, {algorithm_gbps:.2f} GB/s (bus {bus_gbps:.2f} GB/s)")
+    ctx.emit(
+        Table(
+            title=f"timed all-reduce SUM, median of {repeats}",
+            columns=["bytes", "replicas", "median ms", "algorithm GB/s", "bus GB/s"],
+            rows=[[size_bytes, replicas, round(median_seconds * 1e3, 3), round(algorithm_gbps, 3), round(bus_gbps, 3)]],
+        )
+    )
+    ctx.log(
+        f"all-reduce of {size_bytes / MEGABYTE:g} MiB over {replicas} replicas: "
+        f"{median_seconds * 1e3:.2f} ms, {algorithm_gbps:.2f} GB/s (bus {bus_gbps:.2f} GB/s)"
+    )
 
     summary = {
         "replicas": replicas,
@@ -350,6 +366,7 @@ def check_all_reduce_memory(params: dict, runtime: Any, available_host: int | No
             f"{format_gib(available)} available; allowed here: at most {most:.0f}",
         )
 
+
 # m, k, n and seed make the random inputs; the guide's a and b are fixed.
 RANDOM_SOURCE_ONLY = ("source", ("random",))
 
@@ -358,21 +375,54 @@ SPECS = (
         name="replica-matmul",
         title="Replica matmul",
         description=(
-            "strategy.run(matmul_fn, args=(a, b)) with the same inputs on every replica (TensorFlow's \"Use TPUs\" "
+            'strategy.run(matmul_fn, args=(a, b)) with the same inputs on every replica (TensorFlow\'s "Use TPUs" '
             "guide); "
             "every replica must match the reference, [[22, 28], [49, 64]] by default."
         ),
         params=(
-            Param("source", "str", "guide", "guide: the a and b of TensorFlow's \"Use TPUs\" guide; random: seeded "
-                  "m×k and k×n", choices=MATMUL_SOURCES),
-            Param("m", "int", 2, "rows of a (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION,
-                  applies_when=RANDOM_SOURCE_ONLY),
-            Param("k", "int", 3, "columns of a, rows of b (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION,
-                  applies_when=RANDOM_SOURCE_ONLY),
-            Param("n", "int", 2, "columns of b (source=random)", minimum=1, maximum=MAX_REPLICA_MATMUL_DIMENSION,
-                  applies_when=RANDOM_SOURCE_ONLY),
-            Param("seed", "int", 0, "seed of the random inputs (source=random)", minimum=0, maximum=2**31 - 1,
-                  applies_when=RANDOM_SOURCE_ONLY),
+            Param(
+                "source",
+                "str",
+                "guide",
+                'guide: the a and b of TensorFlow\'s "Use TPUs" guide; random: seeded m×k and k×n',
+                choices=MATMUL_SOURCES,
+            ),
+            Param(
+                "m",
+                "int",
+                2,
+                "rows of a (source=random)",
+                minimum=1,
+                maximum=MAX_REPLICA_MATMUL_DIMENSION,
+                applies_when=RANDOM_SOURCE_ONLY,
+            ),
+            Param(
+                "k",
+                "int",
+                3,
+                "columns of a, rows of b (source=random)",
+                minimum=1,
+                maximum=MAX_REPLICA_MATMUL_DIMENSION,
+                applies_when=RANDOM_SOURCE_ONLY,
+            ),
+            Param(
+                "n",
+                "int",
+                2,
+                "columns of b (source=random)",
+                minimum=1,
+                maximum=MAX_REPLICA_MATMUL_DIMENSION,
+                applies_when=RANDOM_SOURCE_ONLY,
+            ),
+            Param(
+                "seed",
+                "int",
+                0,
+                "seed of the random inputs (source=random)",
+                minimum=0,
+                maximum=2**31 - 1,
+                applies_when=RANDOM_SOURCE_ONLY,
+            ),
         ),
         run=run_replica_matmul,
         key="r",
@@ -400,8 +450,15 @@ SPECS = (
             "SUM and MEAN, checked against the closed form; then a timed all-reduce and its bandwidth."
         ),
         params=(
-            Param("size_mb", "float", 4.0, "MiB of float32 per replica in the timed all-reduce",
-                  minimum=0.0, minimum_exclusive=True, maximum=1024.0),
+            Param(
+                "size_mb",
+                "float",
+                4.0,
+                "MiB of float32 per replica in the timed all-reduce",
+                minimum=0.0,
+                minimum_exclusive=True,
+                maximum=1024.0,
+            ),
             Param("repeats", "int", 10, "timed all-reduces; the median is reported", minimum=1, maximum=1000),
             Param("warmup", "int", 2, "untimed all-reduces first", minimum=0, maximum=100),
         ),

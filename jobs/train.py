@@ -76,32 +76,74 @@ from jobs.trainreport import STAGE_MODEL, TrainingReporter, data_stage_name
 
 PARAMS = (
     Param("dataset", "str", "mnist", "images to classify", choices=data.DATASET_NAMES),
-    Param("source", "str", "tfds", "tfds: the real data (data dir, download); synthetic: a learnable stand-in "
-          "of the same shapes, no files needed", choices=data.SOURCES),
-    Param("model", "str", "light", "light: small CPU-friendly CNN; mnist-cnn: the MNIST CNN of TensorFlow's "
-          "\"Use TPUs\" guide; cifar-cnn: the Colab TPU walkthrough's CIFAR-10 CNN (225,034 params)",
-          choices=MODEL_NAMES),
+    Param(
+        "source",
+        "str",
+        "tfds",
+        "tfds: the real data (data dir, download); synthetic: a learnable stand-in of the same shapes, no files needed",
+        choices=data.SOURCES,
+    ),
+    Param(
+        "model",
+        "str",
+        "light",
+        "light: small CPU-friendly CNN; mnist-cnn: the MNIST CNN of TensorFlow's "
+        '"Use TPUs" guide; cifar-cnn: the Colab TPU walkthrough\'s CIFAR-10 CNN (225,034 params)',
+        choices=MODEL_NAMES,
+    ),
     Param("epochs", "int", 5, "passes over the training split", minimum=1, maximum=100_000),
-    Param("batch_per_replica", "int", 64, "examples per replica per step; global batch = this × replicas",
-          minimum=1, maximum=1 << 20),
+    Param(
+        "batch_per_replica",
+        "int",
+        64,
+        "examples per replica per step; global batch = this × replicas",
+        minimum=1,
+        maximum=1 << 20,
+    ),
     Param("learning_rate", "float", 0.001, "optimizer step size", minimum=0.0, maximum=10.0, minimum_exclusive=True),
     Param("optimizer", "str", "adam", "optimizer", choices=OPTIMIZERS),
-    Param("precision", "str", "float32", "Keras dtype policy; the output layer always stays float32",
-          choices=PRECISIONS),
-    Param("steps_per_execution", "int", 1, "training steps per tf.function call (the \"Use TPUs\" guide uses "
-          "50)", minimum=1, maximum=100_000),
-    Param("loop", "str", "fit", "fit: Keras model.fit; custom: the \"Use TPUs\" guide's custom training loop",
-          choices=LOOPS),
-    Param("early_stopping_patience", "int", 0, "stop after this many epochs without a better val_loss "
-          "(0 = off)", minimum=0, maximum=100_000),
-    Param("deterministic", "bool", False, "op determinism (tf.config.experimental.enable_op_determinism) "
-          "so a rerun gives identical losses"),
+    Param(
+        "precision", "str", "float32", "Keras dtype policy; the output layer always stays float32", choices=PRECISIONS
+    ),
+    Param(
+        "steps_per_execution",
+        "int",
+        1,
+        'training steps per tf.function call (the "Use TPUs" guide uses 50)',
+        minimum=1,
+        maximum=100_000,
+    ),
+    Param(
+        "loop",
+        "str",
+        "fit",
+        'fit: Keras model.fit; custom: the "Use TPUs" guide\'s custom training loop',
+        choices=LOOPS,
+    ),
+    Param(
+        "early_stopping_patience",
+        "int",
+        0,
+        "stop after this many epochs without a better val_loss (0 = off)",
+        minimum=0,
+        maximum=100_000,
+    ),
+    Param(
+        "deterministic",
+        "bool",
+        False,
+        "op determinism (tf.config.experimental.enable_op_determinism) so a rerun gives identical losses",
+    ),
     Param("seed", "int", 42, "seed for weights, shuffling and the synthetic data", minimum=0, maximum=2**31 - 1),
-    Param("limit_train", "int", 0, "use only the first N training examples (0 = all)", minimum=0,
-          maximum=10_000_000),
+    Param("limit_train", "int", 0, "use only the first N training examples (0 = all)", minimum=0, maximum=10_000_000),
     Param("limit_test", "int", 0, "use only the first N test examples (0 = all)", minimum=0, maximum=10_000_000),
-    Param("profile_steps", "str", "", "capture a profiler trace of these global steps, e.g. 5-10 "
-          "(empty = off)", check=check_profile_steps),
+    Param(
+        "profile_steps",
+        "str",
+        "",
+        "capture a profiler trace of these global steps, e.g. 5-10 (empty = off)",
+        check=check_profile_steps,
+    ),
 )
 
 
@@ -149,13 +191,18 @@ def run_train(ctx: Any, params: dict) -> dict:
         ctx.raise_if_cancelled()
         # On a TPU every batch needs the same shape; elsewhere the last
         # partial test batch is evaluated too.
-        plan = TrainingPlan.make(params, replicas, splits.train_examples, splits.test_examples,
-                                 drop_partial_test_batch=runtime.kind == "TPU")
+        plan = TrainingPlan.make(
+            params, replicas, splits.train_examples, splits.test_examples, drop_partial_test_batch=runtime.kind == "TPU"
+        )
         if plan.drop_partial_test_batch and plan.test_examples % plan.global_batch:
-            ctx.log(f"the last {plan.test_examples % plan.global_batch} test examples are left out: "
-                    f"a TPU needs full batches", "warning")
-        for advice in tpu_advice(runtime.kind, plan.per_replica_batch, replicas, params["steps_per_execution"],
-                                 params["precision"]):
+            ctx.log(
+                f"the last {plan.test_examples % plan.global_batch} test examples are left out: "
+                f"a TPU needs full batches",
+                "warning",
+            )
+        for advice in tpu_advice(
+            runtime.kind, plan.per_replica_batch, replicas, params["steps_per_execution"], params["precision"]
+        ):
             ctx.log(advice, "warning")
         if plan.steps_per_execution != params["steps_per_execution"]:
             ctx.log(f"steps_per_execution lowered to {plan.steps_per_execution}, the steps in one epoch", "warning")
@@ -182,11 +229,11 @@ def run_train(ctx: Any, params: dict) -> dict:
         ctx.emit(Progress(done=0, total=plan.epochs, unit="epoch"))
         try:
             if params["loop"] == "fit":
-                stopped_early = train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits,
-                                                reporter)
+                stopped_early = train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits, reporter)
             else:
-                stopped_early = train_with_custom_loop(ctx, tf, keras, strategy, model, recipe, params, plan,
-                                                        splits, reporter)
+                stopped_early = train_with_custom_loop(
+                    ctx, tf, keras, strategy, model, recipe, params, plan, splits, reporter
+                )
         finally:
             if profile is not None:
                 profile.finish(reporter.global_step)
@@ -226,7 +273,7 @@ SPECS = (
         title="Train an image classifier",
         description=(
             "MNIST, Fashion-MNIST or CIFAR-10 (tfds, or a synthetic set of the same shapes) on every replica, "
-            "with Keras fit or the custom loop of TensorFlow's \"Use TPUs\" guide; live loss, accuracy, "
+            'with Keras fit or the custom loop of TensorFlow\'s "Use TPUs" guide; live loss, accuracy, '
             "examples/s, TensorBoard, profiler."
         ),
         params=PARAMS,

@@ -26,8 +26,15 @@ def train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits
     if plan.steps_per_execution > 1 and ctx.runtime.kind != "TPU":
         model.train_function = multi_step_train_function(tf, model, strategy, plan.steps_per_execution)
     if ctx.runtime.kind == "CPU":
-        train = distribute(tf, strategy, ctx.runtime.kind, lambda batch_size, input_context: data.training_pipeline(
-            splits.train, batch_size, params["seed"], input_context=input_context), plan.global_batch)
+        train = distribute(
+            tf,
+            strategy,
+            ctx.runtime.kind,
+            lambda batch_size, input_context: data.training_pipeline(
+                splits.train, batch_size, params["seed"], input_context=input_context
+            ),
+            plan.global_batch,
+        )
     else:
         # Keras distributes the global batches itself, as on any TPU or GPU.
         train = data.training_pipeline(splits.train, plan.global_batch, params["seed"])
@@ -36,16 +43,26 @@ def train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits
     early_stopping = None
     if params["early_stopping_patience"]:
         early_stopping = keras.callbacks.EarlyStopping(
-            monitor="val_loss", patience=params["early_stopping_patience"], mode="min", restore_best_weights=True,
+            monitor="val_loss",
+            patience=params["early_stopping_patience"],
+            mode="min",
+            restore_best_weights=True,
         )
         callbacks.append(early_stopping)
-    model.fit(train, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch, callbacks=callbacks, verbose=0,
-              shuffle=False)
+    model.fit(
+        train, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch, callbacks=callbacks, verbose=0, shuffle=False
+    )
     stopped_early = False
     if early_stopping is not None and early_stopping.stopped_epoch > 0 and not ctx.cancelled():
         stopped_early = True
-        ctx.log(early_stopping_text(early_stopping.stopped_epoch + 1, params["early_stopping_patience"],
-                                    early_stopping.best, early_stopping.best_weights is not None))
+        ctx.log(
+            early_stopping_text(
+                early_stopping.stopped_epoch + 1,
+                params["early_stopping_patience"],
+                early_stopping.best,
+                early_stopping.best_weights is not None,
+            )
+        )
     if not ctx.cancelled():
         results = evaluate("test")
         if results is not None:

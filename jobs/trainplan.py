@@ -78,11 +78,13 @@ def tpu_advice(kind: str, per_replica_batch: int, replicas: int, steps_per_execu
     if steps_per_execution == 1:
         advice.append(
             "steps_per_execution is 1: every step is a round trip to the TPU host; "
-            "TensorFlow's \"Use TPUs\" guide measured ~2× faster steps with steps_per_execution=50"
+            'TensorFlow\'s "Use TPUs" guide measured ~2× faster steps with steps_per_execution=50'
         )
     if precision == "float32":
-        advice.append("precision float32 on a TPU: mixed_bfloat16 uses the bfloat16 matrix units "
-                      "(TensorFlow's mixed precision guide)")
+        advice.append(
+            "precision float32 on a TPU: mixed_bfloat16 uses the bfloat16 matrix units "
+            "(TensorFlow's mixed precision guide)"
+        )
     return advice
 
 
@@ -102,8 +104,9 @@ class TrainingPlan:
     evaluation_steps: int
 
     @classmethod
-    def make(cls, params: dict, replicas: int, train_examples: int, test_examples: int,
-             drop_partial_test_batch: bool = False) -> TrainingPlan:
+    def make(
+        cls, params: dict, replicas: int, train_examples: int, test_examples: int, drop_partial_test_batch: bool = False
+    ) -> TrainingPlan:
         global_batch = params["batch_per_replica"] * replicas
         if train_examples < global_batch:
             raise data.DatasetUnavailable(
@@ -121,8 +124,18 @@ class TrainingPlan:
                 f"the test split has {test_examples} examples, fewer than one global batch of {global_batch} "
                 f"(a TPU evaluates full batches only); lower batch_per_replica or raise limit_test"
             )
-        return cls(replicas, params["batch_per_replica"], global_batch, train_examples, test_examples,
-                   steps, per_execution, params["epochs"], drop_partial_test_batch, evaluation_steps)
+        return cls(
+            replicas,
+            params["batch_per_replica"],
+            global_batch,
+            train_examples,
+            test_examples,
+            steps,
+            per_execution,
+            params["epochs"],
+            drop_partial_test_batch,
+            evaluation_steps,
+        )
 
 
 class ProfileWindow:

@@ -40,8 +40,14 @@ def data_stage_name(dataset: str, source: str) -> str:
 class TrainingReporter:
     """Turns what either loop observes into events and TensorBoard scalars."""
 
-    def __init__(self, ctx: Any, plan: TrainingPlan, tensorboard_dir: Path, profile: ProfileWindow | None,
-                 stage: StageAnnouncer | None = None):
+    def __init__(
+        self,
+        ctx: Any,
+        plan: TrainingPlan,
+        tensorboard_dir: Path,
+        profile: ProfileWindow | None,
+        stage: StageAnnouncer | None = None,
+    ):
         import tensorflow as tf
         from tensorflow.core.framework import summary_pb2
 
@@ -120,7 +126,9 @@ class TrainingReporter:
         for split, values in (("train", train), ("val", val or {})):
             for name, value in values.items():
                 emit(Metric(name=name, value=float(value), step=self.global_step, epoch=self.epoch, split=split))
-        emit(Metric(name="examples_per_second", value=throughput, step=self.global_step, epoch=self.epoch, split="train"))
+        emit(
+            Metric(name="examples_per_second", value=throughput, step=self.global_step, epoch=self.epoch, split="train")
+        )
         for split, values in (("train", dict(train, examples_per_second=throughput)), ("val", val or {})):
             for name, value in values.items():
                 self.scalar(split, f"epoch_{name}", value, self.epoch)
@@ -214,8 +222,9 @@ class Evaluator:
         for name, metric in (("loss", self.loss), ("accuracy", self.accuracy)):
             totals = self.strategy.experimental_local_results(metric.total.value)
             counts = self.strategy.experimental_local_results(metric.count.value)
-            shares[name] = [float(total) / float(count) if float(count) else float("nan")
-                            for total, count in zip(totals, counts)]
+            shares[name] = [
+                float(total) / float(count) if float(count) else float("nan") for total, count in zip(totals, counts)
+            ]
         return shares
 
 
@@ -234,8 +243,11 @@ def make_evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits, stage:
 
 
 def early_stopping_text(epoch: int, patience: int, best_loss: float, restored: bool) -> str:
-    kept = (f"the weights of the best val_loss {best_loss:.4f} are restored" if restored
-            else "val_loss never improved, the last weights are kept")
+    kept = (
+        f"the weights of the best val_loss {best_loss:.4f} are restored"
+        if restored
+        else "val_loss never improved, the last weights are kept"
+    )
     return f"early stopping after epoch {epoch}: val_loss did not improve for {patience} epochs; {kept}"
 
 

@@ -49,7 +49,11 @@ def pytest_runtest_protocol(item, nextitem):
         capture = item.config.pluginmanager.getplugin("capturemanager")
         if capture is not None:
             capture.suspend_global_capture(in_=True)
-        print(f"\n{item.nodeid} ran for over {TEST_HANG_LIMIT_S:.0f} s; every thread's stack:", file=sys.stderr, flush=True)
+        print(
+            f"\n{item.nodeid} ran for over {TEST_HANG_LIMIT_S:.0f} s; every thread's stack:",
+            file=sys.stderr,
+            flush=True,
+        )
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         os._exit(3)
 
@@ -117,7 +121,9 @@ class JobResult:
         return [event for event in self.events if isinstance(event, kind)]
 
     def metrics(self, name: str, split: str | None = None) -> list[Metric]:
-        return [event for event in self.of_type(Metric) if event.name == name and (split is None or event.split == split)]
+        return [
+            event for event in self.of_type(Metric) if event.name == name and (split is None or event.split == split)
+        ]
 
     def tables(self) -> list[Table]:
         return self.of_type(Table)

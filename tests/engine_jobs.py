@@ -22,6 +22,11 @@ def abort_process(ctx, params):
 
 
 SPECS = (
-    JobSpec(name="test-abort", title="Test abort", description="Aborts the process that runs it (tests only).",
-            params=(), run=abort_process),
+    JobSpec(
+        name="test-abort",
+        title="Test abort",
+        description="Aborts the process that runs it (tests only).",
+        params=(),
+        run=abort_process,
+    ),
 )

@@ -38,10 +38,13 @@ def separable_data(strategy, train_examples: int = TRAIN_EXAMPLES, seed: int = 0
     generator = np.random.default_rng(seed)
     features = generator.normal(size=(train_examples + VAL_EXAMPLES, 8)).astype("float32")
     labels = (features[:, 0] + features[:, 1] > 0).astype("int32")
-    splits = {"train": (features[:train_examples], labels[:train_examples]),
-              "val": (features[train_examples:], labels[train_examples:])}
-    options = tf.distribute.InputOptions(experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
-                                         experimental_fetch_to_device=False)
+    splits = {
+        "train": (features[:train_examples], labels[:train_examples]),
+        "val": (features[train_examples:], labels[train_examples:]),
+    }
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA, experimental_fetch_to_device=False
+    )
     no_tuning = tf.data.Options()
     no_tuning.autotune.enabled = False
 
@@ -61,10 +64,14 @@ def separable_model(strategy):
     import keras
 
     with strategy.scope():
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)],
-                                 name="separable")
-        model.compile(keras.optimizers.Adam(0.02), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
+        model = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)], name="separable"
+        )
+        model.compile(
+            keras.optimizers.Adam(0.02),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            metrics=["accuracy"],
+        )
     return model
 
 
@@ -93,8 +100,15 @@ def main() -> None:
     model = separable_model(strategy)
     for name in ("first-fit", "second-fit"):
         recorder = TpudashCallback(name=name, every_n_batches=1, batch_size=GLOBAL_BATCH)
-        model.fit(train, epochs=EPOCHS, steps_per_epoch=steps, validation_data=val, validation_steps=validation_steps,
-                  verbose=0, callbacks=[recorder, WaitAfterFirstEpoch(recorder)])
+        model.fit(
+            train,
+            epochs=EPOCHS,
+            steps_per_epoch=steps,
+            validation_data=val,
+            validation_steps=validation_steps,
+            verbose=0,
+            callbacks=[recorder, WaitAfterFirstEpoch(recorder)],
+        )
         print(f"done {name}", flush=True)
 
 

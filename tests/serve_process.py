@@ -48,14 +48,21 @@ class ServerProcess:
                 self.process.wait()
 
 
-def start_server(tmp_path: Path, *args: str, env: dict | None = None, python: str = sys.executable,
-                 cwd: Path = REPO_ROOT, base_env: dict | None = None) -> ServerProcess:
+def start_server(
+    tmp_path: Path,
+    *args: str,
+    env: dict | None = None,
+    python: str = sys.executable,
+    cwd: Path = REPO_ROOT,
+    base_env: dict | None = None,
+) -> ServerProcess:
     """``python -m tpudash --runs-dir <tmp>/runs serve --port 0 ARGS``, once it listens.
 
     ``base_env`` replaces this process's environment (less ``USER_UNSET``); ``env`` adds to it.
     """
-    environment = {key: value for key, value in (os.environ if base_env is None else base_env).items()
-                   if key not in USER_UNSET}
+    environment = {
+        key: value for key, value in (os.environ if base_env is None else base_env).items() if key not in USER_UNSET
+    }
     environment.update(env or {})
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
@@ -63,7 +70,12 @@ def start_server(tmp_path: Path, *args: str, env: dict | None = None, python: st
         # ended dashboard's stderr to its standard output.
         process = subprocess.Popen(
             [python, "-m", "tpudash", "--runs-dir", str(tmp_path / "runs"), "serve", "--port", "0", *args],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=environment)
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=environment,
+        )
     deadline = time.monotonic() + START_TIMEOUT
     while True:
         text = log_path.read_text(encoding="utf-8", errors="replace")

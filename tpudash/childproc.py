@@ -64,8 +64,15 @@ class LineReader:
     once the stream ends: the child closed its stdout or exited.
     """
 
-    def __init__(self, stream: IO[str], deliver: Callable[[Payload], None], *, name: str,
-                 on_end: Callable[[], None] | None = None, noise_kept: int = NOISE_LINES_KEPT):
+    def __init__(
+        self,
+        stream: IO[str],
+        deliver: Callable[[Payload], None],
+        *,
+        name: str,
+        on_end: Callable[[], None] | None = None,
+        noise_kept: int = NOISE_LINES_KEPT,
+    ):
         self._stream = stream
         self._deliver = deliver
         self._on_end = on_end
@@ -124,12 +131,21 @@ class RequestChannel:
     """
 
     def __init__(self, command: list[str], *, name: str, **popen_options: Any):
-        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                         encoding="utf-8", errors="replace", bufsize=1, **popen_options)
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+            **popen_options,
+        )
         self._answers: queue.Queue[Payload | None] = queue.Queue()
         assert self._process.stdout is not None
-        self._reader = LineReader(self._process.stdout, self._answers.put, name=name,
-                                  on_end=lambda: self._answers.put(None)).start()
+        self._reader = LineReader(
+            self._process.stdout, self._answers.put, name=name, on_end=lambda: self._answers.put(None)
+        ).start()
         self._last_id = 0
         self._ended = False
 

@@ -47,8 +47,9 @@ BENCHMARKS = {
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m tests.benchmarks", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one round: checks the suite works")
-    parser.add_argument("--only", metavar="NAME,...", default="",
-                        help=f"run only these benchmarks (of: {', '.join(BENCHMARKS)})")
+    parser.add_argument(
+        "--only", metavar="NAME,...", default="", help=f"run only these benchmarks (of: {', '.join(BENCHMARKS)})"
+    )
     parser.add_argument("--json", metavar="PATH", type=Path, help="also write the results here as JSON")
     args = parser.parse_args(argv)
     names = [name.strip() for name in args.only.split(",") if name.strip()] or list(BENCHMARKS)
@@ -72,15 +73,26 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as error:  # noqa: BLE001 - one broken benchmark must not hide the others
                 failed = True
                 traceback.print_exc()
-                produced = [Result(benchmark=name, figure="(failed)", value=float("nan"), unit="",
-                                   notes=f"{type(error).__name__}: {error}")]
+                produced = [
+                    Result(
+                        benchmark=name,
+                        figure="(failed)",
+                        value=float("nan"),
+                        unit="",
+                        notes=f"{type(error).__name__}: {error}",
+                    )
+                ]
         seconds = time.perf_counter() - started
         for result in produced:
             result.samples.setdefault("benchmark_seconds", round(seconds, 1))
             result.samples.setdefault("external_load_cores", round(load.external_cores, 2))
             result.samples.setdefault("own_load_cores", round(load.own_cores, 2))
-        print(f"[{name}] {seconds:.1f} s; other processes kept {load.external_cores:.2f} cores busy meanwhile "
-              f"(this one {load.own_cores:.2f})", file=sys.stderr, flush=True)
+        print(
+            f"[{name}] {seconds:.1f} s; other processes kept {load.external_cores:.2f} cores busy meanwhile "
+            f"(this one {load.own_cores:.2f})",
+            file=sys.stderr,
+            flush=True,
+        )
         results.extend(produced)
     report(results, args.json)
     return 1 if failed else 0

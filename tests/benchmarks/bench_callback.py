@@ -106,10 +106,12 @@ def synthetic_cifar(tf, strategy, global_batch: int, batches: int, seed: int):
         dataset = tf.data.Dataset.from_tensor_slices((images, labels))
         if input_context.num_input_pipelines > 1:
             dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        dataset = (dataset.batch(input_context.get_per_replica_batch_size(global_batch), drop_remainder=True)
-                   .cache()
-                   .repeat()
-                   .prefetch(2))
+        dataset = (
+            dataset.batch(input_context.get_per_replica_batch_size(global_batch), drop_remainder=True)
+            .cache()
+            .repeat()
+            .prefetch(2)
+        )
         return without_tuning_thread(dataset)
 
     return strategy.distribute_datasets_from_function(replica_dataset, options=cpu_input_options(tf))
@@ -161,14 +163,23 @@ def train(model, data, setup: CallbackSetup, global_batch: int, extra_callbacks:
     timer = epoch_timer()
     gc.collect()  # the previous fit's garbage collected here, not inside this one
     started = time.perf_counter()
-    model.fit(data, epochs=setup.epochs, steps_per_epoch=setup.steps_per_epoch, verbose=0, shuffle=False,
-              callbacks=[*extra_callbacks, timer])
+    model.fit(
+        data,
+        epochs=setup.epochs,
+        steps_per_epoch=setup.steps_per_epoch,
+        verbose=0,
+        shuffle=False,
+        callbacks=[*extra_callbacks, timer],
+    )
     fit_seconds = time.perf_counter() - started
     ends = [started, *timer.ends]
     epoch_seconds = [end - begin for begin, end in zip(ends, ends[1:])]
     steady = epoch_seconds[1:] or epoch_seconds
-    return Trial(examples_per_second=len(steady) * setup.steps_per_epoch * global_batch / sum(steady),
-                 fit_seconds=fit_seconds, epoch_seconds=epoch_seconds)
+    return Trial(
+        examples_per_second=len(steady) * setup.steps_per_epoch * global_batch / sum(steady),
+        fit_seconds=fit_seconds,
+        epoch_seconds=epoch_seconds,
+    )
 
 
 def check_recorded(callback, setup: CallbackSetup) -> dict:
@@ -197,8 +208,11 @@ def check_recorded(callback, setup: CallbackSetup) -> dict:
     if rates != setup.epochs:
         raise RuntimeError(f"{run_dir.name}: {rates} examples_per_second metrics for {setup.epochs} epochs")
     summary_rate = (meta.get("summary") or {}).get("examples_per_second")
-    return {"run_id": meta.get("run_id", run_dir.name), "batch_points": batch_points,
-            "recorded_examples_per_second": summary_rate}
+    return {
+        "run_id": meta.get("run_id", run_dir.name),
+        "batch_points": batch_points,
+        "recorded_examples_per_second": summary_rate,
+    }
 
 
 def prepare(quick: bool):
@@ -234,9 +248,13 @@ def run(quick: bool) -> list[Result]:
         callback = TpudashCallback(runs_dir=runs_dir, batch_size=global_batch)
         with_callback.append(train(model, data, setup, global_batch, [callback]))
         recorded.append(check_recorded(callback, setup))
-        print(f"[callback] trial {trial + 1}/{setup.trials}: without {without[-1].examples_per_second:,.0f} ex/s, "
-              f"with {with_callback[-1].examples_per_second:,.0f} ex/s "
-              f"({recorded[-1]['batch_points']} batch points recorded)", file=sys.stderr, flush=True)
+        print(
+            f"[callback] trial {trial + 1}/{setup.trials}: without {without[-1].examples_per_second:,.0f} ex/s, "
+            f"with {with_callback[-1].examples_per_second:,.0f} ex/s "
+            f"({recorded[-1]['batch_points']} batch points recorded)",
+            file=sys.stderr,
+            flush=True,
+        )
     gc.collect()
 
     rates_without = [trial.examples_per_second for trial in without]
@@ -247,20 +265,24 @@ def run(quick: bool) -> list[Result]:
     paired = [side.examples_per_second / base.examples_per_second for side, base in zip(with_callback, without)]
     fit_without = statistics.median(trial.fit_seconds for trial in without)
     fit_with = statistics.median(trial.fit_seconds for trial in with_callback)
-    described = (f"the Colab TPU walkthrough's CIFAR-10 CNN ({parameters:,} params), synthetic 32×32×3, "
-                 f"{replicas} replicas, "
-                 f"global batch {global_batch}, {setup.steps_per_epoch} steps × {setup.epochs - 1} epochs after "
-                 f"each fit's first, {setup.trials} trials per side alternated; trials without "
-                 f"{min(rates_without):,.0f}–{max(rates_without):,.0f} ex/s, with {min(rates_with):,.0f}–"
-                 f"{max(rates_with):,.0f}; median of paired ratios {statistics.median(paired):.3f} "
-                 f"(range {min(paired):.3f}–{max(paired):.3f}); "
-                 f"batch points per run {statistics.median(r['batch_points'] for r in recorded):.0f}")
+    described = (
+        f"the Colab TPU walkthrough's CIFAR-10 CNN ({parameters:,} params), synthetic 32×32×3, "
+        f"{replicas} replicas, "
+        f"global batch {global_batch}, {setup.steps_per_epoch} steps × {setup.epochs - 1} epochs after "
+        f"each fit's first, {setup.trials} trials per side alternated; trials without "
+        f"{min(rates_without):,.0f}–{max(rates_without):,.0f} ex/s, with {min(rates_with):,.0f}–"
+        f"{max(rates_with):,.0f}; median of paired ratios {statistics.median(paired):.3f} "
+        f"(range {min(paired):.3f}–{max(paired):.3f}); "
+        f"batch points per run {statistics.median(r['batch_points'] for r in recorded):.0f}"
+    )
     samples = {
         "without": rates_without,
         "with": rates_with,
         "paired_ratios": paired,
-        "epoch_seconds": {"without": [t.epoch_seconds for t in without],
-                          "with": [t.epoch_seconds for t in with_callback]},
+        "epoch_seconds": {
+            "without": [t.epoch_seconds for t in without],
+            "with": [t.epoch_seconds for t in with_callback],
+        },
         "recorded": recorded,
     }
     return [

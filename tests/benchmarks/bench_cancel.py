@@ -56,7 +56,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def before_checkout() -> Path:
     """The old architecture's tree (``git archive BEFORE_COMMIT``), exported once."""
-    path = Path(os.environ.get("TPUDASH_BENCH_BEFORE") or Path(tempfile.gettempdir()) / f"tpudash-before-{BEFORE_COMMIT}")
+    path = Path(
+        os.environ.get("TPUDASH_BENCH_BEFORE") or Path(tempfile.gettempdir()) / f"tpudash-before-{BEFORE_COMMIT}"
+    )
     if not (path / "tpudash" / "app.py").exists():
         path.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "archive", BEFORE_COMMIT], cwd=REPO_ROOT, check=True, capture_output=True)
@@ -84,22 +86,31 @@ def measure_before(cells: list[tuple[str, str, str]], checkout: Path) -> list[di
     environment = dict(os.environ, PYTHONPATH=str(checkout), TF_CPP_MIN_LOG_LEVEL="2")
     measured = []
     for group in groups:
-        command = [sys.executable, str(Path(cancel_driver.__file__)), "--runs-dir",
-                   tempfile.mkdtemp(prefix="tpudash-bench-cancel-before-")]
+        command = [
+            sys.executable,
+            str(Path(cancel_driver.__file__)),
+            "--runs-dir",
+            tempfile.mkdtemp(prefix="tpudash-bench-cancel-before-"),
+        ]
         for job, state, action in group:
             command += ["--cell", f"{job}/{state}/{action}"]
         try:
-            completed = subprocess.run(command, cwd=checkout, env=environment, capture_output=True, text=True,
-                                       timeout=BEFORE_PROCESS_TIMEOUT)
-            lines = [line[len(cancel_driver.CELL_MARK):] for line in completed.stdout.splitlines()
-                     if line.startswith(cancel_driver.CELL_MARK)]
+            completed = subprocess.run(
+                command, cwd=checkout, env=environment, capture_output=True, text=True, timeout=BEFORE_PROCESS_TIMEOUT
+            )
+            lines = [
+                line[len(cancel_driver.CELL_MARK) :]
+                for line in completed.stdout.splitlines()
+                if line.startswith(cancel_driver.CELL_MARK)
+            ]
             found = [json.loads(line) for line in lines]
             failure = f"driver exited {completed.returncode}: {completed.stderr[-300:]!r}"
         except subprocess.TimeoutExpired:
             found, failure = [], f"driver still running after {BEFORE_PROCESS_TIMEOUT:g} s"
         for index, (job, state, action) in enumerate(group):
-            measured.append(found[index] if index < len(found) else
-                            {"job": job, "state": state, "action": action, "error": failure})
+            measured.append(
+                found[index] if index < len(found) else {"job": job, "state": state, "action": action, "error": failure}
+            )
     return measured
 
 
@@ -129,7 +140,9 @@ def wrong_outcome(cell: dict) -> str | None:
     never_began = record == "none" and status == "cancelled" and not cell.get("seen", {}).get("run_started")
     if record != status and not never_began:
         return f"status {status} but the record on disk says {record}"
-    if cell.get("action") == "quit" and (cell.get("quit_worker") != "SUCCESS" or cell.get("return_code") not in (0, None)):
+    if cell.get("action") == "quit" and (
+        cell.get("quit_worker") != "SUCCESS" or cell.get("return_code") not in (0, None)
+    ):
         return f"quit worker {cell.get('quit_worker')}, exit code {cell.get('return_code')}"
     return None
 
@@ -162,9 +175,11 @@ def _shown(cells: list[dict]) -> str:
     return f"{worst['seconds']:.2f}" + (f" {marks}" if marks else "")
 
 
-def markdown_table(jobs: list[str], states: tuple[str, ...], after: list[dict], before: list[dict],
-                   repeats: int) -> str:
+def markdown_table(
+    jobs: list[str], states: tuple[str, ...], after: list[dict], before: list[dict], repeats: int
+) -> str:
     """job × state → cancel s and quit s, before and after (worst of the repeats), with the footnotes the marks need."""
+
     def grouped(cells: list[dict]) -> dict:
         groups: dict = {}
         for cell in cells:
@@ -172,8 +187,10 @@ def markdown_table(jobs: list[str], states: tuple[str, ...], after: list[dict], 
         return groups
 
     after_by, before_by = grouped(after), grouped(before)
-    lines = ["| job | state | cancel before | cancel after | quit before | quit after |",
-             "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| job | state | cancel before | cancel after | quit before | quit after |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for job in jobs:
         for state in states:
             row = [job, state]
@@ -182,24 +199,38 @@ def markdown_table(jobs: list[str], states: tuple[str, ...], after: list[dict], 
                 row.append(_shown(after_by.get((job, state, action), [])))
             lines.append("| " + " | ".join(row) + " |")
     worst_of = f"the worst of {repeats} measurements" if repeats > 1 else "one measurement"
-    notes = ["", f"Seconds, {worst_of} per cell. Cancel: `c` → the run settled as cancelled; quit: `y` in the "
-             "confirm dialog → the app exits. k: the engine was ended after the 2 s grace (the job had not stopped "
-             "by itself). finished first: the job completed (recorded done) before the key could stop it; ended "
-             "first: it ended before the state could be caught. +: some repeats of the cell did not count (finished "
-             "or ended first)."]
-    starred = [cell for cell in after + before if caught(cell) and cell.get("caught") not in ("as asked", "runtime not yet up")]
+    notes = [
+        "",
+        f"Seconds, {worst_of} per cell. Cancel: `c` → the run settled as cancelled; quit: `y` in the "
+        "confirm dialog → the app exits. k: the engine was ended after the 2 s grace (the job had not stopped "
+        "by itself). finished first: the job completed (recorded done) before the key could stop it; ended "
+        "first: it ended before the state could be caught. +: some repeats of the cell did not count (finished "
+        "or ended first).",
+    ]
+    starred = [
+        cell for cell in after + before if caught(cell) and cell.get("caught") not in ("as asked", "runtime not yet up")
+    ]
     if starred:
         described = sorted({f"{cell['job']} {cell['state']}: {cell['caught']}" for cell in starred})
         notes.append("*: " + "; ".join(described) + ".")
     wrong = [cell for cell in after + before if wrong_outcome(cell)]
     if wrong:
-        notes.append("!: " + "; ".join(f"{cell['job']} {cell['state']} {cell['action']} "
-                                        f"({'after' if cell in after else 'before'}): {wrong_outcome(cell)}"
-                                        for cell in wrong) + ".")
+        notes.append(
+            "!: "
+            + "; ".join(
+                f"{cell['job']} {cell['state']} {cell['action']} "
+                f"({'after' if cell in after else 'before'}): {wrong_outcome(cell)}"
+                for cell in wrong
+            )
+            + "."
+        )
     errors = [cell for cell in after + before if "error" in cell]
     if errors:
-        notes.append("error: " + "; ".join(f"{cell['job']} {cell['state']} {cell['action']}: {cell['error']}"
-                                           for cell in errors) + ".")
+        notes.append(
+            "error: "
+            + "; ".join(f"{cell['job']} {cell['state']} {cell['action']}: {cell['error']}" for cell in errors)
+            + "."
+        )
     return "\n".join(lines + notes) + "\n"
 
 
@@ -234,14 +265,19 @@ def run(quick: bool) -> list[Result]:
     for repeat in range(repeats):
         for job in jobs:
             cells = [(job, state, action) for state in states for action in ACTIONS]
-            print(f"[cancel] round {repeat + 1} of {repeats}, {job}: {len(cells)} cells after"
-                  + ("" if checkout is None else ", then before"), file=sys.stderr, flush=True)
+            print(
+                f"[cancel] round {repeat + 1} of {repeats}, {job}: {len(cells)} cells after"
+                + ("" if checkout is None else ", then before"),
+                file=sys.stderr,
+                flush=True,
+            )
             after.extend(dict(cell, repeat=repeat) for cell in measure_after(cells, runs_dir))
             if checkout is not None:
                 before.extend(dict(cell, repeat=repeat) for cell in measure_before(cells, checkout))
     table = markdown_table(jobs, states, after, before, repeats)
-    table_path = Path(os.environ.get("TPUDASH_BENCH_CANCEL_TABLE")
-                      or Path(tempfile.gettempdir()) / "tpudash-bench-cancel-latency.md")
+    table_path = Path(
+        os.environ.get("TPUDASH_BENCH_CANCEL_TABLE") or Path(tempfile.gettempdir()) / "tpudash-bench-cancel-latency.md"
+    )
     table_path.write_text(table)
     print(table)
     print(f"(the table is in {table_path})")
@@ -255,44 +291,57 @@ def run(quick: bool) -> list[Result]:
         before_worst, before_where = _worst(before, action)
         counted = len(_seconds(after, action))
         killed = sum(1 for cell in after if cell["action"] == action and caught(cell) and cell.get("engine_killed"))
-        results.append(Result(
-            benchmark="cancel",
-            figure=f"{action} latency, worst of {counted} measurements ({len(jobs)} jobs × {len(states)} states"
-                   f"{f' × {repeats}' if repeats > 1 else ''}), engine process",
-            value=worst,
-            unit="s",
-            baseline_name=f"before ({BEFORE_COMMIT}, jobs in the dashboard), worst" if before else "",
-            baseline=before_worst if before else None,
-            ratio=worst / before_worst if before and before_worst == before_worst and before_worst > 0 else None,
-            target=f"≤ {target:g} s in every cell",
-            met=counted > 0 and worst <= target,
-            samples={"after": after if action == "cancel" else [], "before": before if action == "cancel" else [],
-                     "table_markdown": table if action == "cancel" else ""},
-            notes=f"worst after: {where}; before: {before_where or '-'}; engine ended after the grace in {killed} "
-                  f"of {counted} measurements; the dashboard (this process) had TensorFlow loaded: "
-                  f"{'yes' if tensorflow_here else 'no'}",
-        ))
+        results.append(
+            Result(
+                benchmark="cancel",
+                figure=f"{action} latency, worst of {counted} measurements ({len(jobs)} jobs × {len(states)} states"
+                f"{f' × {repeats}' if repeats > 1 else ''}), engine process",
+                value=worst,
+                unit="s",
+                baseline_name=f"before ({BEFORE_COMMIT}, jobs in the dashboard), worst" if before else "",
+                baseline=before_worst if before else None,
+                ratio=worst / before_worst if before and before_worst == before_worst and before_worst > 0 else None,
+                target=f"≤ {target:g} s in every cell",
+                met=counted > 0 and worst <= target,
+                samples={
+                    "after": after if action == "cancel" else [],
+                    "before": before if action == "cancel" else [],
+                    "table_markdown": table if action == "cancel" else "",
+                },
+                notes=f"worst after: {where}; before: {before_where or '-'}; engine ended after the grace in {killed} "
+                f"of {counted} measurements; the dashboard (this process) had TensorFlow loaded: "
+                f"{'yes' if tensorflow_here else 'no'}",
+            )
+        )
         after_seconds, before_seconds = _seconds(after, action), _seconds(before, action)
         if after_seconds:
-            results.append(Result(
-                benchmark="cancel",
-                figure=f"{action} latency, median of the measurements",
-                value=statistics.median(after_seconds),
-                unit="s",
-                baseline_name="before, median" if before_seconds else "",
-                baseline=statistics.median(before_seconds) if before_seconds else None,
-                ratio=statistics.median(after_seconds) / statistics.median(before_seconds) if before_seconds else None,
-            ))
+            results.append(
+                Result(
+                    benchmark="cancel",
+                    figure=f"{action} latency, median of the measurements",
+                    value=statistics.median(after_seconds),
+                    unit="s",
+                    baseline_name="before, median" if before_seconds else "",
+                    baseline=statistics.median(before_seconds) if before_seconds else None,
+                    ratio=statistics.median(after_seconds) / statistics.median(before_seconds)
+                    if before_seconds
+                    else None,
+                )
+            )
     wrong = [cell for cell in after if wrong_outcome(cell)]
     errors = [cell for cell in after if "error" in cell]
-    results.append(Result(
-        benchmark="cancel",
-        figure="measurements with a wrong end (status, record on disk, quit worker) or that failed",
-        value=float(len(wrong) + len(errors)),
-        unit=f"of {len(after)}",
-        target="0",
-        met=not wrong and not errors,
-        notes="; ".join([f"{cell['job']} {cell['state']} {cell['action']}: {wrong_outcome(cell)}" for cell in wrong]
-                        + [f"{cell['job']} {cell['state']} {cell['action']}: {cell['error']}" for cell in errors]),
-    ))
+    results.append(
+        Result(
+            benchmark="cancel",
+            figure="measurements with a wrong end (status, record on disk, quit worker) or that failed",
+            value=float(len(wrong) + len(errors)),
+            unit=f"of {len(after)}",
+            target="0",
+            met=not wrong and not errors,
+            notes="; ".join(
+                [f"{cell['job']} {cell['state']} {cell['action']}: {wrong_outcome(cell)}" for cell in wrong]
+                + [f"{cell['job']} {cell['state']} {cell['action']}: {cell['error']}" for cell in errors]
+            ),
+        )
+    )
     return results

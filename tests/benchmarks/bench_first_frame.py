@@ -38,8 +38,12 @@ def first_frame_probe(python: str = sys.executable, runs_dir: str | None = None,
 
     ``tensorflow_imported`` is True, False, or None when the app did not say.
     """
-    environment = dict(os.environ, TPUDASH_EXIT_AFTER_FIRST_FRAME="1", TERM="xterm-256color",
-                       TPUDASH_RUNS_DIR=runs_dir or tempfile.mkdtemp(prefix="tpudash-bench-"))
+    environment = dict(
+        os.environ,
+        TPUDASH_EXIT_AFTER_FIRST_FRAME="1",
+        TERM="xterm-256color",
+        TPUDASH_RUNS_DIR=runs_dir or tempfile.mkdtemp(prefix="tpudash-bench-"),
+    )
     started = time.time()
     returncode, output = run_on_a_terminal([python, "-m", "tpudash"], environment, timeout=60, cwd=cwd)
     match = FIRST_FRAME.search(output)
@@ -78,13 +82,35 @@ def run(quick: bool) -> list[Result]:
     # None (the app did not say) counts as imported: the row must prove the absence.
     with_tensorflow = sum(1 for value in imported if value is not False)
     return [
-        Result("first_frame", "time to first frame", frame, "s", "import tensorflow", baseline, ratio,
-               f"≤ {TARGET_RATIO:g} × import", ratio <= TARGET_RATIO, {"first_frame": frames, "import_tensorflow": imports},
-               notes=f"min {min(frames):.3f} s, max {max(frames):.3f} s over {len(frames)} launches"),
-        Result("first_frame", "time to first frame, absolute", frame, "s", target=f"≤ {TARGET_SECONDS:g} s",
-               met=frame <= TARGET_SECONDS),
-        Result("first_frame", "launches whose dashboard had imported tensorflow at its first frame",
-               float(with_tensorflow), f"of {len(imported)}", target="0", met=with_tensorflow == 0,
-               samples={"tensorflow_imported": imported},
-               notes="from the app's tensorflow_imported= line (TPUDASH_EXIT_AFTER_FIRST_FRAME)"),
+        Result(
+            "first_frame",
+            "time to first frame",
+            frame,
+            "s",
+            "import tensorflow",
+            baseline,
+            ratio,
+            f"≤ {TARGET_RATIO:g} × import",
+            ratio <= TARGET_RATIO,
+            {"first_frame": frames, "import_tensorflow": imports},
+            notes=f"min {min(frames):.3f} s, max {max(frames):.3f} s over {len(frames)} launches",
+        ),
+        Result(
+            "first_frame",
+            "time to first frame, absolute",
+            frame,
+            "s",
+            target=f"≤ {TARGET_SECONDS:g} s",
+            met=frame <= TARGET_SECONDS,
+        ),
+        Result(
+            "first_frame",
+            "launches whose dashboard had imported tensorflow at its first frame",
+            float(with_tensorflow),
+            f"of {len(imported)}",
+            target="0",
+            met=with_tensorflow == 0,
+            samples={"tensorflow_imported": imported},
+            notes="from the app's tensorflow_imported= line (TPUDASH_EXIT_AFTER_FIRST_FRAME)",
+        ),
     ]

@@ -161,12 +161,16 @@ def run(quick: bool) -> list[Result]:
             ratio=ratio,
             target=f"≤ {REDRAW_TARGET_MS:g} ms, ratio ≤ {FLAT_RATIO}",
             met=big_ms <= REDRAW_TARGET_MS and ratio <= FLAT_RATIO,
-            samples={"redraw_seconds": measured["times"], "redraw_cpu_seconds": measured["cpu_times"],
-                     "points_drawn": measured["drawn"], "plot_sizes": measured["sizes"]},
+            samples={
+                "redraw_seconds": measured["times"],
+                "redraw_cpu_seconds": measured["cpu_times"],
+                "points_drawn": measured["drawn"],
+                "plot_sizes": measured["sizes"],
+            },
             notes=f"p95 {_p95(measured['times']['big']) * 1000:.1f} ms; CPU time median "
-                  f"{statistics.median(measured['cpu_times']['big']) * 1000:.1f} ms (1M) / "
-                  f"{statistics.median(measured['cpu_times']['small']) * 1000:.1f} ms (1k); the plots draw "
-                  f"{measured['drawn']['big']} / {measured['drawn']['small']} points",
+            f"{statistics.median(measured['cpu_times']['big']) * 1000:.1f} ms (1M) / "
+            f"{statistics.median(measured['cpu_times']['small']) * 1000:.1f} ms (1k); the plots draw "
+            f"{measured['drawn']['big']} / {measured['drawn']['small']} points",
         ),
         Result(
             benchmark="history",
@@ -178,9 +182,13 @@ def run(quick: bool) -> list[Result]:
             ratio=model_growth / max(list_growth, 1),
             target=f"kept ≤ {DEFAULT_SERIES_CAPACITY}/series, ratio ≤ {MEMORY_FRACTION}",
             met=bounded,
-            samples={"rss_growth_bytes": model_growth, "unbounded_list_growth_bytes": list_growth,
-                     "kept_points_per_series": kept, "feed_seconds": feed_seconds,
-                     "events_per_second": big_points / feed_seconds},
+            samples={
+                "rss_growth_bytes": model_growth,
+                "unbounded_list_growth_bytes": list_growth,
+                "kept_points_per_series": kept,
+                "feed_seconds": feed_seconds,
+                "events_per_second": big_points / feed_seconds,
+            },
             notes=f"{kept} points kept of {big_points:,}; fed at {big_points / feed_seconds:,.0f} events/s",
         ),
     ]

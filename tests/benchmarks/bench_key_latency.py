@@ -106,7 +106,9 @@ async def _measure(settings, overrides: dict, presses: int, idle_presses: int) -
         latencies, by_key = await _presses(app, clock, presses, lambda: not live.settled.is_set())
         wall = time.perf_counter() - wall_before
         engine_after = process_cpu_seconds(engine.pid)
-        engine_load = (engine_after - engine_before) / wall if None not in (engine_before, engine_after) else float("nan")
+        engine_load = (
+            (engine_after - engine_before) / wall if None not in (engine_before, engine_after) else float("nan")
+        )
         own_load = (_cpu_seconds() - own_before) / wall
         still_training = not live.settled.is_set()
         tensorflow_here = "tensorflow" in sys.modules
@@ -116,9 +118,17 @@ async def _measure(settings, overrides: dict, presses: int, idle_presses: int) -
     wait_for_engine_exit(engine)
     if not still_training:
         raise RuntimeError(f"the train run ended ({live.model.status}) before {presses} presses")
-    return {"latencies": latencies, "by_key": by_key, "idle_latencies": idle[0], "idle_by_key": idle[1],
-            "first_visits": first_visits, "engine_load": engine_load,
-            "dashboard_load": own_load, "engine_pid": engine.pid, "tensorflow_in_dashboard": tensorflow_here}
+    return {
+        "latencies": latencies,
+        "by_key": by_key,
+        "idle_latencies": idle[0],
+        "idle_by_key": idle[1],
+        "first_visits": first_visits,
+        "engine_load": engine_load,
+        "dashboard_load": own_load,
+        "engine_pid": engine.pid,
+        "tensorflow_in_dashboard": tensorflow_here,
+    }
 
 
 async def _presses(app, clock: FrameClock, count: int, going: Callable[[], bool]) -> tuple[list[float], dict]:
@@ -153,9 +163,14 @@ def run(quick: bool) -> list[Result]:
     presses = 8 if quick else 100
     idle_presses = 8 if quick else 40
     overrides = {
-        "dataset": "mnist", "source": "synthetic", "model": "light", "loop": "fit",
-        "batch_per_replica": "8" if quick else "64", "limit_train": "640" if quick else "10240",
-        "limit_test": "64" if quick else "512", "epochs": "1000",
+        "dataset": "mnist",
+        "source": "synthetic",
+        "model": "light",
+        "loop": "fit",
+        "batch_per_replica": "8" if quick else "64",
+        "limit_train": "640" if quick else "10240",
+        "limit_test": "64" if quick else "512",
+        "epochs": "1000",
     }
     settings = Settings(runs_dir=Path(tempfile.mkdtemp(prefix="tpudash-bench-keys-")))
     measured = asyncio.run(_measure(settings, overrides, presses, idle_presses))
@@ -165,11 +180,14 @@ def run(quick: bool) -> list[Result]:
     per_key = ", ".join(f"{key} {median(values) * 1000:.1f}" for key, values in measured["by_key"].items() if values)
     idle = measured["idle_latencies"]
     idle_p95 = percentile(idle, 0.95) * 1000
-    idle_per_key = ", ".join(f"{key} {median(values) * 1000:.1f}" for key, values in measured["idle_by_key"].items()
-                             if values)
+    idle_per_key = ", ".join(
+        f"{key} {median(values) * 1000:.1f}" for key, values in measured["idle_by_key"].items() if values
+    )
     first = ", ".join(f"{key} {seconds * 1000:.0f}" for key, seconds in measured["first_visits"].items())
-    loads = (f"engine process (training) {measured['engine_load']:.2f} cores, dashboard process "
-             f"{measured['dashboard_load']:.2f} cores")
+    loads = (
+        f"engine process (training) {measured['engine_load']:.2f} cores, dashboard process "
+        f"{measured['dashboard_load']:.2f} cores"
+    )
     return [
         Result(
             benchmark="key_latency",
@@ -181,15 +199,20 @@ def run(quick: bool) -> list[Result]:
             ratio=p95 / idle_p95 if idle_p95 > 0 else None,
             target=f"p95 ≤ {TARGET_P95_MS:g} ms",
             met=p95 <= TARGET_P95_MS,
-            samples={"latencies_seconds": latencies, "by_key": measured["by_key"],
-                     "idle_latencies_seconds": idle, "idle_by_key": measured["idle_by_key"],
-                     "first_visits_seconds": measured["first_visits"], "engine_cpu_load": measured["engine_load"],
-                     "dashboard_cpu_load": measured["dashboard_load"],
-                     "tensorflow_in_dashboard_process": measured["tensorflow_in_dashboard"]},
+            samples={
+                "latencies_seconds": latencies,
+                "by_key": measured["by_key"],
+                "idle_latencies_seconds": idle,
+                "idle_by_key": measured["idle_by_key"],
+                "first_visits_seconds": measured["first_visits"],
+                "engine_cpu_load": measured["engine_load"],
+                "dashboard_cpu_load": measured["dashboard_load"],
+                "tensorflow_in_dashboard_process": measured["tensorflow_in_dashboard"],
+            },
             notes=f"p50 {p50:.1f} ms, max {worst:.0f} ms; median per key (ms): {per_key}; "
-                  f"engine idle: p50 {median(idle) * 1000:.1f} ms, median per key (ms): {idle_per_key}; "
-                  f"first visits (ms, engine idle): {first}; while pressing during training: {loads}; the "
-                  f"dashboard (this process) had TensorFlow loaded: {'yes' if measured['tensorflow_in_dashboard'] else 'no'}",
+            f"engine idle: p50 {median(idle) * 1000:.1f} ms, median per key (ms): {idle_per_key}; "
+            f"first visits (ms, engine idle): {first}; while pressing during training: {loads}; the "
+            f"dashboard (this process) had TensorFlow loaded: {'yes' if measured['tensorflow_in_dashboard'] else 'no'}",
         ),
         Result(
             benchmark="key_latency",

@@ -116,12 +116,18 @@ def cpu_input_options(tf):
         experimental_fetch_to_device=False,
     )
     job_options = input_options(tf, "CPU")
-    compared = ("experimental_replication_mode", "experimental_fetch_to_device", "experimental_place_dataset_on_device",
-                "experimental_per_replica_buffer_size")
+    compared = (
+        "experimental_replication_mode",
+        "experimental_fetch_to_device",
+        "experimental_place_dataset_on_device",
+        "experimental_per_replica_buffer_size",
+    )
     differing = [name for name in compared if getattr(options, name) != getattr(job_options, name, None)]
     if differing:
-        raise RuntimeError(f"jobs.trainplan.input_options now differs from the plain script's in {', '.join(differing)}: "
-                           f"update plain_keras_throughputs to feed the data as the job does")
+        raise RuntimeError(
+            f"jobs.trainplan.input_options now differs from the plain script's in {', '.join(differing)}: "
+            f"update plain_keras_throughputs to feed the data as the job does"
+        )
     return options
 
 
@@ -141,8 +147,9 @@ def plain_keras_throughputs(runtime, setup: TrainingSetup, constant_input: bool 
     strategy = runtime.strategy
     global_batch = setup.batch_per_replica * int(strategy.num_replicas_in_sync)
     keras.utils.set_random_seed(setup.seed)
-    splits = data.load_splits("mnist", "synthetic", limit_train=setup.limit_train, limit_test=setup.limit_test,
-                              seed=setup.seed)
+    splits = data.load_splits(
+        "mnist", "synthetic", limit_train=setup.limit_train, limit_test=setup.limit_test, seed=setup.seed
+    )
     steps_per_epoch = splits.train_examples // global_batch
     from_logits = MODELS["light"].from_logits
     options = cpu_input_options(tf)
@@ -204,8 +211,7 @@ def plain_keras_throughputs(runtime, setup: TrainingSetup, constant_input: bool 
             self.last_validation = {"loss": float(val_loss.result()), "accuracy": float(val_accuracy.result())}
 
     timer = EpochTimer()
-    model.fit(train, epochs=setup.epochs, steps_per_epoch=steps_per_epoch, callbacks=[timer], verbose=0,
-              shuffle=False)
+    model.fit(train, epochs=setup.epochs, steps_per_epoch=steps_per_epoch, callbacks=[timer], verbose=0, shuffle=False)
     return timer.throughputs
 
 
@@ -241,8 +247,11 @@ def recorded_throughputs(runs_dir: Path) -> list[float]:
     if runs[0].status != "done":
         raise RuntimeError(f"the train run ended {runs[0].status}: {runs[0].error}")
     data = store.load(runs[0].run_id)
-    return [event.value for _, event in data.events
-            if isinstance(event, Metric) and event.name == "examples_per_second" and event.split == "train"]
+    return [
+        event.value
+        for _, event in data.events
+        if isinstance(event, Metric) and event.name == "examples_per_second" and event.split == "train"
+    ]
 
 
 def headless_throughputs(setup: TrainingSetup) -> list[float]:
@@ -296,7 +305,8 @@ async def _tui_run(setup: TrainingSetup, runs_dir: Path) -> dict:
             "ui_thread": (time.thread_time() - thread_started) / wall,
             "dashboard_process": (times.user + times.system - process_started) / wall,
             "engine_process": (engine_ended - engine_started) / wall
-            if None not in (engine_started, engine_ended) else float("nan"),
+            if None not in (engine_started, engine_ended)
+            else float("nan"),
         }
         await pilot.pause()
     wait_for_engine_exit(engine)
@@ -344,36 +354,49 @@ def run(quick: bool) -> list[Result]:
     per_run = {name: [steady(run_epochs) for run_epochs in runs] for name, runs in epochs.items()}
     figures = {name: statistics.median(values) for name, values in per_run.items()}
     global_batch = setup.batch_per_replica * int(runtime.num_replicas)
-    described = (f"light model, synthetic MNIST, {runtime.num_replicas} replicas, global batch {global_batch}, "
-                 f"{setup.limit_train // global_batch} steps × {setup.epochs - 1} epochs after a warm-up epoch, "
-                 f"{rounds} rounds; ratio = median of each round's side / plain")
+    described = (
+        f"light model, synthetic MNIST, {runtime.num_replicas} replicas, global batch {global_batch}, "
+        f"{setup.limit_train // global_batch} steps × {setup.epochs - 1} epochs after a warm-up epoch, "
+        f"{rounds} rounds; ratio = median of each round's side / plain"
+    )
     results = []
-    for name, label in (("headless", "tpudash run train (headless)"), ("tui", "TUI under Pilot, job in the engine process")):
+    for name, label in (
+        ("headless", "tpudash run train (headless)"),
+        ("tui", "TUI under Pilot, job in the engine process"),
+    ):
         # Each round's side against the plain run just before it: the load
         # from other processes drifts over minutes, less within a round.
         paired = [side / plain for side, plain in zip(per_run[name], per_run["plain"])]
         ratio = statistics.median(paired)
         notes = described
         if name == "tui" and loads:
+
             def typical(key: str) -> float:
                 return statistics.median(load[key] for load in loads)
 
-            notes += (f"; during the run the dashboard's UI thread used {typical('ui_thread'):.3f} cores, "
-                      f"the dashboard process {typical('dashboard_process'):.3f}, the engine "
-                      f"{typical('engine_process'):.2f} (medians over runs)")
-        results.append(Result(
-            benchmark="overhead",
-            figure=f"{label} examples/s",
-            value=figures[name],
-            unit="ex/s",
-            baseline_name="plain Keras fit",
-            baseline=figures["plain"],
-            ratio=ratio,
-            target=f"≥ {TARGET_RATIO}",
-            met=ratio >= TARGET_RATIO,
-            samples={"per_epoch": {"plain": epochs["plain"], name: epochs[name]},
-                     "per_run": {"plain": per_run["plain"], name: per_run[name]},
-                     "paired_ratios": paired, **({"cpu_cores": loads} if name == "tui" else {})},
-            notes=notes,
-        ))
+            notes += (
+                f"; during the run the dashboard's UI thread used {typical('ui_thread'):.3f} cores, "
+                f"the dashboard process {typical('dashboard_process'):.3f}, the engine "
+                f"{typical('engine_process'):.2f} (medians over runs)"
+            )
+        results.append(
+            Result(
+                benchmark="overhead",
+                figure=f"{label} examples/s",
+                value=figures[name],
+                unit="ex/s",
+                baseline_name="plain Keras fit",
+                baseline=figures["plain"],
+                ratio=ratio,
+                target=f"≥ {TARGET_RATIO}",
+                met=ratio >= TARGET_RATIO,
+                samples={
+                    "per_epoch": {"plain": epochs["plain"], name: epochs[name]},
+                    "per_run": {"plain": per_run["plain"], name: per_run[name]},
+                    "paired_ratios": paired,
+                    **({"cpu_cores": loads} if name == "tui" else {}),
+                },
+                notes=notes,
+            )
+        )
     return results

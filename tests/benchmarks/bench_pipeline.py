@@ -65,9 +65,11 @@ def pipeline_examples_per_second(runtime, setup: TrainingSetup, per_replica: boo
     from jobs import datasets as data
 
     global_batch = setup.batch_per_replica * int(runtime.num_replicas)
-    splits = data.load_splits("mnist", "synthetic", limit_train=setup.limit_train, limit_test=setup.limit_test,
-                              seed=setup.seed)
+    splits = data.load_splits(
+        "mnist", "synthetic", limit_train=setup.limit_train, limit_test=setup.limit_test, seed=setup.seed
+    )
     if per_replica:
+
         def replica_dataset(input_context):
             batch = input_context.get_per_replica_batch_size(global_batch)
             return data.training_pipeline(splits.train, batch, setup.seed, input_context=input_context)
@@ -88,8 +90,13 @@ def run(quick: bool) -> list[Result]:
     from tpudash.accel.runtime import get_runtime
     from tpudash.config import Settings
 
-    setup = QUICK if quick else TrainingSetup(batch_per_replica=FULL.batch_per_replica, limit_train=FULL.limit_train,
-                                              limit_test=FULL.limit_test, epochs=4)
+    setup = (
+        QUICK
+        if quick
+        else TrainingSetup(
+            batch_per_replica=FULL.batch_per_replica, limit_train=FULL.limit_train, limit_test=FULL.limit_test, epochs=4
+        )
+    )
     rounds = 1 if quick else 2
     batches = 10 if quick else 200
     runtime = get_runtime(Settings())
@@ -98,6 +105,7 @@ def run(quick: bool) -> list[Result]:
         def measure() -> float:
             gc.collect()
             return steady(plain_keras_throughputs(runtime, setup, constant_input=constant_input))
+
         return measure
 
     with_pipeline, free_input = alternate(measure_training(False), measure_training(True), rounds)
@@ -112,8 +120,10 @@ def run(quick: bool) -> list[Result]:
     one_pipeline = statistics.median(single)
     trained = statistics.median(with_pipeline)
     global_batch = setup.batch_per_replica * int(runtime.num_replicas)
-    choices = ("map(AUTOTUNE) → shard → cache → shuffle(10000) → repeat → batch(drop_remainder) → "
-               "map(scale, AUTOTUNE) → prefetch(2)")
+    choices = (
+        "map(AUTOTUNE) → shard → cache → shuffle(10000) → repeat → batch(drop_remainder) → "
+        "map(scale, AUTOTUNE) → prefetch(2)"
+    )
     return [
         Result(
             benchmark="pipeline",
@@ -127,7 +137,7 @@ def run(quick: bool) -> list[Result]:
             met=pipeline >= step,
             samples={"per_replica_pipelines": per_replica, "one_pipeline": single, "training_step": free_input},
             notes=f"each pipeline: {choices}; one pipeline of global batches alone: {one_pipeline:,.0f} ex/s "
-                  f"({one_pipeline / step:.2f} × the step)",
+            f"({one_pipeline / step:.2f} × the step)",
         ),
         Result(
             benchmark="pipeline",

@@ -100,8 +100,9 @@ class Sampled:
     write_errors: dict = field(default_factory=dict)
 
 
-def sampled_fit(fake, model, data, setup: CallbackSetup, global_batch: int, interval: float,
-                runs_dir: Path) -> tuple[Trial, Sampled]:
+def sampled_fit(
+    fake, model, data, setup: CallbackSetup, global_batch: int, interval: float, runs_dir: Path
+) -> tuple[Trial, Sampled]:
     """One ``fit`` with a sampling loop at ``interval`` in this process, recording into a fresh run directory.
 
     The loop runs from before ``train``'s garbage collection to after the
@@ -124,17 +125,22 @@ def sampled_fit(fake, model, data, setup: CallbackSetup, global_batch: int, inte
     pid = os.getpid()
     process_started = time.process_time()
     started = time.perf_counter()
-    loop = SamplingLoop(TelemetrySampler(fake.address), interval=interval, on_sample=on_sample,
-                        processes=lambda: {"trainer": pid}).start()
+    loop = SamplingLoop(
+        TelemetrySampler(fake.address), interval=interval, on_sample=on_sample, processes=lambda: {"trainer": pid}
+    ).start()
     try:
         trial = train(model, data, setup, global_batch, [])
         fit_ended = time.time()  # the samples' clock
     finally:
         loop.stop()
         recorder.close()
-    sampled = Sampled(seconds=time.perf_counter() - started, fit_seconds=trial.fit_seconds,
-                      thread_cpu_seconds=thread_cpu[0], process_cpu_seconds=time.process_time() - process_started,
-                      write_errors={str(path): error for path, error in recorder.write_errors.items()})
+    sampled = Sampled(
+        seconds=time.perf_counter() - started,
+        fit_seconds=trial.fit_seconds,
+        thread_cpu_seconds=thread_cpu[0],
+        process_cpu_seconds=time.process_time() - process_started,
+        write_errors={str(path): error for path, error in recorder.write_errors.items()},
+    )
     check_recorded(run_dir / TELEMETRY_FILE, sampled, interval, fit_ended - trial.fit_seconds, fit_ended)
     return trial, sampled
 
@@ -153,17 +159,21 @@ def check_recorded(path: Path, sampled: Sampled, interval: float, fit_started: f
             if sample.get("type") != "telemetry":
                 raise RuntimeError(f"{path}: a line of type {sample.get('type')!r}")
             if sample.get("unavailable") or len(sample.get("chips") or []) != CHIPS or not sample.get("host"):
-                raise RuntimeError(f"{path}: sample {len(stamps) + 1} lacks the fake's {CHIPS} chips or the host: "
-                                   f"{sample.get('unavailable') or sample}")
+                raise RuntimeError(
+                    f"{path}: sample {len(stamps) + 1} lacks the fake's {CHIPS} chips or the host: "
+                    f"{sample.get('unavailable') or sample}"
+                )
             stamps.append(float(sample["t"]))
     during = [stamp for stamp in stamps if fit_started <= stamp <= fit_ended]
     sampled.samples, sampled.fit_samples = len(stamps), len(during)
     sampled.longest_gap = max((later - earlier for earlier, later in zip(during, during[1:])), default=0.0)
     expected = RATE_ALLOWANCE * sampled.fit_seconds / interval - 1
     if len(during) < expected:
-        raise RuntimeError(f"{path}: {len(during)} samples during a fit of {sampled.fit_seconds:.1f} s at "
-                           f"{1 / interval:g} Hz (at least {expected:.0f} expected, {RATE_ALLOWANCE:.0%} of the "
-                           f"rate less one; {len(stamps)} in all)")
+        raise RuntimeError(
+            f"{path}: {len(during)} samples during a fit of {sampled.fit_seconds:.1f} s at "
+            f"{1 / interval:g} Hz (at least {expected:.0f} expected, {RATE_ALLOWANCE:.0%} of the "
+            f"rate less one; {len(stamps)} in all)"
+        )
 
 
 def run(quick: bool) -> list[Result]:
@@ -175,9 +185,11 @@ def run(quick: bool) -> list[Result]:
     replicas = int(strategy.num_replicas_in_sync)
     runs_dir = Path(tempfile.mkdtemp(prefix="tpudash-bench-telemetry-"))
     fake = FakeTpuMetrics(chips=CHIPS).start()  # for both sides, through the warm-up as well
-    fake.set(duty={chip: 90.0 - 10.0 * chip for chip in range(CHIPS)},
-             used={chip: (chip + 1) * GIB for chip in range(CHIPS)},
-             bandwidth={chip: 40.0 - 5.0 * chip for chip in range(CHIPS)})
+    fake.set(
+        duty={chip: 90.0 - 10.0 * chip for chip in range(CHIPS)},
+        used={chip: (chip + 1) * GIB for chip in range(CHIPS)},
+        bandwidth={chip: 40.0 - 5.0 * chip for chip in range(CHIPS)},
+    )
     trials: dict[str, list[Trial]] = {name: [] for name, _ in SIDES}
     sampled: dict[str, list[Sampled]] = {name: [] for name, interval in SIDES if interval is not None}
     process_cpu_off: list[float] = []  # the process's CPU over each off fit, as a fraction of its time
@@ -195,11 +207,15 @@ def run(quick: bool) -> list[Result]:
                     trial, record = sampled_fit(fake, model, data, setup, global_batch, interval, runs_dir)
                     trials[name].append(trial)
                     sampled[name].append(record)
-            print(f"[telemetry] round {round_index + 1}/{setup.trials}: "
-                  + ", ".join(f"{name} {trials[name][-1].examples_per_second:,.0f} ex/s" for name, _ in SIDES)
-                  + " (samples during the fit: "
-                  + ", ".join(f"{sampled[name][-1].fit_samples} at {name}" for name in sampled) + ")",
-                  file=sys.stderr, flush=True)
+            print(
+                f"[telemetry] round {round_index + 1}/{setup.trials}: "
+                + ", ".join(f"{name} {trials[name][-1].examples_per_second:,.0f} ex/s" for name, _ in SIDES)
+                + " (samples during the fit: "
+                + ", ".join(f"{sampled[name][-1].fit_samples} at {name}" for name in sampled)
+                + ")",
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         fake.stop()
         shutil.rmtree(runs_dir, ignore_errors=True)
@@ -207,66 +223,81 @@ def run(quick: bool) -> list[Result]:
     return results(trials, sampled, process_cpu_off, setup, parameters, replicas, global_batch)
 
 
-def results(trials: dict[str, list[Trial]], sampled: dict[str, list[Sampled]], process_cpu_off: list[float],
-            setup: CallbackSetup, parameters: int, replicas: int, global_batch: int) -> list[Result]:
+def results(
+    trials: dict[str, list[Trial]],
+    sampled: dict[str, list[Sampled]],
+    process_cpu_off: list[float],
+    setup: CallbackSetup,
+    parameters: int,
+    replicas: int,
+    global_batch: int,
+) -> list[Result]:
     rates = {name: [trial.examples_per_second for trial in side] for name, side in trials.items()}
     off = statistics.median(rates["off"])
-    described = (f"the Colab TPU walkthrough's CIFAR-10 CNN ({parameters:,} params), synthetic 32×32×3, "
-                 f"{replicas} replicas, "
-                 f"global batch {global_batch}, {setup.steps_per_epoch} steps × {setup.epochs - 1} epochs after "
-                 f"each fit's first, {setup.trials} trials per side in rotated rounds; sampler in the training "
-                 f"process (fake libtpu gRPC service, {CHIPS} chips; psutil; recorded); off trials "
-                 f"{min(rates['off']):,.0f}–{max(rates['off']):,.0f} ex/s")
+    described = (
+        f"the Colab TPU walkthrough's CIFAR-10 CNN ({parameters:,} params), synthetic 32×32×3, "
+        f"{replicas} replicas, "
+        f"global batch {global_batch}, {setup.steps_per_epoch} steps × {setup.epochs - 1} epochs after "
+        f"each fit's first, {setup.trials} trials per side in rotated rounds; sampler in the training "
+        f"process (fake libtpu gRPC service, {CHIPS} chips; psutil; recorded); off trials "
+        f"{min(rates['off']):,.0f}–{max(rates['off']):,.0f} ex/s"
+    )
     rows = []
     for name, interval in SIDES:
         if interval is None:
             continue
         on = statistics.median(rates[name])
         ratio = on / off
-        paired = [side.examples_per_second / base.examples_per_second
-                  for side, base in zip(trials[name], trials["off"])]
+        paired = [
+            side.examples_per_second / base.examples_per_second for side, base in zip(trials[name], trials["off"])
+        ]
         records = sampled[name]
         cpu_per_sample = [record.thread_cpu_seconds / record.samples * 1000 for record in records]
         process_cores = [record.process_cpu_seconds / record.seconds for record in records]
         default = interval == 1.0
-        rows.append(Result(
-            benchmark="telemetry",
-            figure=(f"fit with telemetry sampled in-process at {name}{' (default)' if default else ''} "
-                    "examples/s"),
-            value=on,
-            unit="ex/s",
-            baseline_name="the same fit without sampling",
-            baseline=off,
-            ratio=ratio,
-            target=f"≥ {TARGET_RATIO} ×" if default else "informative (10 × the default rate)",
-            met=ratio >= TARGET_RATIO if default else None,
-            samples={
-                "off": rates["off"],
-                "on": rates[name],
-                "paired_ratios": paired,
-                "epoch_seconds": {"off": [t.epoch_seconds for t in trials["off"]],
-                                  "on": [t.epoch_seconds for t in trials[name]]},
-                "telemetry_samples": [record.samples for record in records],
-                "samples_during_fit": [record.fit_samples for record in records],
-                "fit_seconds": [round(record.fit_seconds, 2) for record in records],
-                "sampled_seconds": [round(record.seconds, 2) for record in records],
-                "longest_gap_seconds": [round(record.longest_gap, 3) for record in records],
-                "sampler_thread_cpu_seconds": [round(record.thread_cpu_seconds, 4) for record in records],
-                "process_cores_on": [round(cores, 3) for cores in process_cores],
-                "process_cores_off": [round(cores, 3) for cores in process_cpu_off],
-            },
-            notes=(f"{described}; on trials {min(rates[name]):,.0f}–{max(rates[name]):,.0f} ex/s; median of paired "
-                   f"ratios {statistics.median(paired):.3f} (range {min(paired):.3f}–{max(paired):.3f}); "
-                   f"samples during each fit {min(r.fit_samples for r in records)}–"
-                   f"{max(r.fit_samples for r in records)} in {min(r.fit_seconds for r in records):.1f}–"
-                   f"{max(r.fit_seconds for r in records):.1f} s ({min(r.samples for r in records)}–"
-                   f"{max(r.samples for r in records)} recorded in all; median rate "
-                   f"{statistics.median(r.fit_samples / r.fit_seconds for r in records):.2f}/s), "
-                   f"longest gap between two "
-                   f"{max(r.longest_gap for r in records):.2f} s; "
-                   f"sampling thread {statistics.median(cpu_per_sample):.2f} ms CPU per sample "
-                   f"({statistics.median(r.thread_cpu_seconds / r.seconds for r in records):.4f} cores); "
-                   f"process {statistics.median(process_cores):.2f} cores on, "
-                   f"{statistics.median(process_cpu_off):.2f} off"),
-        ))
+        rows.append(
+            Result(
+                benchmark="telemetry",
+                figure=(f"fit with telemetry sampled in-process at {name}{' (default)' if default else ''} examples/s"),
+                value=on,
+                unit="ex/s",
+                baseline_name="the same fit without sampling",
+                baseline=off,
+                ratio=ratio,
+                target=f"≥ {TARGET_RATIO} ×" if default else "informative (10 × the default rate)",
+                met=ratio >= TARGET_RATIO if default else None,
+                samples={
+                    "off": rates["off"],
+                    "on": rates[name],
+                    "paired_ratios": paired,
+                    "epoch_seconds": {
+                        "off": [t.epoch_seconds for t in trials["off"]],
+                        "on": [t.epoch_seconds for t in trials[name]],
+                    },
+                    "telemetry_samples": [record.samples for record in records],
+                    "samples_during_fit": [record.fit_samples for record in records],
+                    "fit_seconds": [round(record.fit_seconds, 2) for record in records],
+                    "sampled_seconds": [round(record.seconds, 2) for record in records],
+                    "longest_gap_seconds": [round(record.longest_gap, 3) for record in records],
+                    "sampler_thread_cpu_seconds": [round(record.thread_cpu_seconds, 4) for record in records],
+                    "process_cores_on": [round(cores, 3) for cores in process_cores],
+                    "process_cores_off": [round(cores, 3) for cores in process_cpu_off],
+                },
+                notes=(
+                    f"{described}; on trials {min(rates[name]):,.0f}–{max(rates[name]):,.0f} ex/s; median of paired "
+                    f"ratios {statistics.median(paired):.3f} (range {min(paired):.3f}–{max(paired):.3f}); "
+                    f"samples during each fit {min(r.fit_samples for r in records)}–"
+                    f"{max(r.fit_samples for r in records)} in {min(r.fit_seconds for r in records):.1f}–"
+                    f"{max(r.fit_seconds for r in records):.1f} s ({min(r.samples for r in records)}–"
+                    f"{max(r.samples for r in records)} recorded in all; median rate "
+                    f"{statistics.median(r.fit_samples / r.fit_seconds for r in records):.2f}/s), "
+                    f"longest gap between two "
+                    f"{max(r.longest_gap for r in records):.2f} s; "
+                    f"sampling thread {statistics.median(cpu_per_sample):.2f} ms CPU per sample "
+                    f"({statistics.median(r.thread_cpu_seconds / r.seconds for r in records):.4f} cores); "
+                    f"process {statistics.median(process_cores):.2f} cores on, "
+                    f"{statistics.median(process_cpu_off):.2f} off"
+                ),
+            )
+        )
     return rows

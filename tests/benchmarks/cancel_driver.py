@@ -68,8 +68,14 @@ JOB_PARAMS: dict[str, dict[str, str]] = {
     "replica-dataset": {"n": "10000", "per_replica": "1"},
     "all-reduce": {"size_mb": "64", "repeats": "1000"},
     "gradient-descent": {"steps": "100000"},
-    "train": {"dataset": "mnist", "source": "synthetic", "model": "light", "epochs": "1000",
-              "limit_train": "10240", "limit_test": "512"},
+    "train": {
+        "dataset": "mnist",
+        "source": "synthetic",
+        "model": "light",
+        "epochs": "1000",
+        "limit_train": "10240",
+        "limit_test": "512",
+    },
     "dtensor-mlp": {"source": "synthetic", "epochs": "1000"},
 }
 APP_SIZE = (120, 40)
@@ -83,8 +89,12 @@ def _observed(app, live) -> dict:
     """What the UI shows of the run now."""
     model = live.model
     progress = {unit: state.done for unit, state in model.progress.items()}
-    return {"runtime_answered": app.runtime_settled.is_set(), "run_started": model.started is not None,
-            "progress": progress, "status": model.status}
+    return {
+        "runtime_answered": app.runtime_settled.is_set(),
+        "run_started": model.started is not None,
+        "progress": progress,
+        "status": model.status,
+    }
 
 
 def _in_state(state: str, app, live) -> bool:
@@ -190,11 +200,21 @@ async def measure_cell(job: str, state: str, action: str, runs_dir: Path, params
         raise ValueError(f"unknown state {state!r} or action {action!r}")
     runs_dir = Path(runs_dir)
     runs_dir.mkdir(parents=True, exist_ok=True)
-    result: dict = {"job": job, "state": state, "action": action, "seconds": None, "caught": None,
-                    "status": None, "record": None, "handled_seconds": None, "engine_killed": None,
-                    "kill_seconds": None,
-                    "engine_exit_seconds": None,
-                    "closed_seconds": None, "source": str(Path(sys.modules["tpudash"].__file__).parent.parent)}
+    result: dict = {
+        "job": job,
+        "state": state,
+        "action": action,
+        "seconds": None,
+        "caught": None,
+        "status": None,
+        "record": None,
+        "handled_seconds": None,
+        "engine_killed": None,
+        "kill_seconds": None,
+        "engine_exit_seconds": None,
+        "closed_seconds": None,
+        "source": str(Path(sys.modules["tpudash"].__file__).parent.parent),
+    }
     app = TpudashApp(Settings(runs_dir=runs_dir))
     exited = asyncio.Event()
     exit_called: list[float] = []

@@ -37,7 +37,9 @@ class Result:
     notes: str = ""
 
 
-def alternate(measure_a: Callable[[], float], measure_b: Callable[[], float], repeats: int) -> tuple[list[float], list[float]]:
+def alternate(
+    measure_a: Callable[[], float], measure_b: Callable[[], float], repeats: int
+) -> tuple[list[float], list[float]]:
     """A B A B …: drift and background load hit both sides alike."""
     a_samples, b_samples = [], []
     for _ in range(repeats):
@@ -175,11 +177,15 @@ def report(results: list[Result], json_path: Path | None, console: Console | Non
         baseline = "-" if result.baseline is None else f"{result.baseline:.4g} ({result.baseline_name})"
         ratio = "-" if result.ratio is None else f"{result.ratio:.3f}"
         met = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[result.met]
-        table.add_row(result.benchmark, result.figure, f"{result.value:.4g} {result.unit}", baseline, ratio,
-                      result.target, met)
+        table.add_row(
+            result.benchmark, result.figure, f"{result.value:.4g} {result.unit}", baseline, ratio, result.target, met
+        )
     console.print(table)
     if json_path is not None:
-        payload = {"machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "results": [asdict(result) for result in results]}
+        payload = {
+            "machine": machine(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "results": [asdict(result) for result in results],
+        }
         json_path.write_text(json.dumps(payload, indent=2))
         console.print(f"written to {json_path}")

@@ -22,22 +22,26 @@ from tpudash.accel import hostcheck
 
 pytestmark = pytest.mark.skipif(
     hostcheck.installed_distributions().get("tensorflow-tpu") is None,
-    reason="needs the TPU build: pip install '.[tpu,test]'")
+    reason="needs the TPU build: pip install '.[tpu,test]'",
+)
 
 
 def test_a_host_without_chips_gets_the_cpu_default_and_never_starts_libtpu():
     # With libtpu started, even a chipless host shows a TPU_SYSTEM device
     # (and libtpu takes the host's TPU lock); tpudash keeps it from starting.
-    script = "\n".join([
-        "from tpudash.config import Settings",
-        "from tpudash.accel.runtime import get_runtime",
-        "runtime = get_runtime(Settings())",
-        "import tensorflow as tf  # imported by get_runtime already, after it set libtpu's variables",
-        "print(runtime.kind, runtime.num_replicas, sorted({d.device_type for d in tf.config.list_logical_devices()}))",
-    ])
+    script = "\n".join(
+        [
+            "from tpudash.config import Settings",
+            "from tpudash.accel.runtime import get_runtime",
+            "runtime = get_runtime(Settings())",
+            "import tensorflow as tf  # imported by get_runtime already, after it set libtpu's variables",
+            "print(runtime.kind, runtime.num_replicas, sorted({d.device_type for d in tf.config.list_logical_devices()}))",
+        ]
+    )
     user_environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            env=user_environment)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=user_environment
+    )
     assert result.stdout.split() == ["CPU", "8", "['CPU']"], result.stderr[-2000:]
 
     devices = run_cli("devices", "--json", timeout=300)
@@ -57,7 +61,10 @@ def test_chips_that_libtpu_cannot_start_leave_jobs_on_eight_cpu_devices(tmp_path
     assert (description["kind"], description["num_replicas"]) == ("CPU", 8)
     reason = description["reasons"]["TPU"]
     assert reason.startswith("the chip scan finds 4 × TPU v4 chip, 32 GiB HBM each")
-    assert "but TensorFlow's TPU start-up did not finish within 15 s" in reason or "initializing TPU 'local' failed" in reason
+    assert (
+        "but TensorFlow's TPU start-up did not finish within 15 s" in reason
+        or "initializing TPU 'local' failed" in reason
+    )
 
     run = run_cli("run", "gradient-descent", env=env, timeout=300)
     assert run.returncode == 0, run.stderr
@@ -87,11 +94,13 @@ def test_the_dashboards_engine_takes_the_cpu_default_in_its_own_process_when_the
     from tpudash.engine.protocol import RuntimeFailed, RuntimeReady
 
     environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
-    environment.update(fake_host(tmp_path / "host", chips=("V4", 4)), TPUDASH_TPU_TIMEOUT="15",
-                       TPUDASH_RUNS_DIR=str(tmp_path / "runs"))
+    environment.update(
+        fake_host(tmp_path / "host", chips=("V4", 4)), TPUDASH_TPU_TIMEOUT="15", TPUDASH_RUNS_DIR=str(tmp_path / "runs")
+    )
     messages: queue.Queue = queue.Queue()
-    engine = EngineProcess(messages.put, Settings.load(environ=environment), tmp_path / "engine.log",
-                           environ=environment)
+    engine = EngineProcess(
+        messages.put, Settings.load(environ=environment), tmp_path / "engine.log", environ=environment
+    )
     try:
         kinds = []
         while not kinds or not isinstance(kinds[-1], (RuntimeReady, RuntimeFailed, EngineExit)):

@@ -111,8 +111,9 @@ def codemap_entries() -> list[str]:
 
 def test_the_codemap_names_every_package_and_only_what_exists():
     entries = codemap_entries()
-    packages = sorted({".".join(path.relative_to(REPO_ROOT).parent.parts) for path in project_modules()
-                       if path.name == "__init__.py"})
+    packages = sorted(
+        {".".join(path.relative_to(REPO_ROOT).parent.parts) for path in project_modules() if path.name == "__init__.py"}
+    )
     missing = [package for package in packages if package not in entries]
     assert not missing, f"ARCHITECTURE.md's codemap has no line for {missing}"
     for entry in entries:

@@ -19,15 +19,29 @@ from tests.conftest import REPO_ROOT
 # train (overhead, key_latency, pipeline) take a minute or more even tiny,
 # because every training run traces its functions first.
 SMOKED = ("first_frame", "matmul", "history")
-ROW_KEYS = {"benchmark", "figure", "value", "unit", "baseline_name", "baseline", "ratio", "target", "met",
-            "samples", "notes"}
+ROW_KEYS = {
+    "benchmark",
+    "figure",
+    "value",
+    "unit",
+    "baseline_name",
+    "baseline",
+    "ratio",
+    "target",
+    "met",
+    "samples",
+    "notes",
+}
 
 
 def test_quick_benchmark_run_prints_the_table_and_writes_rows_for_exactly_the_benchmarks_asked(tmp_path):
     output = tmp_path / "bench.json"
     completed = subprocess.run(
         [sys.executable, "-m", "tests.benchmarks", "--quick", "--only", ",".join(SMOKED), "--json", str(output)],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=180,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "tpudash benchmarks" in completed.stdout

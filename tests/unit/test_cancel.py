@@ -90,19 +90,50 @@ LONG_RUNS = [
     # (job, params that would run for many seconds, what one step is)
     pytest.param("matmul", {"m": 128, "k": 128, "n": 128, "repeats": 1000}, progress_in("device"), id="matmul"),
     # One execution in all: cancelled as it starts, it may finish that execution.
-    pytest.param("replica-matmul", {"source": "random", "m": 512, "k": 512, "n": 512},
-                 lambda event: isinstance(event, Progress) and event.unit == "run", id="replica-matmul"),
+    pytest.param(
+        "replica-matmul",
+        {"source": "random", "m": 512, "k": 512, "n": 512},
+        lambda event: isinstance(event, Progress) and event.unit == "run",
+        id="replica-matmul",
+    ),
     pytest.param("replica-dataset", {"n": 10000, "per_replica": 1}, progress_in("step"), id="replica-dataset"),
     pytest.param("all-reduce", {"repeats": 1000, "size_mb": 4}, progress_in("repeat"), id="all-reduce"),
     pytest.param("gradient-descent", {"steps": 100000}, progress_in("step"), id="gradient-descent"),
-    pytest.param("train", {"source": "synthetic", "epochs": 1000, "batch_per_replica": 8, "limit_train": 2048,
-                           "limit_test": 64, "loop": "fit"},
-                 progress_in("step"), id="train-fit", marks=skip_unless_registered("train")),
-    pytest.param("train", {"source": "synthetic", "epochs": 1000, "batch_per_replica": 8, "limit_train": 2048,
-                           "limit_test": 64, "loop": "custom"},
-                 progress_in("step"), id="train-custom", marks=[skip_unless_registered("train"), pytest.mark.slow]),
-    pytest.param("dtensor-mlp", {"source": "synthetic", "epochs": 1000, "limit_train": 2048, "limit_test": 128},
-                 progress_in("step"), id="dtensor-mlp", marks=skip_unless_registered("dtensor-mlp")),
+    pytest.param(
+        "train",
+        {
+            "source": "synthetic",
+            "epochs": 1000,
+            "batch_per_replica": 8,
+            "limit_train": 2048,
+            "limit_test": 64,
+            "loop": "fit",
+        },
+        progress_in("step"),
+        id="train-fit",
+        marks=skip_unless_registered("train"),
+    ),
+    pytest.param(
+        "train",
+        {
+            "source": "synthetic",
+            "epochs": 1000,
+            "batch_per_replica": 8,
+            "limit_train": 2048,
+            "limit_test": 64,
+            "loop": "custom",
+        },
+        progress_in("step"),
+        id="train-custom",
+        marks=[skip_unless_registered("train"), pytest.mark.slow],
+    ),
+    pytest.param(
+        "dtensor-mlp",
+        {"source": "synthetic", "epochs": 1000, "limit_train": 2048, "limit_test": 128},
+        progress_in("step"),
+        id="dtensor-mlp",
+        marks=skip_unless_registered("dtensor-mlp"),
+    ),
 ]
 
 
@@ -136,8 +167,10 @@ def test_cancel_mid_run_stops_within_one_step_keeps_the_record_and_frees_the_lan
 
     latency_ms = cancelled.latency_seconds * 1e3
     record_property("cancel_latency_ms", round(latency_ms, 1))
-    print(f"\ncancel latency {name} ({overrides.get('loop', '')}): {latency_ms:.1f} ms "
-          f"({cancelled.steps_after} step(s) after the cancel)")
+    print(
+        f"\ncancel latency {name} ({overrides.get('loop', '')}): {latency_ms:.1f} ms "
+        f"({cancelled.steps_after} step(s) after the cancel)"
+    )
 
 
 def test_cancelling_a_queued_run_removes_it_without_running_it(runner, store):
@@ -158,7 +191,9 @@ def test_cancelling_a_queued_run_removes_it_without_running_it(runner, store):
 
     second_events: list[Event] = []
     matmul = get_job("matmul")
-    second = runner.submit(matmul, matmul.resolve({"m": 8, "k": 8, "n": 8}), sinks=[lambda run, event: second_events.append(event)])
+    second = runner.submit(
+        matmul, matmul.resolve({"m": 8, "k": 8, "n": 8}), sinks=[lambda run, event: second_events.append(event)]
+    )
     second_worker = threading.Thread(target=runner.execute, args=(second,), daemon=True)
     second_worker.start()
     assert runner.current is first and runner.queued() == [second]
@@ -180,5 +215,6 @@ def test_cancelling_a_queued_run_removes_it_without_running_it(runner, store):
     third = runner.run_now(matmul, matmul.resolve({"m": 8, "k": 8, "n": 8, "devices": "0"}))
     assert third.state == "done"
     assert {(info.run_id, info.status) for info in store.list_runs()} == {
-        (first.run_id, "cancelled"), (third.run_id, "done"),
+        (first.run_id, "cancelled"),
+        (third.run_id, "done"),
     }

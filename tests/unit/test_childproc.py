@@ -23,8 +23,9 @@ WAIT = 30.0
 def child(script: str, **options) -> RequestChannel:
     """A child running ``script`` (which may import tpudash), its stderr discarded unless given."""
     options.setdefault("stderr", subprocess.DEVNULL)
-    return RequestChannel([sys.executable, "-c", textwrap.dedent(script)], name="test-child-reader", cwd=REPO_ROOT,
-                          **options)
+    return RequestChannel(
+        [sys.executable, "-c", textwrap.dedent(script)], name="test-child-reader", cwd=REPO_ROOT, **options
+    )
 
 
 # Answers each request with its own "n", but holds an answer while told to, until the next request arrives.
@@ -91,7 +92,8 @@ def test_a_child_that_exits_or_is_killed_before_answering_says_how_it_ended():
 def test_the_childs_side_answers_with_the_id_and_keeps_a_librarys_prints_out_of_the_protocol(tmp_path):
     stderr = tmp_path / "stderr.txt"
     with open(stderr, "w") as child_stderr:
-        channel = child("""
+        channel = child(
+            """
             import sys
             from tpudash.childproc import claim_stdout, serve_requests
             replies = claim_stdout()
@@ -101,7 +103,9 @@ def test_the_childs_side_answers_with_the_id_and_keeps_a_librarys_prints_out_of_
                 return {"twice": request["x"] * 2}
 
             serve_requests(answer, sys.stdin, replies)
-        """, stderr=child_stderr)
+        """,
+            stderr=child_stderr,
+        )
         try:
             assert channel.request({"x": 21}, timeout=WAIT)["twice"] == 42
             assert channel.request({"x": 1}, timeout=WAIT)["twice"] == 2
@@ -119,7 +123,9 @@ def test_a_line_is_one_json_object_and_anything_else_is_no_protocol_line():
 
 def test_a_child_that_outlives_the_parent_it_expected_exits_at_once():
     # The TPU probe's guard: its parent died before the kernel was asked to end it with its parent.
-    code = ("import signal; from tpudash.childproc import parent_death_signal; "
-            "parent_death_signal(signal.SIGKILL, expected_parent=1)(); print('still here')")
+    code = (
+        "import signal; from tpudash.childproc import parent_death_signal; "
+        "parent_death_signal(signal.SIGKILL, expected_parent=1)(); print('still here')"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=WAIT)
     assert (result.returncode, result.stdout) == (1, "")

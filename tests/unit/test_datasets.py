@@ -174,8 +174,9 @@ def test_per_replica_evaluation_pipelines_together_cover_every_test_example_once
     _, expected = as_arrays(splits.test)
     seen = []
     for pipeline_id in range(3):
-        context = tf.distribute.InputContext(num_input_pipelines=3, input_pipeline_id=pipeline_id,
-                                             num_replicas_in_sync=3)
+        context = tf.distribute.InputContext(
+            num_input_pipelines=3, input_pipeline_id=pipeline_id, num_replicas_in_sync=3
+        )
         batches = list(datasets.evaluation_pipeline(splits.test, 8, input_context=context))
         assert all(images.shape[0] <= 8 for images, _ in batches)
         seen.extend(label for _, labels in batches for label in labels.numpy())
@@ -196,8 +197,14 @@ def test_unknown_dataset_or_source_is_refused_with_the_allowed_names():
 
 def test_both_splits_are_made_once_in_chunks_reporting_progress():
     reports = []
-    splits = load_splits("mnist", "synthetic", limit_train=9000, limit_test=100, seed=0,
-                         progress=lambda done, total: reports.append((done, total)))
+    splits = load_splits(
+        "mnist",
+        "synthetic",
+        limit_train=9000,
+        limit_test=100,
+        seed=0,
+        progress=lambda done, total: reports.append((done, total)),
+    )
     # 9,000 training examples in chunks of 4,096, then the 100 test examples.
     assert reports == [(4096, 9100), (8192, 9100), (9000, 9100), (9100, 9100)]
     assert (splits.train_examples, splits.test_examples) == (9000, 100)
@@ -211,8 +218,10 @@ def test_a_smaller_synthetic_set_is_the_start_of_a_larger_one():
 
 
 # `tpudash run` as a user types it, in a fresh process whose network probe finds no host.
-OFFLINE_CLI = ("import sys, jobs.datasets as datasets; datasets.network_reachable = lambda hosts, **kw: False; "
-               "from tpudash.cli.main import main; sys.exit(main(sys.argv[1:]))")
+OFFLINE_CLI = (
+    "import sys, jobs.datasets as datasets; datasets.network_reachable = lambda hosts, **kw: False; "
+    "from tpudash.cli.main import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def test_tpudash_run_offline_says_what_to_do_without_tfds_stray_warning(tmp_path):
@@ -223,9 +232,24 @@ def test_tpudash_run_offline_says_what_to_do_without_tfds_stray_warning(tmp_path
     empty.mkdir()
     environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
     result = subprocess.run(
-        [sys.executable, "-c", OFFLINE_CLI, "run", "train", "--set", "source=tfds", "--set", "dataset=mnist",
-         "--data-dir", str(empty)],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=environment, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            OFFLINE_CLI,
+            "run",
+            "train",
+            "--set",
+            "source=tfds",
+            "--set",
+            "dataset=mnist",
+            "--data-dir",
+            str(empty),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=environment,
+        timeout=120,
     )
     assert result.returncode == 1
     output = " ".join((result.stdout + result.stderr).split())

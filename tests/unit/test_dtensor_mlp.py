@@ -41,8 +41,9 @@ def test_trains_the_seed_mlp_over_a_batch_mesh_and_its_loss_falls(run_job, runti
 def test_reads_mnist_through_tfds(run_job):
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=128):
-        result = run_job("dtensor-mlp", source="tfds", epochs=1, hidden="32", batch_size=64, limit_train=0,
-                         limit_test=0)
+        result = run_job(
+            "dtensor-mlp", source="tfds", epochs=1, hidden="32", batch_size=64, limit_train=0, limit_test=0
+        )
     assert result.status == "done", result.finished.error
     assert result.summary["data"] == "MNIST from tfds"
     assert result.summary["layers"] == [784, 32, 10]
@@ -71,8 +72,10 @@ def test_batches_that_do_not_fit_the_mesh_are_refused(overrides, field):
     assert raised.value.field == field
 
 
-@pytest.mark.parametrize(("field", "value"), [("hidden", "0"), ("hidden", "a,b"), ("learning_rate", "0"),
-                                              ("dataset", "svhn"), ("epochs", "0")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("hidden", "0"), ("hidden", "a,b"), ("learning_rate", "0"), ("dataset", "svhn"), ("epochs", "0")],
+)
 def test_bad_params_are_refused_naming_the_field(field, value):
     with pytest.raises(ParamError) as raised:
         get_job("dtensor-mlp").resolve({field: value})
@@ -87,8 +90,9 @@ def test_a_runtime_without_devices_is_refused_clearly():
 def test_a_mesh_that_cannot_hold_variables_fails_with_the_reason(runtime):
     # TPU device names with no TPU behind them: the mesh is only a
     # description, placing the weights is where DTensor finds out.
-    fake_tpu = SimpleNamespace(logical_devices=[SimpleNamespace(name=f"/device:TPU:{index}") for index in range(8)],
-                               kind="TPU", num_replicas=8)
+    fake_tpu = SimpleNamespace(
+        logical_devices=[SimpleNamespace(name=f"/device:TPU:{index}") for index in range(8)], kind="TPU", num_replicas=8
+    )
     dtensor, mesh = make_mesh(fake_tpu)
     with pytest.raises(DTensorUnavailable) as raised:
         build_mlp(fake_tpu, dtensor, mesh, [4, 3, 2], seed=1)

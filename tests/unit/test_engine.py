@@ -59,8 +59,9 @@ def path_job(ctx, params):
     return {"start": list(params["start"]), "steps": params["steps"]}
 
 
-PATH = JobSpec("path", "Path", "echoes its params", (Param("start", "floats", (1.0, 4.0)), Param("steps", "int", 3)),
-               run=path_job)
+PATH = JobSpec(
+    "path", "Path", "echoes its params", (Param("start", "floats", (1.0, 4.0)), Param("steps", "int", 3)), run=path_job
+)
 entered = threading.Event()
 
 
@@ -150,8 +151,16 @@ def test_the_engine_adds_the_jobs_of_the_module_named_by_the_variable():
 
 
 def test_the_engine_loads_the_dashboards_settings_from_its_environment(tmp_path):
-    settings = Settings(tpu="none", cpu_devices=4, data_dir=tmp_path / "data", runs_dir=tmp_path / "runs",
-                        tpu_timeout=30.0, release_after=600.0, cancel_grace=1.5, engine_nice=5)
+    settings = Settings(
+        tpu="none",
+        cpu_devices=4,
+        data_dir=tmp_path / "data",
+        runs_dir=tmp_path / "runs",
+        tpu_timeout=30.0,
+        release_after=600.0,
+        cancel_grace=1.5,
+        engine_nice=5,
+    )
     environment = settings_environment(settings, {"TPUDASH_TPU": "v4-8", "PATH": "/bin"})
     assert Settings.load(environ=environment) == settings
     automatic = settings_environment(Settings(runs_dir=tmp_path), {"TPUDASH_TPU": "v4-8"})
@@ -163,24 +172,39 @@ def test_the_engine_loads_the_dashboards_settings_from_its_environment(tmp_path)
 
 def test_every_message_crosses_the_pipe_as_it_was_sent():
     for message, kinds in (
-            (Launch("r1", "path", {"steps": "7"}), COMMANDS), (Cancel(None), COMMANDS), (Cancel("r1"), COMMANDS),
-            (Describe(), COMMANDS), (Release(), COMMANDS), (Hello(pid=12, protocol=PROTOCOL_VERSION), REPLIES),
-            (RuntimeReady({"kind": "CPU", "devices": [{"name": "/device:CPU:0"}]}), REPLIES),
-            (RuntimeFailed("TensorFlowMissing: no TensorFlow", "no TensorFlow", True), REPLIES),
-            (JobStarted("r1", "/runs/r1"), REPLIES), (JobFinished("r1", "failed", "boom"), REPLIES),
-            (LaunchRefused("r1", "KeyError: 'path'"), REPLIES)):
+        (Launch("r1", "path", {"steps": "7"}), COMMANDS),
+        (Cancel(None), COMMANDS),
+        (Cancel("r1"), COMMANDS),
+        (Describe(), COMMANDS),
+        (Release(), COMMANDS),
+        (Hello(pid=12, protocol=PROTOCOL_VERSION), REPLIES),
+        (RuntimeReady({"kind": "CPU", "devices": [{"name": "/device:CPU:0"}]}), REPLIES),
+        (RuntimeFailed("TensorFlowMissing: no TensorFlow", "no TensorFlow", True), REPLIES),
+        (JobStarted("r1", "/runs/r1"), REPLIES),
+        (JobFinished("r1", "failed", "boom"), REPLIES),
+        (LaunchRefused("r1", "KeyError: 'path'"), REPLIES),
+    ):
         assert decode(decode_line(encode_line(encode(message))), kinds) == message
 
 
-@pytest.mark.parametrize(("payload", "error"), [
-    ({"type": "launch", "run_id": "r1", "job": 3, "params": {}}, "launch: field 'job' should be a string, got int 3"),
-    ({"type": "launch", "run_id": "r1", "job": "path"}, "launch: field 'params' is missing"),
-    ({"type": "launch", "run_id": "r1", "job": "path", "params": {"steps": 7}},
-     "launch: field 'params' should be an object of strings, got dict {'steps': 7}"),
-    ({"type": "cancel", "run_id": 5}, "cancel: field 'run_id' should be a string or null, got int 5"),
-    ({"type": "launch!", "run_id": "r1"}, "unknown message type 'launch!'"),
-    ({"run_id": "r1"}, "a message without a 'type'"),
-], ids=["wrong-type", "missing", "params-not-text", "optional", "unknown", "no-type"])
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        (
+            {"type": "launch", "run_id": "r1", "job": 3, "params": {}},
+            "launch: field 'job' should be a string, got int 3",
+        ),
+        ({"type": "launch", "run_id": "r1", "job": "path"}, "launch: field 'params' is missing"),
+        (
+            {"type": "launch", "run_id": "r1", "job": "path", "params": {"steps": 7}},
+            "launch: field 'params' should be an object of strings, got dict {'steps': 7}",
+        ),
+        ({"type": "cancel", "run_id": 5}, "cancel: field 'run_id' should be a string or null, got int 5"),
+        ({"type": "launch!", "run_id": "r1"}, "unknown message type 'launch!'"),
+        ({"run_id": "r1"}, "a message without a 'type'"),
+    ],
+    ids=["wrong-type", "missing", "params-not-text", "optional", "unknown", "no-type"],
+)
 def test_a_command_that_is_not_what_the_protocol_says_is_rejected_naming_the_field(payload, error):
     with pytest.raises(ProtocolError) as rejected:
         decode(payload, COMMANDS)
@@ -221,8 +245,11 @@ class PipeEnd:
 
 def test_replies_echo_the_id_of_the_command_they_answer_and_lines_that_are_no_command_are_skipped(settings):
     pipe = PipeEnd()
-    engine = threading.Thread(target=serve, args=(pipe, pipe, lambda send: EngineServer(
-        send, settings, {"path": PATH}, FakeRuntime, grace_seconds=0.0)), daemon=True)
+    engine = threading.Thread(
+        target=serve,
+        args=(pipe, pipe, lambda send: EngineServer(send, settings, {"path": PATH}, FakeRuntime, grace_seconds=0.0)),
+        daemon=True,
+    )
     engine.start()
     assert "id" not in pipe.reply("hello") and "id" not in pipe.reply("runtime")  # said unasked
     for line in ("a library printing\n", "[1, 2]\n", '{"type": "describe"\n'):
@@ -233,8 +260,12 @@ def test_replies_echo_the_id_of_the_command_they_answer_and_lines_that_are_no_co
     assert pipe.reply("started")["id"] == 6 and pipe.reply("finished")["id"] == 6
     pipe.commands.put(encode_line({"type": "launch", "run_id": "r7", "job": 7, "params": {}, "id": 7}))
     refused = pipe.reply("refused")
-    assert refused == {"type": "refused", "run_id": "r7", "id": 7,
-                       "error": "ProtocolError: launch: field 'job' should be a string, got int 7"}
+    assert refused == {
+        "type": "refused",
+        "run_id": "r7",
+        "id": 7,
+        "error": "ProtocolError: launch: field 'job' should be a string, got int 7",
+    }
     pipe.commands.put(encode_line(encode(Release())))
     engine.join(WAIT)
     assert not engine.is_alive()
@@ -246,21 +277,26 @@ def test_lines_from_the_engine_the_dashboard_cannot_read_are_kept_not_raised(mes
     class PipeEngine(EngineHandle):
         def __init__(self, listener):
             super().__init__(listener)
-            self._read_replies(os.fdopen(read_end, "r", encoding="utf-8"),
-                               lambda: listener(EngineExit(0, None, [], True)), "test-engine-reader")
+            self._read_replies(
+                os.fdopen(read_end, "r", encoding="utf-8"),
+                lambda: listener(EngineExit(0, None, [], True)),
+                "test-engine-reader",
+            )
 
     handle = PipeEngine(messages)
     with os.fdopen(write_end, "w", encoding="utf-8") as engine_stdout:
-        engine_stdout.write("Loading libtpu (a library printing)\n"
-                            '{"type": "started", "run_id": "r1", "run_dir": 5}\n'
-                            '{"type": "from-a-newer-engine"}\n'
-                            + encode_line(encode(Hello(pid=7, protocol=PROTOCOL_VERSION))))
+        engine_stdout.write(
+            "Loading libtpu (a library printing)\n"
+            '{"type": "started", "run_id": "r1", "run_dir": 5}\n'
+            '{"type": "from-a-newer-engine"}\n' + encode_line(encode(Hello(pid=7, protocol=PROTOCOL_VERSION)))
+        )
     assert messages.next(Hello) == Hello(pid=7, protocol=PROTOCOL_VERSION)
     messages.next(EngineExit)
     assert handle.noise == [
         "Loading libtpu (a library printing)",
         """started: field 'run_dir' should be a string, got int 5: {"type": "started", "run_id": "r1", "run_dir": 5}""",
-        """unknown message type 'from-a-newer-engine': {"type": "from-a-newer-engine"}"""]
+        """unknown message type 'from-a-newer-engine': {"type": "from-a-newer-engine"}""",
+    ]
 
 
 def test_python_m_tpudash_engine_says_hello_in_this_protocol_and_leaves_when_released(messages, settings, tmp_path):

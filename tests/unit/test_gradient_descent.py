@@ -13,7 +13,11 @@ WALKTHROUGH_LINE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
 
 
 def run_dirs(runs_dir):
-    return [path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith(".")] if runs_dir.exists() else []
+    return (
+        [path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith(".")]
+        if runs_dir.exists()
+        else []
+    )
 
 
 def test_defaults_print_the_walkthroughs_line_exactly(run_job):
@@ -112,7 +116,9 @@ def test_cancel_between_steps_is_recorded_as_cancelled(run_job, store):
 
 
 def test_cancel_on_the_first_progress_event(run_job):
-    result = run_job("gradient-descent", on_event=lambda run, event: run.cancel_event.set() if isinstance(event, Progress) else None)
+    result = run_job(
+        "gradient-descent", on_event=lambda run, event: run.cancel_event.set() if isinstance(event, Progress) else None
+    )
     assert result.status == "cancelled"
     # Only the start is reported: no step was taken.
     assert [metric.step for metric in result.metrics("loss")] == [0]

@@ -27,6 +27,7 @@ def codes(diagnoses) -> list[str]:
 
 # -- the chip scan (tpu-info) ---------------------------------------------------------------
 
+
 def test_the_chip_scan_reports_type_count_and_hbm_from_tpu_info(monkeypatch):
     monkeypatch.setattr(tpu_info_device, "get_local_chips", lambda: (tpu_info_device.TpuChip.V5E, 8))
     chips = hostcheck.scan_chips()
@@ -54,6 +55,7 @@ def test_this_machine_has_no_tpu_chip_and_the_real_scan_says_so():
 
 # -- installed builds (package metadata) ----------------------------------------------------
 
+
 def test_installed_distributions_reads_package_metadata():
     versions = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.52"}
 
@@ -74,6 +76,7 @@ def test_the_real_metadata_shows_the_build_this_suite_runs_on():
 
 
 # -- the TPU's holder (/proc) ---------------------------------------------------------------
+
 
 def fake_process(proc, pid: int, command: list[str], open_paths: list[str]) -> None:
     (proc / str(pid) / "fd").mkdir(parents=True)
@@ -102,8 +105,12 @@ def test_a_real_process_holding_libtpus_lockfile_is_found():
     import subprocess
 
     existed = os.path.exists(hostcheck.LIBTPU_LOCKFILE)
-    holder = subprocess.Popen([sys.executable, "-c", f"f = open({hostcheck.LIBTPU_LOCKFILE!r}, 'a'); print('ready', flush=True); input()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"f = open({hostcheck.LIBTPU_LOCKFILE!r}, 'a'); print('ready', flush=True); input()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "ready"
         found = {item.pid: item for item in hostcheck.find_tpu_holders()}
@@ -117,6 +124,7 @@ def test_a_real_process_holding_libtpus_lockfile_is_found():
 
 
 # -- diagnoses ------------------------------------------------------------------------------
+
 
 def test_without_tensorflow_the_one_install_line_fits_the_host():
     on_cpu = diagnose(Chips(), {}, [])
@@ -149,8 +157,10 @@ def test_the_tested_tpu_pair_is_fine():
 def test_a_libtpu_that_does_not_match_names_both_versions_and_the_fix():
     found = diagnose(V4, {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.52"}, [])
     assert codes(found) == ["libtpu-mismatch"]
-    assert found[0].message == ("tensorflow-tpu 2.20.0 works with libtpu 0.0.17, but libtpu 0.0.52 is installed "
-                                "(TensorFlow aborts at import with it): pip install \"libtpu==0.0.17\"")
+    assert found[0].message == (
+        "tensorflow-tpu 2.20.0 works with libtpu 0.0.17, but libtpu 0.0.52 is installed "
+        '(TensorFlow aborts at import with it): pip install "libtpu==0.0.17"'
+    )
     # On a TPU host libtpu loads at import, so TensorFlow must not be imported at all.
     assert found[0].blocks_tensorflow
     # Off one tpudash keeps libtpu from loading: still worth a line, not a refusal.
@@ -184,13 +194,16 @@ def test_a_held_tpu_names_the_pid_and_command_and_offers_the_cpu_default():
 def test_inspect_finds_tensorflow_without_importing_it():
     import subprocess
 
-    script = ("import sys; from tpudash.accel import hostcheck; check = hostcheck.inspect(); "
-              "print(check.tensorflow_found, check.tensorflow_build is not None, 'tensorflow' in sys.modules)")
+    script = (
+        "import sys; from tpudash.accel import hostcheck; check = hostcheck.inspect(); "
+        "print(check.tensorflow_found, check.tensorflow_build is not None, 'tensorflow' in sys.modules)"
+    )
     output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
     assert output.stdout.split() == ["True", "True", "False"]
 
 
 # -- the pins -------------------------------------------------------------------------------
+
 
 def test_the_install_lines_use_the_pins_of_pyprojects_extras():
     extras = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
@@ -200,4 +213,3 @@ def test_the_install_lines_use_the_pins_of_pyprojects_extras():
         assert f"tensorflow-tpu=={tensorflow_tpu}" in extras["tpu"] and f"libtpu=={libtpu}" in extras["tpu"]
     base = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert not [item for item in base if item.startswith(("tensorflow", "libtpu", "keras"))]
-

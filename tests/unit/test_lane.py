@@ -40,8 +40,13 @@ from tpudash.engine.protocol import (
 )
 from tpudash.runs.store import RunStore
 
-STEPS = JobSpec("steps", "Steps", "counts", (Param("steps", "int", 3, minimum=1), Param("lr", "float", 0.1)),
-                run=lambda ctx, params: {})
+STEPS = JobSpec(
+    "steps",
+    "Steps",
+    "counts",
+    (Param("steps", "int", 3, minimum=1), Param("lr", "float", 0.1)),
+    run=lambda ctx, params: {},
+)
 DESCRIPTION = {"kind": "CPU", "strategy": "MirroredStrategy", "num_replicas": 8, "devices": []}
 
 
@@ -179,7 +184,8 @@ def test_cancel_a_queued_run_never_reaches_the_engine_and_leaves_no_record(make_
 
 
 def test_a_job_that_ignores_cancel_has_its_engine_ended_after_the_grace_and_is_recorded_cancelled(
-        make_lane, engines, store, clock):
+    make_lane, engines, store, clock
+):
     lane = make_lane(cancel_grace=2.0)
     live = lane.launch(STEPS, {"steps": 5, "lr": 0.1})
     engine = engines[0]
@@ -205,7 +211,8 @@ def test_a_job_that_ignores_cancel_has_its_engine_ended_after_the_grace_and_is_r
 
 
 def test_an_engine_killed_by_a_signal_records_the_run_failed_with_the_signal_and_its_last_stderr(
-        make_lane, engines, store, observer):
+    make_lane, engines, store, observer
+):
     lane = make_lane()
     live = lane.launch(STEPS, {"steps": 5, "lr": 0.1})
     engine = engines[0]
@@ -302,7 +309,8 @@ def test_quit_cancels_everything_and_is_stopped_once_the_running_run_is_recorded
 
 
 def test_an_engine_of_this_protocol_is_used_and_one_of_another_is_ended_at_its_hello_saying_what_to_do(
-        make_lane, engines, store, observer):
+    make_lane, engines, store, observer
+):
     lane = make_lane()
     lane.ensure_engine()
     engines[0].say(Hello(pid=4242, protocol=PROTOCOL_VERSION))

@@ -19,7 +19,11 @@ SMALL = {"m": 48, "k": 64, "n": 40, "repeats": 2}
 
 
 def run_dirs(runs_dir):
-    return [path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith(".")] if runs_dir.exists() else []
+    return (
+        [path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith(".")]
+        if runs_dir.exists()
+        else []
+    )
 
 
 def final_rows(result) -> dict:
@@ -131,7 +135,9 @@ def test_on_a_tpu_the_check_warns_about_padding(runtime, tmp_path):
     events = []
     spec = get_job("matmul")
     params = spec.resolve({"m": 100, "k": 64, "n": 128, "devices": "0", "repeats": 1})
-    context = JobContext(runtime=TpuLookingRuntime(runtime), emit=events.append, run_dir=tmp_path, cancel_event=threading.Event())
+    context = JobContext(
+        runtime=TpuLookingRuntime(runtime), emit=events.append, run_dir=tmp_path, cancel_event=threading.Event()
+    )
     summary = spec.run(context, params)
     assert summary["all_passed"]
     warnings = [event.text for event in events if event.type == "log" and event.level == "warning"]
@@ -206,7 +212,9 @@ def test_cancel_between_devices_is_recorded_as_cancelled_with_the_devices_done(r
 
 
 def test_cancel_on_the_first_progress_event_stops_before_any_device(run_job):
-    result = run_job("matmul", on_event=lambda run, event: run.cancel_event.set() if isinstance(event, Progress) else None, **SMALL)
+    result = run_job(
+        "matmul", on_event=lambda run, event: run.cancel_event.set() if isinstance(event, Progress) else None, **SMALL
+    )
     assert result.status == "cancelled"
     assert result.tables() == []
 
@@ -230,8 +238,9 @@ def test_cancel_while_a_device_is_timed_stops_after_the_multiply_in_flight(run_j
         return counted
 
     monkeypatch.setattr(jobs.matmul, "make_multiply", counting_make_multiply)
-    result = run_job("matmul", on_event=lambda run, event: current.setdefault("run", run),
-                     m=32, k=32, n=32, repeats=1000, warmup=0)
+    result = run_job(
+        "matmul", on_event=lambda run, event: current.setdefault("run", run), m=32, k=32, n=32, repeats=1000, warmup=0
+    )
     assert result.status == "cancelled"
     assert len(calls) == 3  # not the 1000 repeats, nor the other seven devices
     assert result.tables() == []

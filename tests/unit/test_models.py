@@ -34,10 +34,14 @@ def test_cifar_cnn_layers_are_the_colab_walkthroughs():
     model = build_model("cifar-cnn", (32, 32, 3), 10)
     described = [(type(layer).__name__, layer.output.shape[1:]) for layer in model.layers]
     assert described == [
-        ("Conv2D", (30, 30, 32)), ("MaxPooling2D", (15, 15, 32)),
-        ("Conv2D", (13, 13, 64)), ("MaxPooling2D", (6, 6, 64)),
-        ("Conv2D", (4, 4, 128)), ("Flatten", (2048,)),
-        ("Dense", (64,)), ("Dense", (10,)),
+        ("Conv2D", (30, 30, 32)),
+        ("MaxPooling2D", (15, 15, 32)),
+        ("Conv2D", (13, 13, 64)),
+        ("MaxPooling2D", (6, 6, 64)),
+        ("Conv2D", (4, 4, 128)),
+        ("Flatten", (2048,)),
+        ("Dense", (64,)),
+        ("Dense", (10,)),
     ]
     assert not MODELS["cifar-cnn"].from_logits  # softmax output, like the walkthrough's
 

@@ -97,10 +97,20 @@ def test_describe_shows_defaults_as_the_user_would_type_them():
     assert optimizer["choices"] == ["sgd", "momentum", "adam"]
 
 
-@pytest.mark.parametrize(("spelling", "expected"), [
-    ("true", True), ("True", True), ("YES", True), ("on", True), ("1", True),
-    ("false", False), ("No", False), ("OFF", False), ("0", False),
-])
+@pytest.mark.parametrize(
+    ("spelling", "expected"),
+    [
+        ("true", True),
+        ("True", True),
+        ("YES", True),
+        ("on", True),
+        ("1", True),
+        ("false", False),
+        ("No", False),
+        ("OFF", False),
+        ("0", False),
+    ],
+)
 def test_a_bool_takes_the_documented_spellings_in_any_case(spelling, expected):
     assert _spec().resolve({"deterministic": spelling})["deterministic"] is expected
 

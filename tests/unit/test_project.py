@@ -26,7 +26,9 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert test_commands[0].strip() in ci_script
 
 
-INSTALL_COMMAND = re.compile(r'python3 -m venv (?P<venv>\S+) && (?P=venv)/bin/pip install "\.\[(?P<extras>[^\]]*)\]"(?: && (?P=venv)/bin/(?P<script>\S+))?')
+INSTALL_COMMAND = re.compile(
+    r'python3 -m venv (?P<venv>\S+) && (?P=venv)/bin/pip install "\.\[(?P<extras>[^\]]*)\]"(?: && (?P=venv)/bin/(?P<script>\S+))?'
+)
 
 
 def test_readme_install_command_is_what_ci_installs_and_its_script_starts_the_dashboard(tmp_path):
@@ -37,7 +39,9 @@ def test_readme_install_command_is_what_ci_installs_and_its_script_starts_the_da
     environment, is tests/functional/test_base_install.py, and CI itself runs pip exactly as .ci/run says.
     """
     install = INSTALL_COMMAND.fullmatch(readme_commands()[0].strip())
-    assert install is not None and install["script"], f"README's first command is not an install: {readme_commands()[0]!r}"
+    assert install is not None and install["script"], (
+        f"README's first command is not an install: {readme_commands()[0]!r}"
+    )
     ci_installs = [match for match in INSTALL_COMMAND.finditer((REPO_ROOT / ".ci" / "run").read_text())]
     assert ci_installs, ".ci/run installs nothing the README way"
     ci_install = ci_installs[0]
@@ -55,7 +59,9 @@ def test_readme_install_command_is_what_ci_installs_and_its_script_starts_the_da
     env = dict(os.environ, TERM="xterm-256color", TPUDASH_RUNS_DIR=str(tmp_path / "runs"))
     code, output = run_on_a_terminal([sys.executable, "-c", console_script, "--version"], env)
     assert (code, output.decode().strip()) == (0, f"tpudash {project['version']}")
-    code, output = run_on_a_terminal([sys.executable, "-c", console_script], dict(env, TPUDASH_EXIT_AFTER_FIRST_FRAME="1"))
+    code, output = run_on_a_terminal(
+        [sys.executable, "-c", console_script], dict(env, TPUDASH_EXIT_AFTER_FIRST_FRAME="1")
+    )
     assert code == 0, output[-1000:]
     assert re.search(rb"first_frame_unix=[0-9.]+", output), output[-1000:]
     screen = re.sub(rb"\x1b\[[0-9;?<>$]*[a-zA-Z]", b"", output).decode(errors="replace")

@@ -12,7 +12,11 @@ from tpudash.cli import main as cli
 
 
 def run_dirs(runs_dir):
-    return [path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith(".")] if runs_dir.exists() else []
+    return (
+        [path for path in runs_dir.iterdir() if path.is_dir() and not path.name.startswith(".")]
+        if runs_dir.exists()
+        else []
+    )
 
 
 def cancel_on_first_progress(run, event):
@@ -86,9 +90,13 @@ def test_replica_dataset_defaults_double_range_16_one_value_per_replica(run_job)
     result = run_job("replica-dataset")
     assert result.status == "done"
     assert [event.values for event in result.replica_values("inputs step 0")] == [[[value] for value in range(0, 8)]]
-    assert [event.values for event in result.replica_values("outputs step 0")] == [[[value] for value in range(0, 16, 2)]]
+    assert [event.values for event in result.replica_values("outputs step 0")] == [
+        [[value] for value in range(0, 16, 2)]
+    ]
     assert [event.values for event in result.replica_values("inputs step 1")] == [[[value] for value in range(8, 16)]]
-    assert [event.values for event in result.replica_values("outputs step 1")] == [[[value] for value in range(16, 32, 2)]]
+    assert [event.values for event in result.replica_values("outputs step 1")] == [
+        [[value] for value in range(16, 32, 2)]
+    ]
     assert result.replica_values("outputs step 2") == []
     assert result.summary["outputs_per_step"] == [[0, 2, 4, 6, 8, 10, 12, 14], [16, 18, 20, 22, 24, 26, 28, 30]]
     assert [event.done for event in result.of_type(Progress)] == [0, 1, 2]
@@ -143,8 +151,10 @@ def test_all_reduce_sum_is_36_and_mean_4_5_over_8_replicas(run_job):
     checks, timing = result.tables()
     assert [row[-1] for row in checks.rows] == ["pass"] * 4
     assert [row[:2] for row in checks.rows] == [
-        ["replica context all_reduce", "SUM"], ["replica context all_reduce", "MEAN"],
-        ["strategy.reduce", "SUM"], ["strategy.reduce", "MEAN"],
+        ["replica context all_reduce", "SUM"],
+        ["replica context all_reduce", "MEAN"],
+        ["strategy.reduce", "SUM"],
+        ["strategy.reduce", "MEAN"],
     ]
     size_bytes, replicas, median_ms, algorithm_gbps, _ = timing.rows[0]
     assert size_bytes == 2**18 and replicas == 8
@@ -154,7 +164,12 @@ def test_all_reduce_sum_is_36_and_mean_4_5_over_8_replicas(run_job):
 
 @pytest.mark.parametrize(
     ("overrides", "field"),
-    [({"size_mb": "0"}, "size_mb"), ({"size_mb": "-2"}, "size_mb"), ({"size_mb": "huge"}, "size_mb"), ({"repeats": "0"}, "repeats")],
+    [
+        ({"size_mb": "0"}, "size_mb"),
+        ({"size_mb": "-2"}, "size_mb"),
+        ({"size_mb": "huge"}, "size_mb"),
+        ({"repeats": "0"}, "repeats"),
+    ],
 )
 def test_all_reduce_rejects_bad_params(overrides, field):
     with pytest.raises(ParamError) as raised:

@@ -141,7 +141,12 @@ def test_events_file_is_one_json_object_per_line(fake_runner, store):
     lines = (store.find(run.run_id) / "events.jsonl").read_text().splitlines()
     payloads = [json.loads(line) for line in lines]
     assert [payload["type"] for payload in payloads] == [
-        "run_started", "metric", "progress", "metric", "progress", "run_finished",
+        "run_started",
+        "metric",
+        "progress",
+        "metric",
+        "progress",
+        "run_finished",
     ]
     assert all(isinstance(payload["t"], float) for payload in payloads)
 
@@ -155,7 +160,9 @@ def logging_job(ctx, params):
     return {}
 
 
-LOGGING = JobSpec("logging", "Logging", "logs and reports progress", (Param("steps", "int", 2, minimum=1),), logging_job)
+LOGGING = JobSpec(
+    "logging", "Logging", "logs and reports progress", (Param("steps", "int", 2, minimum=1),), logging_job
+)
 
 
 def test_log_and_progress_events_reach_every_sink_in_order(fake_runner, store):

@@ -23,9 +23,12 @@ NO_CHIPS = Chips()
 
 def host(chips: Chips = NO_CHIPS, **distributions: str) -> HostCheck:
     """A host scan result: these chips, these distributions (default: the CPU build), real diagnoses."""
-    installed = {name.replace("_", "-"): version for name, version in (distributions or {"tensorflow": "2.21.0"}).items()}
-    return HostCheck(chips=chips, distributions=installed, tensorflow_found=True,
-                     diagnoses=diagnose(chips, installed, []))
+    installed = {
+        name.replace("_", "-"): version for name, version in (distributions or {"tensorflow": "2.21.0"}).items()
+    }
+    return HostCheck(
+        chips=chips, distributions=installed, tensorflow_found=True, diagnoses=diagnose(chips, installed, [])
+    )
 
 
 TPU_BUILD_HOST = host(V4_CHIPS, tensorflow_tpu="2.20.0", libtpu="0.0.17")
@@ -134,7 +137,9 @@ def test_explicit_tpu_that_fails_is_an_error_with_the_resolvers_message_not_a_fa
 
 def test_explicit_tpu_whose_initialization_fails_names_the_tpu():
     tf = FakeTensorFlow(initialize_error=RuntimeError("TPUs not found in the cluster\nmore detail"))
-    with pytest.raises(RuntimeSetupError, match=r"initializing TPU 'local' failed: RuntimeError: TPUs not found in the cluster$"):
+    with pytest.raises(
+        RuntimeSetupError, match=r"initializing TPU 'local' failed: RuntimeError: TPUs not found in the cluster$"
+    ):
         detect(tpu="local", environ={}, host=TPU_BUILD_HOST, tf=tf)
     assert ("connect", "local") not in tf.calls  # a TPU VM is initialized without a remote connect
 
@@ -155,8 +160,13 @@ def test_automatic_tpu_that_fails_asks_for_the_cpu_default_in_a_fresh_process_wi
     assert failure.value.reason.startswith("COLAB_TPU_ADDR=10.1.2.3:8470, but initializing TPU")
     assert ("resolver", "grpc://10.1.2.3:8470") in tf.calls
     # The fresh process gets the CPU default and says why not TPU.
-    runtime = detect(tpu="none", environ={"TPUDASH_TPU_FALLBACK_REASON": failure.value.reason}, host=host(),
-                     tf=FakeTensorFlow(), cpu_devices=4)
+    runtime = detect(
+        tpu="none",
+        environ={"TPUDASH_TPU_FALLBACK_REASON": failure.value.reason},
+        host=host(),
+        tf=FakeTensorFlow(),
+        cpu_devices=4,
+    )
     assert (runtime.description.kind, runtime.description.num_replicas) == ("CPU", 4)
     assert runtime.description.reasons["TPU"] == failure.value.reason
 
@@ -190,7 +200,11 @@ def test_which_tpu_to_try(flag, environ, chips, expected, reason):
 
 def test_device_names_are_parsed_into_job_replica_task_and_index():
     assert parse_device_name("/job:worker/replica:0/task:1/device:TPU:7") == {
-        "job": "worker", "replica": 0, "task": 1, "device_type": "TPU", "index": 7,
+        "job": "worker",
+        "replica": 0,
+        "task": 1,
+        "device_type": "TPU",
+        "index": 7,
     }
     assert parse_device_name("/device:CPU:3") == {"device_type": "CPU", "index": 3}
 
@@ -221,7 +235,9 @@ def test_the_cpu_build_on_a_tpu_host_is_never_tried_on_the_tpu_and_says_how_to_f
     assert reason.startswith("the chip scan finds 4 × TPU v4 chip")
     assert reason.endswith('pip uninstall -y tensorflow && pip install "tensorflow-tpu==2.20.0" "libtpu==0.0.17"')
     assert runtime.description.host_check["diagnoses"][0]["code"] == "cpu-build-on-tpu-host"
-    with pytest.raises(RuntimeSetupError, match=r"--tpu local given, but this host has 4 TPU v4 chips but the CPU build"):
+    with pytest.raises(
+        RuntimeSetupError, match=r"--tpu local given, but this host has 4 TPU v4 chips but the CPU build"
+    ):
         detect(tpu="local", environ={}, host=tpu_host_with_cpu_build, tf=FakeTensorFlow())
 
 
@@ -230,8 +246,13 @@ def test_a_tpu_held_by_another_process_leaves_jobs_on_the_cpu_default():
 
     holder = TpuHolder(4242, "python3 notebook_kernel.py", ("/dev/accel0",))
     installed = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17"}
-    held = HostCheck(chips=V4_CHIPS, distributions=installed, holders=[holder], tensorflow_found=True,
-                     diagnoses=diagnose(V4_CHIPS, installed, [holder]))
+    held = HostCheck(
+        chips=V4_CHIPS,
+        distributions=installed,
+        holders=[holder],
+        tensorflow_found=True,
+        diagnoses=diagnose(V4_CHIPS, installed, [holder]),
+    )
     tf = FakeTensorFlow()
     runtime = detect(environ={}, host=held, tf=tf, cpu_devices=4)
     assert tf.calls == [] and runtime.description.kind == "CPU"
@@ -255,8 +276,12 @@ def test_a_libtpu_mismatch_on_a_tpu_host_refuses_before_tensorflow_is_imported(m
 def test_without_tensorflow_detection_stops_with_the_install_line():
     from tpudash.accel.startup import TensorFlowMissing
 
-    no_tensorflow = HostCheck(chips=Chips(), distributions={}, tensorflow_found=False,
-                              diagnoses=diagnose(Chips(), {}, [], tensorflow_found=False))
+    no_tensorflow = HostCheck(
+        chips=Chips(),
+        distributions={},
+        tensorflow_found=False,
+        diagnoses=diagnose(Chips(), {}, [], tensorflow_found=False),
+    )
     with pytest.raises(TensorFlowMissing, match=r'pip install "tensorflow>=2.20,<2.22"$'):
         detect(environ={}, host=no_tensorflow)
 
@@ -278,7 +303,8 @@ def test_a_tensorflow_start_up_that_hangs_is_bounded_and_says_what_it_waited_for
                 "E0000 cuda_platform.cc:52] failed call to cuInit: UNKNOWN ERROR (303)\n"
                 "Failed to get TPU metadata (tpu-env) from instance metadata for variable CHIPS_PER_HOST_BOUNDS: "
                 "INTERNAL: Failed to fetch URL after 30 tries\n"
-                "=== Source Location Trace: ===\nlearning/45eac/tfrc/runtime/gcp_metadata_utils.cc:93\n")
+                "=== Source Location Trace: ===\nlearning/45eac/tfrc/runtime/gcp_metadata_utils.cc:93\n"
+            )
         stuck.wait(30)
 
     monkeypatch.delitem(__import__("sys").modules, "tensorflow")
@@ -291,4 +317,5 @@ def test_a_tensorflow_start_up_that_hangs_is_bounded_and_says_what_it_waited_for
     assert str(timeout.value) == (
         "importing TensorFlow did not answer within 1 s; TensorFlow's last words: Failed to get TPU metadata "
         "(tpu-env) from instance metadata for variable CHIPS_PER_HOST_BOUNDS: INTERNAL: Failed to fetch URL after "
-        "30 tries (raise TPUDASH_TPU_TIMEOUT to wait longer)")
+        "30 tries (raise TPUDASH_TPU_TIMEOUT to wait longer)"
+    )

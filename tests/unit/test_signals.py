@@ -36,8 +36,14 @@ ENDLESS_DESCENT = ["run", "gradient-descent", "--set", "steps=100000", "--json"]
 class HeadlessRun:
     """``tpudash run … --json`` in a child process, read one event at a time."""
 
-    def __init__(self, argv: list[str], runs_dir: Path, command: list[str] | None = None,
-                 env: dict | None = None, pass_fds: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        argv: list[str],
+        runs_dir: Path,
+        command: list[str] | None = None,
+        env: dict | None = None,
+        pass_fds: tuple[int, ...] = (),
+    ):
         environment = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
         environment["TPUDASH_RUNS_DIR"] = str(runs_dir)
         environment.update(env or {})
@@ -118,8 +124,10 @@ def test_a_signal_cancels_the_run_records_it_and_exits_130(signal_number, headle
     assert data.problems == []
     # The record holds every event the user saw, up to and including the finish.
     assert [event.type for _, event in data.events] == [event["type"] for event in run.events]
-    assert data.info.final_metrics["loss"] == [event for event in run.events if event["type"] == "metric"
-                                               and event["name"] == "loss"][-1]["value"]
+    assert (
+        data.info.final_metrics["loss"]
+        == [event for event in run.events if event["type"] == "metric" and event["name"] == "loss"][-1]["value"]
+    )
 
 
 # The console script (what pip writes into bin/tpudash), with one more job:
@@ -151,8 +159,12 @@ CONSOLE_SCRIPT_WITH_A_BLOCKED_JOB = textwrap.dedent(
 def test_a_second_sigint_stops_at_once_and_the_run_reads_as_interrupted(headless, isolated_runs_dir):
     release_read, release_write = os.pipe()
     try:
-        run = headless(["run", "test-blocked", "--json"], command=[sys.executable, "-c", CONSOLE_SCRIPT_WITH_A_BLOCKED_JOB],
-                       env={"TPUDASH_TEST_RELEASE_FD": str(release_read)}, pass_fds=(release_read,))
+        run = headless(
+            ["run", "test-blocked", "--json"],
+            command=[sys.executable, "-c", CONSOLE_SCRIPT_WITH_A_BLOCKED_JOB],
+            env={"TPUDASH_TEST_RELEASE_FD": str(release_read)},
+            pass_fds=(release_read,),
+        )
         os.close(release_read)
         run.read_until(lambda event: event["type"] == "log" and event["text"].startswith("inside the job"))
         run.process.send_signal(signal.SIGINT)
@@ -162,8 +174,10 @@ def test_a_second_sigint_stops_at_once_and_the_run_reads_as_interrupted(headless
         try:
             code, err = run.finish(timeout=STOP_AT_ONCE_SECONDS)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"a second SIGINT did not stop `tpudash run` within {STOP_AT_ONCE_SECONDS} s "
-                        "while its job was inside its work")
+            pytest.fail(
+                f"a second SIGINT did not stop `tpudash run` within {STOP_AT_ONCE_SECONDS} s "
+                "while its job was inside its work"
+            )
     finally:
         os.close(release_write)
 

@@ -36,8 +36,14 @@ def test_while_preparing_the_line_says_what_runs_now_with_its_count_and_time():
 
 
 def test_once_training_the_line_says_how_long_getting_ready_took_and_where_it_went():
-    model = model_at([(100.0, Stage(DATA)), (101.5, Stage("building the model")),
-                      (104.0, Stage("tracing and running the first step")), (109.5, Stage("training"))])
+    model = model_at(
+        [
+            (100.0, Stage(DATA)),
+            (101.5, Stage("building the model")),
+            (104.0, Stage("tracing and running the first step")),
+            (109.5, Stage("training")),
+        ]
+    )
     ready = f"ready in 9.5s: {DATA} 1.5s · building the model 2.5s · tracing and running the first step 5.5s"
     assert model.stage_line(now=111.0) == ready
     model.apply(Stage("evaluating on the test split"), 120.0)
@@ -47,8 +53,7 @@ def test_once_training_the_line_says_how_long_getting_ready_took_and_where_it_we
 
 
 def test_a_run_that_ends_while_preparing_says_so_with_every_stage_timed():
-    model = model_at([(100.0, Stage(DATA)), (101.5, Stage("building the model")),
-                      (102.0, RunFinished("cancelled"))])
+    model = model_at([(100.0, Stage(DATA)), (101.5, Stage("building the model")), (102.0, RunFinished("cancelled"))])
     assert model.stage_line(now=900.0) == f"ended while preparing: {DATA} 1.5s · building the model 0.5s"
 
 
@@ -73,12 +78,20 @@ def test_a_job_announces_each_stage_once_and_its_counts_at_a_bounded_rate():
 def test_tpudash_run_prints_the_preparation_breakdown_once_training_begins():
     output = io.StringIO()
     sink = ConsoleSink(Console(file=output, width=200, force_terminal=False))
-    sink(None, RunStarted("run", "train", {}, {"kind": "CPU", "strategy": "MirroredStrategy", "num_replicas": 8}, 100.0),
-         100.0)
-    for stamp, event in [(100.0, Stage(DATA)), (100.2, Stage(DATA, 70_000, 70_000)),
-                         (101.5, Stage("building the model")), (104.0, Stage("tracing and running the first step")),
-                         (109.5, Stage("training")), (111.0, Stage("evaluating on the test split")),
-                         (112.0, Stage("training"))]:
+    sink(
+        None,
+        RunStarted("run", "train", {}, {"kind": "CPU", "strategy": "MirroredStrategy", "num_replicas": 8}, 100.0),
+        100.0,
+    )
+    for stamp, event in [
+        (100.0, Stage(DATA)),
+        (100.2, Stage(DATA, 70_000, 70_000)),
+        (101.5, Stage("building the model")),
+        (104.0, Stage("tracing and running the first step")),
+        (109.5, Stage("training")),
+        (111.0, Stage("evaluating on the test split")),
+        (112.0, Stage("training")),
+    ]:
         sink(None, event, stamp)
     sink(None, RunFinished("done"), 113.0)
     text = output.getvalue()
@@ -95,8 +108,11 @@ def live_display(sink: ConsoleSink) -> str:
 
 def test_tpudash_run_shows_the_stage_under_way_with_its_count_and_clock():
     sink = ConsoleSink(Console(file=io.StringIO(), width=160, force_terminal=False))
-    sink(None, RunStarted("run", "train", {}, {"kind": "CPU", "strategy": "MirroredStrategy", "num_replicas": 8}, 100.0),
-         100.0)
+    sink(
+        None,
+        RunStarted("run", "train", {}, {"kind": "CPU", "strategy": "MirroredStrategy", "num_replicas": 8}, 100.0),
+        100.0,
+    )
     sink(None, Stage(DATA), 100.0)
     sink(None, Stage(DATA, 4096, 70_000), 100.3)
     shown = live_display(sink)

@@ -25,8 +25,10 @@ def test_textual_still_fails_on_a_page_key_before_layout():
         TEXTUAL_MOVE_PAGE(options, 1)
     except KeyError:
         return
-    raise AssertionError("Textual's OptionList._move_page no longer fails before layout: "
-                         "remove guard_option_list_page_keys from tpudash/textual_seams.py")
+    raise AssertionError(
+        "Textual's OptionList._move_page no longer fails before layout: "
+        "remove guard_option_list_page_keys from tpudash/textual_seams.py"
+    )
 
 
 def test_guarded_page_key_before_layout_does_nothing():

@@ -50,12 +50,22 @@ def tensorboard_scalars(run_dir: Path, folder: str) -> dict[str, list[float]]:
 def test_trains_through_tfds_on_every_replica(run_job, runtime, dataset, loop, steps_per_execution):
     tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=64):
-        result = run_job("train", dataset=dataset, source="tfds", loop=loop, epochs=2, batch_per_replica=4,
-                         limit_test=40, steps_per_execution=steps_per_execution)
+        result = run_job(
+            "train",
+            dataset=dataset,
+            source="tfds",
+            loop=loop,
+            epochs=2,
+            batch_per_replica=4,
+            limit_test=40,
+            steps_per_execution=steps_per_execution,
+        )
     assert result.status == "done", result.finished.error
     assert runtime.num_replicas == 8
     # 64 examples, global batch 4 × 8 = 32: two steps per epoch, two epochs.
-    assert [metric.step for metric in result.metrics("batch_loss")] == list(range(steps_per_execution, 5, steps_per_execution))
+    assert [metric.step for metric in result.metrics("batch_loss")] == list(
+        range(steps_per_execution, 5, steps_per_execution)
+    )
     assert progress(result, "step")[-1] == (2, 2)
     assert progress(result, "epoch") == [(0, 2), (1, 2), (2, 2)]
     for split in ("train", "val"):
@@ -72,8 +82,12 @@ def test_trains_through_tfds_on_every_replica(run_job, runtime, dataset, loop, s
     stages = result.of_type(Stage)
     names = [stage.name for index, stage in enumerate(stages) if index == 0 or stages[index - 1].name != stage.name]
     title = datasets.DATASETS[dataset].title
-    assert names[:4] == [f"loading {title} from tfds", "building the model", "tracing and running the first step",
-                         "training"]
+    assert names[:4] == [
+        f"loading {title} from tfds",
+        "building the model",
+        "tracing and running the first step",
+        "training",
+    ]
     assert names[4:] == ["evaluating on the test split", "training", "evaluating on the test split"]
     data_counts = [(stage.done, stage.total) for stage in stages if stage.name == names[0] and stage.done]
     assert data_counts[-1] == (64 + 40, 64 + 40) and {total for _, total in data_counts} == {104}
@@ -105,8 +119,9 @@ def test_light_model_learns_the_synthetic_set(run_job, loop):
     # 0.87-0.95 here; 0.5 leaves a wide margin for thread-order noise, and a
     # model that does not learn (no gradient flow, labels not matched to
     # images) stays near 0.1, far below it.
-    result = run_job("train", source="synthetic", loop=loop, epochs=2, batch_per_replica=32,
-                     limit_train=3072, limit_test=512)
+    result = run_job(
+        "train", source="synthetic", loop=loop, epochs=2, batch_per_replica=32, limit_train=3072, limit_test=512
+    )
     assert result.status == "done", result.finished.error
     assert values(result, "accuracy", "test")[0] > 0.5
     losses = values(result, "loss")
@@ -156,8 +171,7 @@ def test_cancel_mid_epoch_stops_within_one_step_and_keeps_the_metrics(run_job, s
         if isinstance(event, Metric) and event.name == "batch_loss":
             run.cancel_event.set()
 
-    result = run_job("train", on_event=cancel_after_first_step, loop=loop,
-                     **dict(TINY, limit_train=640, epochs=3))
+    result = run_job("train", on_event=cancel_after_first_step, loop=loop, **dict(TINY, limit_train=640, epochs=3))
     assert result.status == "cancelled"
     assert [metric.step for metric in result.metrics("batch_loss")] == [1]  # of 20 steps in the epoch
     assert not result.metrics("loss", "val") and not result.metrics("loss", "test")
@@ -190,8 +204,15 @@ def test_early_stopping_ends_a_run_whose_val_loss_stalls(run_job, loop):
     # Steps of 1e-12 are below float32 resolution for the weights, so
     # val_loss after epoch 2 equals epoch 1's: no improvement, patience 1
     # stops the run there (Keras never stops after the first epoch).
-    result = run_job("train", loop=loop, optimizer="sgd", learning_rate=1e-12, early_stopping_patience=1,
-                     deterministic=True, **dict(TINY, epochs=6))
+    result = run_job(
+        "train",
+        loop=loop,
+        optimizer="sgd",
+        learning_rate=1e-12,
+        early_stopping_patience=1,
+        deterministic=True,
+        **dict(TINY, epochs=6),
+    )
     assert result.status == "done", result.finished.error
     assert values(result, "loss", "val")[0] == values(result, "loss", "val")[1]
     assert result.summary["early_stopped"] is True
@@ -257,8 +278,13 @@ def test_an_epoch_is_whole_executions_of_whole_global_batches():
     plan = TrainingPlan.make(params, replicas=8, train_examples=1000, test_examples=100)
     assert (plan.global_batch, plan.steps_per_epoch, plan.steps_per_execution) == (32, 30, 10)
     assert plan.evaluation_steps == 4  # 100 test examples: 3 full batches and a partial one
-    longer = TrainingPlan.make(dict(params, steps_per_execution=100), replicas=8, train_examples=1000,
-                               test_examples=100, drop_partial_test_batch=True)
+    longer = TrainingPlan.make(
+        dict(params, steps_per_execution=100),
+        replicas=8,
+        train_examples=1000,
+        test_examples=100,
+        drop_partial_test_batch=True,
+    )
     assert (longer.steps_per_epoch, longer.steps_per_execution, longer.evaluation_steps) == (31, 31, 3)
 
 
@@ -271,7 +297,9 @@ def test_batch_metrics_are_the_mean_of_each_execution_not_the_running_mean(tmp_p
     reporter.after_execution(2, mean_loss=3.0, mean_accuracy=0.25)  # steps 1-2 average 3.0
     reporter.after_execution(4, mean_loss=2.0, mean_accuracy=0.5)  # steps 3-4 must average 1.0
     reporter.close()
-    batch_losses = [(event.step, event.value) for event in events if isinstance(event, Metric) and event.name == "batch_loss"]
+    batch_losses = [
+        (event.step, event.value) for event in events if isinstance(event, Metric) and event.name == "batch_loss"
+    ]
     batch_accuracies = [event.value for event in events if isinstance(event, Metric) and event.name == "batch_accuracy"]
     assert batch_losses == [(2, 3.0), (4, 1.0)]
     assert batch_accuracies == [0.25, 0.75]

@@ -40,8 +40,14 @@ TPU_BUILD = ("tensorflow-tpu==2.20.0", "libtpu==0.0.17")
 # Distributions that install the ``tensorflow`` module, and which of them can
 # drive local TPU chips.
 TENSORFLOW_DISTRIBUTIONS = (
-    "tensorflow", "tensorflow-cpu", "tensorflow-tpu", "tensorflow-intel", "tensorflow-macos",
-    "tf-nightly", "tf-nightly-cpu", "tf-nightly-tpu",
+    "tensorflow",
+    "tensorflow-cpu",
+    "tensorflow-tpu",
+    "tensorflow-intel",
+    "tensorflow-macos",
+    "tf-nightly",
+    "tf-nightly-cpu",
+    "tf-nightly-tpu",
 )
 TPU_TENSORFLOW_DISTRIBUTIONS = ("tensorflow-tpu", "tf-nightly-tpu")
 LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
@@ -111,7 +117,9 @@ class HostCheck:
     @property
     def tensorflow_build(self) -> str | None:
         """``tensorflow-tpu 2.20.0``: the distribution(s) that provide the tensorflow module."""
-        builds = [f"{name} {self.distributions[name]}" for name in TENSORFLOW_DISTRIBUTIONS if name in self.distributions]
+        builds = [
+            f"{name} {self.distributions[name]}" for name in TENSORFLOW_DISTRIBUTIONS if name in self.distributions
+        ]
         return " + ".join(builds) or None
 
     @property
@@ -137,6 +145,7 @@ def install_line(kind: str) -> str:
 
 # -- the seams: each reads one part of the environment -----------------------------------
 
+
 def scan_chips() -> Chips:
     """Ask tpu-info's PCI scan what TPU chips this host has."""
     try:
@@ -150,8 +159,12 @@ def scan_chips() -> Chips:
     if chip_type is None or not count:
         return Chips()
     info = chip_type.value
-    return Chips(chip_type=str(chip_type), count=int(count), hbm_gib_per_chip=int(info.hbm_gib),
-                 cores_per_chip=int(info.devices_per_chip))
+    return Chips(
+        chip_type=str(chip_type),
+        count=int(count),
+        hbm_gib_per_chip=int(info.hbm_gib),
+        cores_per_chip=int(info.devices_per_chip),
+    )
 
 
 def installed_distributions(version_of: Callable[[str], str] = importlib.metadata.version) -> dict[str, str]:
@@ -205,8 +218,10 @@ def _command_line(process_dir: Path) -> str:
 
 # -- the diagnoses ------------------------------------------------------------------------
 
-def diagnose(chips: Chips, distributions: Mapping[str, str], holders: list[TpuHolder],
-             tensorflow_found: bool | None = None) -> list[Diagnosis]:
+
+def diagnose(
+    chips: Chips, distributions: Mapping[str, str], holders: list[TpuHolder], tensorflow_found: bool | None = None
+) -> list[Diagnosis]:
     """Every problem the facts show, most fundamental first.
 
     ``tensorflow_found``: whether a tensorflow module exists at all (a build
@@ -222,28 +237,38 @@ def diagnose(chips: Chips, distributions: Mapping[str, str], holders: list[TpuHo
     if not tensorflow_found:
         kind = "TPU" if chips.count else "CPU/GPU"
         where = f" for this host's {chips_text}" if chips.count else ""
-        found.append(Diagnosis(
-            "no-tensorflow",
-            f"TensorFlow is not installed; the dashboard, history and `tpudash runs` work without it, "
-            f"jobs need the {kind} build{where}: {install_line('tpu' if chips.count else 'cpu')}",
-            blocks_tpu=True, blocks_tensorflow=True))
+        found.append(
+            Diagnosis(
+                "no-tensorflow",
+                f"TensorFlow is not installed; the dashboard, history and `tpudash runs` work without it, "
+                f"jobs need the {kind} build{where}: {install_line('tpu' if chips.count else 'cpu')}",
+                blocks_tpu=True,
+                blocks_tensorflow=True,
+            )
+        )
         return found
 
     if chips.count and builds and not tpu_builds:
         installed = ", ".join(f"{name} {distributions[name]}" for name in builds)
-        found.append(Diagnosis(
-            "cpu-build-on-tpu-host",
-            f"this host has {chips_text} but the CPU build of TensorFlow is installed ({installed}), which cannot "
-            f"drive them (\"No OpKernel … ConfigureDistributedTPU … [CPU]\"): "
-            f"pip uninstall -y {' '.join(builds)} && {install_line('tpu')}",
-            blocks_tpu=True))
+        found.append(
+            Diagnosis(
+                "cpu-build-on-tpu-host",
+                f"this host has {chips_text} but the CPU build of TensorFlow is installed ({installed}), which cannot "
+                f'drive them ("No OpKernel … ConfigureDistributedTPU … [CPU]"): '
+                f"pip uninstall -y {' '.join(builds)} && {install_line('tpu')}",
+                blocks_tpu=True,
+            )
+        )
 
     if len(builds) > 1:
         installed = ", ".join(f"{name} {distributions[name]}" for name in builds)
-        found.append(Diagnosis(
-            "several-tensorflow-builds",
-            f"{installed} are installed together and overwrite each other's files: "
-            f"pip uninstall -y {' '.join(builds)} && {install_line('tpu' if chips.count else 'cpu')}"))
+        found.append(
+            Diagnosis(
+                "several-tensorflow-builds",
+                f"{installed} are installed together and overwrite each other's files: "
+                f"pip uninstall -y {' '.join(builds)} && {install_line('tpu' if chips.count else 'cpu')}",
+            )
+        )
 
     for name in tpu_builds:
         found.extend(_libtpu_pairing(name, distributions[name], distributions, chips))
@@ -251,12 +276,15 @@ def diagnose(chips: Chips, distributions: Mapping[str, str], holders: list[TpuHo
     if holders and chips.count:
         holder = holders[0]
         others = f" (and {len(holders) - 1} more)" if len(holders) > 1 else ""
-        found.append(Diagnosis(
-            "tpu-held",
-            f"the TPU is held by {holder.describe()}{others} through {', '.join(holder.paths)}; libtpu admits one "
-            f"process per host, so jobs run on the CPU default: release the TPU in that process (or end it), "
-            f"then re-initialise",
-            blocks_tpu=True))
+        found.append(
+            Diagnosis(
+                "tpu-held",
+                f"the TPU is held by {holder.describe()}{others} through {', '.join(holder.paths)}; libtpu admits one "
+                f"process per host, so jobs run on the CPU default: release the TPU in that process (or end it), "
+                f"then re-initialise",
+                blocks_tpu=True,
+            )
+        )
     return found
 
 
@@ -269,21 +297,31 @@ def _libtpu_pairing(build: str, version: str, distributions: Mapping[str, str], 
     fatal = bool(chips.count)
     if wanted is None:
         known = ", ".join(f"tensorflow-tpu {tf} with libtpu {lib}" for tf, lib in TPU_BUILD_PAIRS.items())
-        return [Diagnosis(
-            "unknown-tpu-build",
-            f"tpudash was tested with {known}, not {build} {version}{' and libtpu ' + libtpu[1] if libtpu else ''}; "
-            f"if TensorFlow aborts at import, install the tested pair: {install_line('tpu')}")]
+        return [
+            Diagnosis(
+                "unknown-tpu-build",
+                f"tpudash was tested with {known}, not {build} {version}{' and libtpu ' + libtpu[1] if libtpu else ''}; "
+                f"if TensorFlow aborts at import, install the tested pair: {install_line('tpu')}",
+            )
+        ]
     if libtpu is None:
-        return [Diagnosis(
-            "libtpu-missing",
-            f"{build} {version} needs libtpu {wanted}, which is not installed: pip install \"libtpu=={wanted}\"",
-            blocks_tpu=True)]
+        return [
+            Diagnosis(
+                "libtpu-missing",
+                f'{build} {version} needs libtpu {wanted}, which is not installed: pip install "libtpu=={wanted}"',
+                blocks_tpu=True,
+            )
+        ]
     if libtpu[1] != wanted:
-        return [Diagnosis(
-            "libtpu-mismatch",
-            f"{build} {version} works with libtpu {wanted}, but {libtpu[0]} {libtpu[1]} is installed "
-            f"(TensorFlow aborts at import with it): pip install \"libtpu=={wanted}\"",
-            blocks_tpu=True, blocks_tensorflow=fatal)]
+        return [
+            Diagnosis(
+                "libtpu-mismatch",
+                f"{build} {version} works with libtpu {wanted}, but {libtpu[0]} {libtpu[1]} is installed "
+                f'(TensorFlow aborts at import with it): pip install "libtpu=={wanted}"',
+                blocks_tpu=True,
+                blocks_tensorflow=fatal,
+            )
+        ]
     return []
 
 
@@ -297,24 +335,37 @@ def inspect(
     installed = distributions()
     holding = holders() if chips.count else []
     found = any(name in installed for name in TENSORFLOW_DISTRIBUTIONS) or tensorflow_importable()
-    return HostCheck(chips=chips, distributions=installed, holders=holding, tensorflow_found=found,
-                     diagnoses=diagnose(chips, installed, holding, tensorflow_found=found))
+    return HostCheck(
+        chips=chips,
+        distributions=installed,
+        holders=holding,
+        tensorflow_found=found,
+        diagnoses=diagnose(chips, installed, holding, tensorflow_found=found),
+    )
 
 
 def host_lines(host_check: dict) -> list[tuple[str, str, str]]:
     """(label, text, style) lines for what the host scan found, shared by the CLI and the Devices screen."""
     chips = Chips(**host_check["chips"])
-    libtpu = ", ".join(f"{name} {version}" for name, version in host_check["distributions"].items()
-                       if name.startswith("libtpu"))
-    build = host_check.get("tensorflow_build") or ("found, without package metadata" if host_check.get("tensorflow_found")
-                                                     else "not installed")
+    libtpu = ", ".join(
+        f"{name} {version}" for name, version in host_check["distributions"].items() if name.startswith("libtpu")
+    )
+    build = host_check.get("tensorflow_build") or (
+        "found, without package metadata" if host_check.get("tensorflow_found") else "not installed"
+    )
     lines = [("TPU chips", chips.describe(), ""), ("TensorFlow build", build + (f" · {libtpu}" if libtpu else ""), "")]
     for holder in host_check.get("holders", []):
-        lines.append(("TPU held by", f"pid {holder['pid']} ({holder['command']}) via {', '.join(holder['paths'])}",
-                      "yellow"))
+        lines.append(
+            ("TPU held by", f"pid {holder['pid']} ({holder['command']}) via {', '.join(holder['paths'])}", "yellow")
+        )
     for diagnosis in host_check.get("diagnoses", []):
-        lines.append(("problem" if diagnosis["blocks_tpu"] or diagnosis["blocks_tensorflow"] else "warning",
-                      diagnosis["message"], "bold red" if diagnosis["blocks_tensorflow"] else "yellow"))
+        lines.append(
+            (
+                "problem" if diagnosis["blocks_tpu"] or diagnosis["blocks_tensorflow"] else "warning",
+                diagnosis["message"],
+                "bold red" if diagnosis["blocks_tensorflow"] else "yellow",
+            )
+        )
     return lines
 
 

@@ -65,8 +65,9 @@ class NativeStderr:
             return self
         os.dup2(log_fd, 2)
         os.close(log_fd)
-        terminal = os.fdopen(os.dup(self._saved_fd), "w", buffering=1, encoding=sys.stderr.encoding or "utf-8",
-                             errors="backslashreplace")
+        terminal = os.fdopen(
+            os.dup(self._saved_fd), "w", buffering=1, encoding=sys.stderr.encoding or "utf-8", errors="backslashreplace"
+        )
         self._saved_streams = (sys.stderr, sys.__stderr__)
         sys.stderr = terminal
         # typeshed calls it final; faulthandler and Textual's driver write to

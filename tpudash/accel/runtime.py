@@ -89,7 +89,11 @@ def tpu_request(tpu_flag: str | None, environ: Mapping[str, str], chips: Chips) 
     no_local_chip = not chips.count and chips.scan_error is None
     if tpu_flag:
         if tpu_flag == "local" and no_local_chip:
-            return None, True, f"--tpu local given, but the chip scan finds no TPU chip on this host ({chips.describe()})"
+            return (
+                None,
+                True,
+                f"--tpu local given, but the chip scan finds no TPU chip on this host ({chips.describe()})",
+            )
         return tpu_flag, True, f"--tpu {tpu_flag} given"
     if environ.get("COLAB_TPU_ADDR"):
         return "grpc://" + environ["COLAB_TPU_ADDR"], False, f"COLAB_TPU_ADDR={environ['COLAB_TPU_ADDR']}"
@@ -239,9 +243,19 @@ def detect(
                 raise
             raise TpuFallback(f"{why}, but {error}") from error
         logical = tf.config.list_logical_devices("TPU")
-        return _runtime(tf, "TPU", strategy, logical, started, reasons, topology=_topology_dict(topology),
-                        tpu_address=resolver.master() or tpu_argument, resolver=resolver,
-                        notes=[f"TPU found: {why}"], host=host)
+        return _runtime(
+            tf,
+            "TPU",
+            strategy,
+            logical,
+            started,
+            reasons,
+            topology=_topology_dict(topology),
+            tpu_address=resolver.master() or tpu_argument,
+            resolver=resolver,
+            notes=[f"TPU found: {why}"],
+            host=host,
+        )
 
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
@@ -257,8 +271,20 @@ def detect(
     return _runtime(tf, "CPU", strategy, logical, started, reasons, simulated=True, notes=notes, host=host)
 
 
-def _runtime(tf, kind, strategy, logical, started, reasons, topology=None, tpu_address=None,
-             resolver=None, simulated=False, notes=None, host: HostCheck | None = None) -> Runtime:
+def _runtime(
+    tf,
+    kind,
+    strategy,
+    logical,
+    started,
+    reasons,
+    topology=None,
+    tpu_address=None,
+    resolver=None,
+    simulated=False,
+    notes=None,
+    host: HostCheck | None = None,
+) -> Runtime:
     devices = []
     for position, device in enumerate(logical):
         parts = parse_device_name(device.name)
@@ -290,7 +316,12 @@ def _runtime(tf, kind, strategy, logical, started, reasons, topology=None, tpu_a
         notes=list(notes or []),
         host_check=host.to_dict() if host is not None else None,
     )
-    return Runtime(strategy=strategy, description=description, logical_devices=sorted(logical, key=lambda d: parse_device_name(d.name).get("index") or 0), resolver=resolver)
+    return Runtime(
+        strategy=strategy,
+        description=description,
+        logical_devices=sorted(logical, key=lambda d: parse_device_name(d.name).get("index") or 0),
+        resolver=resolver,
+    )
 
 
 _lock = threading.Lock()

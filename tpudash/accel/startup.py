@@ -57,8 +57,11 @@ def waited_for(log_lines: list[str]) -> str:
     for line in reversed(log_lines):
         # glog's prefix ("2026-11-23 10:48:20.498432: I tensorflow/…/file.cc:121] ") says nothing to a user.
         text = GLOG_PREFIX.sub("", line.strip())
-        if text and not text.startswith(("===", "learning/", "external/")) and any(
-                word in text.lower() for word in WAITING_WORDS):
+        if (
+            text
+            and not text.startswith(("===", "learning/", "external/"))
+            and any(word in text.lower() for word in WAITING_WORDS)
+        ):
             return text[:300]
     return ""
 
@@ -81,9 +84,11 @@ def call_with_timeout(function: Callable[[], Any], seconds: float | None, what: 
     thread.join(seconds)
     if thread.is_alive():
         last = waited_for(nativelog.active_tail(since=log_start))
-        raise StartupTimeout(f"{what} did not answer within {seconds:g} s"
-                             + (f"; TensorFlow's last words: {last}" if last else "")
-                             + " (raise TPUDASH_TPU_TIMEOUT to wait longer)")
+        raise StartupTimeout(
+            f"{what} did not answer within {seconds:g} s"
+            + (f"; TensorFlow's last words: {last}" if last else "")
+            + " (raise TPUDASH_TPU_TIMEOUT to wait longer)"
+        )
     if "error" in box:
         raise box["error"]
     return box.get("value")
@@ -98,7 +103,8 @@ def connect_tpu(tf: Any, tpu_argument: str, timeout: float | None) -> tuple[Any,
             resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu_argument)
     except Exception as error:  # noqa: BLE001 - any resolver failure is reported as such
         raise RuntimeSetupError(
-            f"TPUClusterResolver(tpu={tpu_argument!r}) failed: {type(error).__name__}: {error}") from error
+            f"TPUClusterResolver(tpu={tpu_argument!r}) failed: {type(error).__name__}: {error}"
+        ) from error
 
     def connect_and_initialize() -> Any:
         if tpu_argument != "local":
@@ -106,8 +112,9 @@ def connect_tpu(tf: Any, tpu_argument: str, timeout: float | None) -> tuple[Any,
         return tf.tpu.experimental.initialize_tpu_system(resolver)
 
     try:
-        topology = call_with_timeout(connect_and_initialize, timeout,
-                                     f"connecting to TPU {tpu_argument or 'from TPU_NAME'}")
+        topology = call_with_timeout(
+            connect_and_initialize, timeout, f"connecting to TPU {tpu_argument or 'from TPU_NAME'}"
+        )
     except RuntimeSetupError:
         raise
     except Exception as error:  # noqa: BLE001
@@ -115,7 +122,8 @@ def connect_tpu(tf: Any, tpu_argument: str, timeout: float | None) -> tuple[Any,
         # TensorFlow appends the op's whole attribute list; the op's name says enough.
         message = re.sub(r" with these attrs: \[.*$", "", message)
         raise RuntimeSetupError(
-            f"initializing TPU {tpu_argument!r} failed: {type(error).__name__}: {message}") from error
+            f"initializing TPU {tpu_argument!r} failed: {type(error).__name__}: {message}"
+        ) from error
     if not tf.config.list_logical_devices("TPU"):
         raise RuntimeSetupError(f"TPU {tpu_argument!r} initialized but shows no TPU devices")
     strategy = tf.distribute.TPUStrategy(resolver)

@@ -54,26 +54,35 @@ def probe_tpu(tpu_argument: str, timeout: float) -> ProbeResult:
     """Import TensorFlow and initialise ``tpu_argument`` in a child; never longer than ``timeout``."""
     started = time.monotonic()
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as child_stderr:
-        child = RequestChannel([sys.executable, "-m", "tpudash.accel.tpuprobe", str(os.getpid())],
-                               name="tpudash-tpu-probe-reader", stderr=child_stderr,
-                               env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"))
+        child = RequestChannel(
+            [sys.executable, "-m", "tpudash.accel.tpuprobe", str(os.getpid())],
+            name="tpudash-tpu-probe-reader",
+            stderr=child_stderr,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0"),
+        )
         try:
             answer = child.request({"type": PROBE_REQUEST, "tpu": tpu_argument}, timeout)
         except AnswerTimeout:
             child.kill()
             child_stderr.seek(0)
             last = waited_for(child_stderr.read().splitlines()[-200:])
-            return ProbeResult(False, error=f"TensorFlow's TPU start-up did not finish within {timeout:g} s"
-                                            + (f"; it was waiting on: {last}" if last else "")
-                                            + " (raise TPUDASH_TPU_TIMEOUT to wait longer)")
+            return ProbeResult(
+                False,
+                error=f"TensorFlow's TPU start-up did not finish within {timeout:g} s"
+                + (f"; it was waiting on: {last}" if last else "")
+                + " (raise TPUDASH_TPU_TIMEOUT to wait longer)",
+            )
         except ChildGone:
             # No answer at all: the child died, most often by libtpu's abort.
             returncode = child.kill()
             child_stderr.seek(0)
             log_lines = child_stderr.read().splitlines() + child.noise
             last = waited_for(log_lines) or (log_lines[-1].strip()[:300] if log_lines else "")
-            return ProbeResult(False, error=f"TensorFlow's TPU start-up ended the process (exit code {returncode})"
-                                            + (f": {last}" if last else ""))
+            return ProbeResult(
+                False,
+                error=f"TensorFlow's TPU start-up ended the process (exit code {returncode})"
+                + (f": {last}" if last else ""),
+            )
         # The child holds the TPU until it exits: it must be gone before this process takes it.
         child.finish(max(0.0, timeout - (time.monotonic() - started)))
     return _result(answer)

@@ -129,9 +129,18 @@ class EngineProcess(EngineHandle):
             self._log_offset = 0
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "tpudash.engine"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                env=environment, text=True, encoding="utf-8", errors="replace", bufsize=1,
-                start_new_session=True, close_fds=True)
+                [sys.executable, "-m", "tpudash.engine"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=environment,
+                text=True,
+                encoding="utf-8",
+                errors="replace",
+                bufsize=1,
+                start_new_session=True,
+                close_fds=True,
+            )
         self.pid = self._process.pid
         self._commands = self._process.stdin
         assert self._process.stdout is not None

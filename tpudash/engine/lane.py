@@ -109,9 +109,18 @@ EngineFactory = Callable[[Listener], EngineHandle]
 class Lane:
     """The queue of session runs and the one engine that executes them."""
 
-    def __init__(self, store: RunStore, start_engine: EngineFactory, observer: LaneObserver,
-                 wake: Callable[[], None] = lambda: None, *, cancel_grace: float = DEFAULT_CANCEL_GRACE_SECONDS,
-                 release_after: float = 0.0, keep_runs: int = 50, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        store: RunStore,
+        start_engine: EngineFactory,
+        observer: LaneObserver,
+        wake: Callable[[], None] = lambda: None,
+        *,
+        cancel_grace: float = DEFAULT_CANCEL_GRACE_SECONDS,
+        release_after: float = 0.0,
+        keep_runs: int = 50,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.store = store
         self._start_engine = start_engine
         self._observer = observer
@@ -179,7 +188,9 @@ class Lane:
     def launch(self, spec: JobSpec, params: dict) -> LiveRun:
         """Queue a run with validated ``params``; it goes to the engine when the lane is free."""
         run_id = new_run_id(spec.name)
-        live = LiveRun(run_id, spec, dict(params), RunModel(run_id=run_id, job=spec.name, params=params, status="queued"))
+        live = LiveRun(
+            run_id, spec, dict(params), RunModel(run_id=run_id, job=spec.name, params=params, status="queued")
+        )
         self.runs.append(live)
         ended = [item for item in self.runs if item.stage == STAGE_ENDED]
         for old in ended[: max(0, len(self.runs) - self.keep_runs)]:
@@ -269,12 +280,20 @@ class Lane:
         current = self.current
         if current is not None:
             changed = self._read_events(current) or changed
-            if (current.cancel_requested_at is not None and self.engine is not None
-                    and self._clock() - current.cancel_requested_at >= self.cancel_grace
-                    and self.engine.kill_reason is None):
+            if (
+                current.cancel_requested_at is not None
+                and self.engine is not None
+                and self._clock() - current.cancel_requested_at >= self.cancel_grace
+                and self.engine.kill_reason is None
+            ):
                 self._kill_engine(f"{current.job} did not stop within {self.cancel_grace:g} s of cancel")
-        if (self.release_after > 0 and self.engine_state == ENGINE_READY and not self.busy
-                and self._idle_since is not None and self._clock() - self._idle_since >= self.release_after):
+        if (
+            self.release_after > 0
+            and self.engine_state == ENGINE_READY
+            and not self.busy
+            and self._idle_since is not None
+            and self._clock() - self._idle_since >= self.release_after
+        ):
             self._release_engine(f"idle for {self.release_after:g} s")
             changed = True
         if self._advance():
@@ -319,8 +338,9 @@ class Lane:
         """An engine from another install of tpudash: end it, and say what to do."""
         self._incompatible = f"engine speaks protocol {protocol}, dashboard {PROTOCOL_VERSION}: reinstall tpudash"
         self._kill_engine(self._incompatible)
-        self._observer.lane_runtime_failed(RuntimeFailed(error=self._incompatible, message=self._incompatible,
-                                                         missing_tensorflow=False))
+        self._observer.lane_runtime_failed(
+            RuntimeFailed(error=self._incompatible, message=self._incompatible, missing_tensorflow=False)
+        )
 
     def _end_unrecorded(self, live: LiveRun, status: str, error: str | None) -> None:
         """End a run whose end is not on disk: a run that never began leaves no record, as if still queued."""

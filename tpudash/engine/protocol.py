@@ -130,7 +130,8 @@ Message = Command | Reply
 
 COMMANDS: dict[str, type[Command]] = {kind.TYPE: kind for kind in (Describe, Launch, Cancel, Release)}
 REPLIES: dict[str, type[Reply]] = {
-    kind.TYPE: kind for kind in (Hello, RuntimeReady, RuntimeFailed, JobStarted, JobFinished, LaunchRefused)}
+    kind.TYPE: kind for kind in (Hello, RuntimeReady, RuntimeFailed, JobStarted, JobFinished, LaunchRefused)
+}
 
 
 def encode(message: Message) -> dict[str, Any]:
@@ -142,8 +143,9 @@ def encode(message: Message) -> dict[str, Any]:
 
 
 # Each message's fields and their types, as ``decode`` checks them.
-_FIELD_TYPES: dict[type, dict[str, Any]] = {kind: typing.get_type_hints(kind) for kind in (*COMMANDS.values(),
-                                                                                          *REPLIES.values())}
+_FIELD_TYPES: dict[type, dict[str, Any]] = {
+    kind: typing.get_type_hints(kind) for kind in (*COMMANDS.values(), *REPLIES.values())
+}
 MessageT = TypeVar("MessageT", Command, Reply)
 
 
@@ -167,8 +169,10 @@ def decode(payload: Mapping[str, Any], kinds: Mapping[str, type[MessageT]]) -> M
         value = payload[field.name]
         expected = _FIELD_TYPES[kind][field.name]
         if not _conforms(value, expected):
-            raise ProtocolError(f"{kind_name}: field {field.name!r} should be {_type_name(expected)}, "
-                                f"got {type(value).__name__} {value!r:.60}")
+            raise ProtocolError(
+                f"{kind_name}: field {field.name!r} should be {_type_name(expected)}, "
+                f"got {type(value).__name__} {value!r:.60}"
+            )
         values[field.name] = value
     return kind(**values)
 
@@ -190,7 +194,8 @@ def _conforms(value: Any, expected: Any) -> bool:
     if origin is dict:
         key_type, value_type = typing.get_args(expected)
         return isinstance(value, dict) and all(
-            _conforms(key, key_type) and _conforms(item, value_type) for key, item in value.items())
+            _conforms(key, key_type) and _conforms(item, value_type) for key, item in value.items()
+        )
     raise TypeError(f"the protocol has no check for {expected!r}")  # a field type added without one
 
 

@@ -179,7 +179,9 @@ class Runner:
             else:
                 # No records kept: the job still gets a private place for its files.
                 run.run_dir = Path(tempfile.mkdtemp(prefix=f"tpudash-{run.job}-"))
-            self._dispatch(run, recorder, RunStarted(run.run_id, run.job, to_jsonable(run.params), description, time.time()))
+            self._dispatch(
+                run, recorder, RunStarted(run.run_id, run.job, to_jsonable(run.params), description, time.time())
+            )
             context = JobContext(
                 runtime=runtime,
                 emit=lambda event: self._dispatch(run, recorder, event),
@@ -218,4 +220,6 @@ class Runner:
                 # One traceback per sink and run is enough to diagnose it.
                 if id(sink) not in run.failed_sinks:
                     run.failed_sinks.add(id(sink))
-                    log.exception("sink %r failed on %s; later failures of it in this run are not logged", sink, event.type)
+                    log.exception(
+                        "sink %r failed on %s; later failures of it in this run are not logged", sink, event.type
+                    )

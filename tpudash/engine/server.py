@@ -79,8 +79,14 @@ class EngineServer:
     and jobs run on threads of their own, so a cancel is read while a job runs.
     """
 
-    def __init__(self, send: ReplySender, settings: Any, job_specs: Mapping[str, Any],
-                 runtime_provider: Callable[[], Any], grace_seconds: float = 2.0):
+    def __init__(
+        self,
+        send: ReplySender,
+        settings: Any,
+        job_specs: Mapping[str, Any],
+        runtime_provider: Callable[[], Any],
+        grace_seconds: float = 2.0,
+    ):
         from tpudash.engine.runner import Runner
         from tpudash.runs.store import RunStore
 
@@ -91,8 +97,7 @@ class EngineServer:
         self._runtime: Any = None
         self._runtime_error: BaseException | None = None
         self.grace_seconds = grace_seconds
-        self.runner = Runner(self._runtime_for_lane, RunStore(Path(settings.runs_dir)), settings,
-                             sinks=[self._report])
+        self.runner = Runner(self._runtime_for_lane, RunStore(Path(settings.runs_dir)), settings, sinks=[self._report])
         self._job_threads: list[threading.Thread] = []
         self._launch_ids: dict[str, RequestId] = {}
         """Each run's launch command id, echoed by the run's started and finished."""
@@ -108,8 +113,14 @@ class EngineServer:
             runtime = self._runtime_provider()
         except BaseException as error:  # noqa: BLE001 - reported, never fatal to the engine
             self._runtime_error = error
-            self._send(RuntimeFailed(error=f"{type(error).__name__}: {error}", message=str(error),
-                                     missing_tensorflow=isinstance(error, TensorFlowMissing)), None)
+            self._send(
+                RuntimeFailed(
+                    error=f"{type(error).__name__}: {error}",
+                    message=str(error),
+                    missing_tensorflow=isinstance(error, TensorFlowMissing),
+                ),
+                None,
+            )
         else:
             self._runtime = runtime
             self._send(RuntimeReady(runtime.description.to_dict()), None)
@@ -149,8 +160,7 @@ class EngineServer:
             return
         self._launch_ids[command.run_id] = request_id
         queued = self.runner.submit(spec, params, run_id=command.run_id)
-        thread = threading.Thread(target=self._execute, args=(queued,), name=f"tpudash-job-{command.job}",
-                                  daemon=True)
+        thread = threading.Thread(target=self._execute, args=(queued,), name=f"tpudash-job-{command.job}", daemon=True)
         self._job_threads = [item for item in self._job_threads if item.is_alive()] + [thread]
         thread.start()
 
