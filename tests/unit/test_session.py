@@ -60,6 +60,7 @@ class FakeView:
         self.notices: list[tuple[str, str, str]] = []
         self.pending: list = []
         self.pending_lock = threading.Lock()
+        self.handed = threading.Condition(self.pending_lock)
         self.redraws = 0
         self.run_view_shown = 0
 
@@ -67,9 +68,15 @@ class FakeView:
         self.notices.append((severity, title, message))
 
     def call_later(self, callback, *args, **kwargs) -> bool:
-        with self.pending_lock:
+        with self.handed:
             self.pending.append((callback, args, kwargs))
+            self.handed.notify_all()
         return True
+
+    def wait_for_pending(self, timeout: float) -> bool:
+        """Block until another thread hands the UI thread something; False after ``timeout``."""
+        with self.handed:
+            return self.handed.wait_for(lambda: self.pending, timeout)
 
     def run_pending(self) -> int:
         """Run what was handed to the UI thread so far; how many callbacks ran."""
@@ -390,9 +397,8 @@ def test_the_telemetry_thread_samples_into_live_runs_and_the_view_until_close(ma
 
     deadline = time.monotonic() + 10
     while view.telemetry is None or len(session.telemetry.history) < 2:
-        assert time.monotonic() < deadline, "no sample reached the view"
+        assert view.wait_for_pending(deadline - time.monotonic()), "no sample reached the view"
         view.run_pending()
-        time.sleep(0.01)
     stamp, sample = view.telemetry
     assert isinstance(sample, Telemetry) and sample.host == {"cpu_pct": [1.0]}
     assert {"engine": ENGINE_PID} in sampler.processes_asked  # the engine's memory is read with each sample

@@ -28,11 +28,14 @@ def tensorcore_probe(mode: str, values: str = "", **variables: str) -> TensorCor
 
 def test_an_answer_that_comes_after_its_deadline_is_never_taken_for_the_next_reads(tmp_path):
     gate = tmp_path / "answer-now"
+    os.mkfifo(gate)
     probe = tensorcore_probe("late", "10,30", FAKE_LIBTPU_GATE=str(gate))
     probe.deadline = 0.5
     try:
         assert probe.read() == ([], "libtpu's SDK did not answer within 0.5 s")
-        gate.touch()  # the first answer (99s) now arrives, late, before the second one
+        # The first answer (99s) now arrives, late, before the second one. The child is blocked
+        # opening the gate, so this open finds its reader at once.
+        os.close(os.open(gate, os.O_WRONLY))
         probe.deadline = 30.0
         assert probe.read() == ([10.0, 30.0], None)
         assert probe.read() == ([10.0, 30.0], None)

@@ -3,7 +3,6 @@
 import os
 import signal
 import sys
-import time
 import types
 
 MODE = os.environ.get("FAKE_LIBTPU", "values")
@@ -29,9 +28,10 @@ class _Metric:
             sys.stdout.write("reading tensorcore_util... 50%")
             sys.stdout.flush()
         if MODE == "late" and _reads == 1:
-            # The first read answers only once FAKE_LIBTPU_GATE exists, with values of its own.
-            while not os.path.exists(os.environ["FAKE_LIBTPU_GATE"]):
-                time.sleep(0.01)
+            # The first read answers, with values of its own, only once the test opens and closes
+            # FAKE_LIBTPU_GATE (a named pipe: opening it for reading blocks until a writer comes).
+            with open(os.environ["FAKE_LIBTPU_GATE"]) as gate:
+                gate.read()
             return ["99"] * len(os.environ.get("FAKE_TENSORCORE_UTIL", "").split(","))
         return [value for value in os.environ.get("FAKE_TENSORCORE_UTIL", "").split(",") if value]
 
