@@ -34,9 +34,9 @@ def record(
     ``with tpudash.record("name", params={...}) as run:`` then ``run.metric``,
     ``run.progress`` and ``run.replica_values``; see ``tpudash.recording``.
     """
-    from tpudash.recording import record as start_recording
+    from tpudash.recording import RecordedRun
 
-    return start_recording(name, params, runs_dir=runs_dir, strategy=strategy)
+    return RecordedRun(name, params, runs_dir=runs_dir, strategy=strategy)
 
 
 def __getattr__(name: str) -> ModuleType:

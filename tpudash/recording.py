@@ -307,17 +307,6 @@ class RecordedRun:
         return f"<RecordedRun {self.run_id} {self.status or 'running'} in {self.run_dir}>"
 
 
-def record(
-    name: str,
-    params: Mapping[str, Any] | None = None,
-    *,
-    runs_dir: str | os.PathLike | None = None,
-    strategy: Any = None,
-) -> RecordedRun:
-    """Start recording a run named ``name``; use it as a context manager (see the module docstring)."""
-    return RecordedRun(name, params, runs_dir=runs_dir, strategy=strategy)
-
-
 # Runs still open when the interpreter exits: the program left without
 # finishing them (an exception outside the ``with``, os._exit excepted).
 _open_runs: set[RecordedRun] = set()
