@@ -26,6 +26,7 @@ from tpudash.accel.runtime import keep_libtpu_unloaded  # noqa: E402 - after the
 keep_libtpu_unloaded(os.environ)
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from jobs import get_job
 from jobs.events import Event, Metric, ReplicaValues, RunFinished, Table
@@ -38,6 +39,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # A test that hangs (a job thread nobody released, a worker waiting forever)
 # must not eat CI's whole time limit: after this long, print every thread's
 # stack and end the session with an error.
+# Property tests (Hypothesis) fuzz every boundary: run data, the tail, the
+# engine protocol, serve's routes. The default run keeps their share of the ten
+# minutes small; CI (HYPOTHESIS_PROFILE=ci in .ci/run) runs many more examples.
+settings.register_profile("default", max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("ci", max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
 TEST_HANG_LIMIT_S = float(os.environ.get("TPUDASH_TEST_HANG_LIMIT", "600"))
 
 
