@@ -26,7 +26,7 @@ from textual.worker import Worker, WorkerState
 from screens.overlay import OverlayScreen
 from screens.run_detail import RunDetailScreen
 from screens.stored_runs import ExportsRuns
-from tpudash.format import brief_metrics, format_seconds, status_text
+from tpudash.format import brief_metrics, format_seconds, format_timestamp, status_text
 from tpudash.runs.store import RunInfo
 
 HISTORY_COLUMNS = ("", "started", "job", "status", "duration", "final metrics", "problems")
@@ -125,7 +125,7 @@ class HistoryScreen(ExportsRuns):
         self.marked = [run_id for run_id in self.marked if run_id in self.runs]
         table.clear()
         for info in self.runs.values():
-            started = time.strftime("%m-%d %H:%M:%S", time.localtime(info.started)) if info.started else "?"
+            started = format_timestamp(info.started, "%m-%d %H:%M:%S")
             problems = Text(f"⚠ {len(info.problems)}", style="yellow") if info.problems else Text("")
             table.add_row(
                 "✓" if info.run_id in self.marked else "",

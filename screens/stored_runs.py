@@ -22,7 +22,7 @@ EXPORT_FILE = "metrics.csv"
 def follow_run(store: RunStore, run_id: str) -> RunFollower:
     """A follower of ``run_id`` that has read everything written so far (call from a worker thread)."""
     follower = RunFollower(store, run_id)
-    follower.poll()
+    follower.catch_up()
     return follower
 
 

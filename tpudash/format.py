@@ -19,7 +19,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from jobs.events import Table, Telemetry, split_final_name
+from jobs.events import Table, Telemetry, is_sane_timestamp, split_final_name
 from tpudash.telemetry_summary import summarize
 
 if TYPE_CHECKING:
@@ -53,6 +53,20 @@ SPARK_WIDTH = 16
 def display_beat() -> int:
     """Which second of the monotonic clock it is (see ``DISPLAY_BEAT_SECONDS``)."""
     return int(time.monotonic() / DISPLAY_BEAT_SECONDS)
+
+
+def format_timestamp(stamp: object, pattern: str = "%Y-%m-%d %H:%M:%S") -> str:
+    """A unix time in local time by ``pattern``; ``?`` for anything that is not a time between 1970 and 9999.
+
+    Times come from files any process may have written (run.json, events):
+    ``time.localtime`` raises on 1e300 or infinity, so nothing else formats them.
+    """
+    if not is_sane_timestamp(stamp):
+        return "?"
+    try:
+        return time.strftime(pattern, time.localtime(float(stamp)))  # type: ignore[arg-type]
+    except (OverflowError, OSError, ValueError):  # a platform narrower than the checked range
+        return "?"
 
 
 def format_seconds(seconds: float | None, precise: bool = True) -> str:

@@ -37,6 +37,7 @@ BENCHMARKS = {
     "cancel": "tests.benchmarks.bench_cancel",
     "matmul": "tests.benchmarks.bench_matmul",
     "history": "tests.benchmarks.bench_history",
+    "event_parse": "tests.benchmarks.bench_event_parse",
     "pipeline": "tests.benchmarks.bench_pipeline",
     "callback": "tests.benchmarks.bench_callback",
     "telemetry": "tests.benchmarks.bench_telemetry",

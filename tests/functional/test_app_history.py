@@ -9,6 +9,7 @@ from textual.widgets import DataTable, Static
 from screens.history import HistoryScreen
 from screens.overlay import OverlayScreen
 from screens.run_detail import RunDetailScreen
+from tests.crafted_runs import CRAFTED, GOOD, craft_runs
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
 
 
@@ -123,3 +124,33 @@ async def test_corrupt_runs_still_list_and_show_what_they_can(make_app, isolated
         problems = str(detail.query_one("#detail-problems", Static).content)
         assert "run.json: unreadable" in problems and "line 3: truncated" in problems
         assert detail.view.model.tracks[("loss", "train", "batch")].last == 0.5
+
+
+async def test_every_hostile_run_lists_opens_and_says_what_is_wrong(make_app, isolated_runs_dir):
+    """Runs written by anyone: wrong types, huge numbers, a FIFO, a link to /dev/zero, a cut-off last line.
+
+    History lists all of them at once, each opens with its problem named, the
+    good one shows its whole loss curve, and the dashboard stays up throughout.
+    """
+    craft_runs(isolated_runs_dir)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_history(pilot, len(CRAFTED) + 1)
+        assert set(screen.runs) == {GOOD, *CRAFTED}
+        started = {run_id: row[1] for run_id, row in zip(screen.runs, history_rows(screen), strict=True)}
+        assert started["20261125-100004-train-st1e300"] == "?"  # a time no clock can show
+        for run_id, problem in CRAFTED.items():
+            detail = RunDetailScreen(run_id)
+            await app.push_screen(detail)
+            await app.workers.wait_for_complete()
+            await until(pilot, lambda shown=detail: shown.loaded)
+            shown = str(detail.query_one("#detail-problems", Static).content)
+            assert problem in shown, (run_id, shown)
+            await pilot.press("escape")
+        detail = RunDetailScreen(GOOD)
+        await app.push_screen(detail)
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: detail.loaded and detail.view.plot_for("loss") is not None)
+        assert [track.count for track in detail.view.model.tracks.values()] == [20]
+        assert not detail.view.model.problems
+        assert app.is_running

@@ -469,8 +469,15 @@ BAD_INPUTS = [
     ),
     # export
     pytest.param(["export", "no-such-run"], {}, ["no run 'no-such-run' in"], id="export-unknown-run"),
-    pytest.param(["export", ""], {}, ["no run '' in"], id="export-empty-run-id"),
-    pytest.param(["export", "../.."], {}, ["no run '../..' in"], id="export-path-as-run-id"),
+    pytest.param(
+        ["export", ""], {}, ["'' is not a run id: a run id is the name of a directory"], id="export-empty-run-id"
+    ),
+    pytest.param(
+        ["export", "../.."],
+        {},
+        ["'../..' is not a run id: a run id is the name of a directory"],
+        id="export-path-as-run-id",
+    ),
     pytest.param(
         ["export", "x", "--format", "xml"],
         {},

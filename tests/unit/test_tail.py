@@ -22,16 +22,16 @@ def test_lines_come_once_each_and_only_when_their_newline_is_written(tmp_path):
     tail.close()
 
 
-def test_a_final_read_of_a_missing_file_raises_and_a_limit_caps_each_read(tmp_path):
+def test_a_final_read_of_a_missing_file_raises_a_limit_caps_each_read_and_a_long_line_is_skipped(tmp_path):
     with pytest.raises(OSError):
         LineTail(tmp_path / "missing").read_lines(final=True)
     path = tmp_path / "long.log"
     path.write_bytes(b"a" * 10 + b"\nbb\n")
-    tail = LineTail(path, limit=4)
-    # A line longer than the limit comes in pieces rather than never.
-    assert tail.read_lines() == [b"aaaa"]
-    assert tail.read_lines() == [b"aaaa"]
-    assert tail.read_lines() == [b"aa"]
+    tail = LineTail(path, limit=4, max_line_bytes=8)
+    # Each call reads at most 4 bytes; the 10-byte line passes the 8-byte cap and is dropped, not buffered.
+    assert tail.read_lines() == []
+    assert tail.read_lines() == []
+    assert tail.read_lines() == [] and tail.long_lines == [1]
     assert tail.read_lines() == [b"bb"]
     tail.close()
 

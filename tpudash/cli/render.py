@@ -9,7 +9,6 @@ dashboard; the run sinks (``tpudash.cli.sinks``) print a run with these tables.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from rich import box
@@ -19,7 +18,7 @@ from rich.padding import Padding
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from tpudash.format import brief_metrics, column_key, format_seconds, format_value, status_text
+from tpudash.format import brief_metrics, column_key, format_seconds, format_timestamp, format_value, status_text
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -240,7 +239,7 @@ def runs_table(runs: Sequence[RunInfo], runs_dir: Path, leave_out: Iterable[str]
         cells: dict[str, str | Text] = {
             "run": run.run_id,
             "job": run.job,
-            "started": datetime.fromtimestamp(run.started).strftime("%Y-%m-%d %H:%M:%S") if run.started else "-",
+            "started": format_timestamp(run.started) if run.started is not None else "-",
             "duration": format_seconds(run.duration),
             "status": status,
             "final metrics": brief_metrics(run.final_metrics),

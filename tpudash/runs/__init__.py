@@ -8,7 +8,7 @@ into a run (they import this package, not the other way round).
 - ``layout``: file names, run ids, statuses, sources, atomic run.json writes;
 - ``recorder``: ``RunRecorder``, the writer of one run;
 - ``tail``: ``LineTail`` (whole lines of a growing file) and ``EventTail``;
-- ``liveness``: whether a run's writer process still exists (psutil);
+- ``liveness``: whether a run's writer is still writing (its flock, its heartbeat; pid and psutil for older runs);
 - ``store``: ``RunStore``, listing, finding and loading runs;
 - ``export``: a run as CSV or JSON; ``telemetry_samples``: what its samples say;
 - ``follow``: a run followed as it grows, the runs directory watched;

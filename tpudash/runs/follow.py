@@ -34,6 +34,8 @@ from tpudash.runs.store import RunInfo, RunStore
 from tpudash.runs.tail import EventTail
 
 WRITER_CHECK_SECONDS = 1.0
+CATCH_UP_BYTES = 1 << 20
+"""What ``catch_up`` reads at a time: opening a long run holds this much of its file, not all of it."""
 # How often ``tpudash watch`` reads the file: what a person following a run perceives as at once.
 POLL_SECONDS = 0.1
 
@@ -67,16 +69,21 @@ class RunFollower:
         """Still growing: not ended (a run on another host counts as live until it finishes)."""
         return not self.ended
 
-    def poll(self) -> list[tuple[float | None, Event]]:
-        """Read what the run gained since the last poll into ``model``; the new events."""
+    def poll(self, max_bytes: int | None = None) -> list[tuple[float | None, Event]]:
+        """Read what the run gained since the last poll into ``model``; the new events.
+
+        ``max_bytes``: read about that much at most (see ``catch_up``).
+        """
         if self.ended:
             return []
-        events = self.tail.read_new()
+        events = self.tail.read_new(max_bytes=max_bytes)
         if events:
             self.model.apply_all(events)
-        self.model.apply_all(self.telemetry_tail.read_new())
+        self.model.apply_all(self.telemetry_tail.read_new(max_bytes=max_bytes))
         if self.tail.finished:
             self._end()
+        elif not self.tail.at_end:
+            pass  # more is written already: the next poll reads on
         elif self.info.status != STATUS_RUNNING or self._writer_gone():
             # Its last words may have landed after the read above.
             events += self._read_rest()
@@ -84,6 +91,18 @@ class RunFollower:
                 self._unfinished()
             self._end()
         return events
+
+    def catch_up(self) -> None:
+        """Read everything written so far into ``model``, CATCH_UP_BYTES at a time.
+
+        A run of a million events opens with memory bounded by the model's
+        caps (its series are decimated, its log is the last lines), not by
+        the size of its file: no list of all its events is ever made.
+        """
+        while not self.ended:
+            self.poll(max_bytes=CATCH_UP_BYTES)
+            if self.tail.at_end and self.telemetry_tail.at_end:
+                return
 
     def _writer_gone(self) -> bool:
         if self._clock() - self._writer_checked < WRITER_CHECK_SECONDS:
@@ -114,14 +133,15 @@ class RunFollower:
         if info.job != "?":
             model.job = info.job
         model.started = model.started or info.started
-        model.problems = list(info.problems) + list(self.tail.problems)
-        if self.tail.problem_count > len(self.tail.problems):
-            model.problems.append(f"{self.tail.problem_count - len(self.tail.problems)} more unreadable lines")
+        model.problems = list(info.problems) + self.tail.report()
         try:
-            model.apply_all(self.telemetry_tail.read_new(final=True))
+            while True:
+                model.apply_all(self.telemetry_tail.read_new(final=True, max_bytes=CATCH_UP_BYTES))
+                if self.telemetry_tail.at_end:
+                    break
         except OSError:
             pass  # no telemetry was recorded: nothing to add
-        model.problems += self.telemetry_tail.problems
+        model.problems += self.telemetry_tail.report()
         self.tail.close()
         self.telemetry_tail.close()
 

@@ -4,18 +4,21 @@
 (one ``jobs.events`` event per line, appended by the run's writer),
 ``run.json`` (its record, replaced whole) and ``telemetry.jsonl`` (samples
 an observer took while the run was live). Everything that reads or writes a
-run takes these names from here.
+run takes these names from here, but ``writer.lock`` (the writer's flock and
+heartbeat), which is ``tpudash.runs.liveness``'s.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
+import stat
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 EVENTS_FILE = "events.jsonl"
 RUN_FILE = "run.json"
@@ -29,6 +32,92 @@ STATUS_INTERRUPTED = "interrupted"
 SOURCE_JOB = "job"
 SOURCE_CALLBACK = "keras-callback"
 SOURCE_RECORD = "record"
+# Records are small: a run.json larger than this was not written by tpudash and is not read.
+MAX_RUN_FILE_BYTES = 1 << 20
+# What a run id may be, as errors say it: one directory name inside the runs directory.
+RUN_ID_RULE = "a run id is the name of a directory in the runs directory (no '/', not starting with '.')"
+
+
+class RefusedFile(OSError):
+    """A run's file that is not opened: not a regular file, a symbolic link, or too large. Its text says which."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)  # the reason alone, as a user reads it: not "[Errno 22] …"
+
+
+FILE_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def size_words(count: int) -> str:
+    """``1 MiB``, ``64 KiB``, ``100 bytes``: a cap as a refusal names it."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size and count % size == 0:
+            return f"{count // size} {unit}"
+    return f"{count} bytes"
+
+
+def open_regular(path: Path, max_bytes: int | None = None) -> BinaryIO:
+    """``path`` opened for reading only if it is a regular file (and at most ``max_bytes``); else RefusedFile.
+
+    Never follows a symbolic link (O_NOFOLLOW) and never blocks (O_NONBLOCK:
+    a FIFO would wait for a writer forever); the type is checked on the open
+    descriptor (fstat), so a file swapped in between cannot slip through.
+    Other errors (a missing file) are the OSError ``os.open`` raised.
+    """
+    path = Path(path)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        descriptor = os.open(path, flags)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise RefusedFile(errno.ELOOP, f"{path.name}: a symbolic link, not followed") from None
+        raise
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            kind = next((words for test, words in FILE_KINDS if test(status.st_mode)), "a special file")
+            raise RefusedFile(errno.EINVAL, f"{path.name}: not a regular file ({kind})")
+        if max_bytes is not None and status.st_size > max_bytes:
+            raise RefusedFile(errno.EFBIG, f"{path.name}: larger than {size_words(max_bytes)}")
+        # Back to blocking reads: a regular file never waits, and buffered readers expect it.
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def read_run_file(run_dir: Path) -> Any:
+    """run.json parsed (any JSON value); RefusedFile or OSError when it cannot be read, ValueError when not JSON."""
+    with open_regular(run_dir / RUN_FILE, MAX_RUN_FILE_BYTES) as handle:
+        # One byte past the cap: a file that grew after the fstat is still refused.
+        data = handle.read(MAX_RUN_FILE_BYTES + 1)
+    if len(data) > MAX_RUN_FILE_BYTES:
+        raise RefusedFile(errno.EFBIG, f"{RUN_FILE}: larger than {size_words(MAX_RUN_FILE_BYTES)}")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+
+
+def is_run_id(run_id: str) -> bool:
+    """Whether ``run_id`` may name a run: a plain directory name, never ``..`` or a hidden one."""
+    return (
+        bool(run_id)
+        and not run_id.startswith(".")
+        and "/" not in run_id
+        and os.sep not in run_id
+        and (os.altsep is None or os.altsep not in run_id)
+        and "\0" not in run_id
+    )
 
 
 def new_run_id(job: str, now: float | None = None) -> str:
@@ -59,8 +148,8 @@ def files_key(run_dir: Path) -> tuple[str, int, int] | None:
     """What changes when a run's record changes: run.json's (else events.jsonl's) mtime and size."""
     for name in (RUN_FILE, EVENTS_FILE):
         try:
-            stat = (run_dir / name).stat()
+            status = os.lstat(run_dir / name)  # a link is not followed here either
         except OSError:
             continue
-        return name, stat.st_mtime_ns, stat.st_size
+        return name, status.st_mtime_ns, status.st_size
     return None

@@ -1,22 +1,205 @@
-"""Whether the process that writes a run still exists, and when a process started (psutil).
+"""Whether the process that writes a run is still writing it: its flock on the host, its heartbeat across hosts.
 
-A run's record names its writer by host, pid and the pid's start time; the
-start time tells a live writer from an unrelated process that was given the
-same pid later. run.json stores it as ``pid_start_time`` (unix seconds).
-Runs written before that stored ``pid_start``, the kernel's start time in
+A writer (``tpudash.runs.recorder.RunRecorder``) holds an exclusive flock on
+``writer.lock`` in its run directory for as long as it writes, and the
+kernel lets go of it when the process ends, however it ends. Any process on
+the same host (another PID namespace, a container sharing the volume) tests
+it with a non-blocking shared flock on a read-only descriptor: a lock held
+is a live writer, a free one a writer gone. Nothing in /proc is read, and a
+pid given to an unrelated process later changes nothing.
+
+The same file holds the writer's heartbeat (JSON: ``heartbeat``, unix time,
+refreshed every ``HEARTBEAT_INTERVAL_SECONDS``; ``interval``; ``host`` and
+``pid`` as hints for messages), for readers that cannot see the lock, such
+as another host on a shared store: there a writer is live while its
+heartbeat is younger than ``STALE_AFTER_INTERVALS`` intervals (the hosts'
+clocks must agree to within an interval).
+
+Runs written before the lock existed have no ``writer.lock``; they are
+judged by pid as before. Their record names the writer by host, pid and the
+pid's start time; the start time tells a live writer from an unrelated
+process given the same pid later. run.json stores it as ``pid_start_time``
+(unix seconds); older runs stored ``pid_start``, the kernel's start time in
 clock ticks since boot (field 22 of /proc/PID/stat); both are still judged.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import psutil
+
+from jobs.events import is_finite_number
+
+WRITER_FILE = "writer.lock"
+"""In a run directory: flock'd by the run's writer while it writes; holds its heartbeat."""
+HEARTBEAT_INTERVAL_SECONDS = 5.0
+STALE_AFTER_INTERVALS = 3
+# A heartbeat file is a few dozen bytes; anything larger is not one.
+MAX_HEARTBEAT_BYTES = 4096
+# What a heartbeat's own ``interval`` may say; outside it, the default is used.
+INTERVAL_RANGE_SECONDS = (0.01, 600.0)
 
 # The kernel's boot time, from which a start time is computed, is whole
 # seconds and can move by one when the clock is adjusted: two readings of
 # the same process's start time may differ by that much.
 START_TIME_TOLERANCE_SECONDS = 1.0
+
+
+class WriterLock:
+    """The writer's side: the flock on ``writer.lock`` and a thread that refreshes the heartbeat in it.
+
+    ``held`` is False when another process holds the lock (a writer that is
+    still alive, or a child it forked); writing goes on without it, and
+    readers on the host see that other holder.
+    """
+
+    def __init__(
+        self, run_dir: Path, *, interval: float = HEARTBEAT_INTERVAL_SECONDS, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.path = run_dir / WRITER_FILE
+        self.interval = interval
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fd: int | None = os.open(
+            self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644
+        )
+        try:
+            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+                raise OSError(errno.EINVAL, f"{WRITER_FILE} is not a regular file", str(self.path))
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.held = True
+        except BlockingIOError:
+            self.held = False
+        except BaseException:
+            os.close(self._fd)
+            self._fd = None
+            raise
+        self.beat()
+
+    def start(self) -> WriterLock:
+        """Refresh the heartbeat every ``interval`` seconds on a daemon thread until ``release``."""
+        self._thread = threading.Thread(
+            target=self._beat_periodically, name=f"tpudash-heartbeat-{self.path.parent.name}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def beat(self) -> None:
+        """Write the heartbeat now; a write that fails (a full disk) is skipped, the lock still tells."""
+        if self._fd is None or not self.held:
+            return
+        payload = {
+            "heartbeat": round(self._clock(), 3),
+            "interval": self.interval,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
+        data = (json.dumps(payload, sort_keys=True) + "\n").encode()
+        try:
+            os.pwrite(self._fd, data, 0)
+            os.ftruncate(self._fd, len(data))
+        except OSError:
+            pass
+
+    def _beat_periodically(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.beat()
+
+    def release(self) -> None:
+        """Stop the heartbeat and let go of the lock (the writer has finished or closed the run)."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # the flock goes with the descriptor
+
+
+def _open_writer_file(run_dir: Path) -> int | None:
+    """``writer.lock`` opened read-only without following links or blocking; None when absent or unusable."""
+    try:
+        fd = os.open(run_dir / WRITER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def lock_held(run_dir: Path) -> bool | None:
+    """Whether a process on this host holds the run's writer lock (None: no ``writer.lock``, an older run)."""
+    fd = _open_writer_file(run_dir)
+    if fd is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None  # a file system without flock: the heartbeat must tell
+    finally:
+        os.close(fd)  # a shared lock we took goes with it
+    return False
+
+
+def heartbeat_fresh(run_dir: Path, now: float | None = None) -> bool | None:
+    """Whether the writer's heartbeat is younger than ``STALE_AFTER_INTERVALS`` intervals (None: there is none)."""
+    fd = _open_writer_file(run_dir)
+    if fd is None:
+        return None
+    try:
+        data = os.read(fd, MAX_HEARTBEAT_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        payload = json.loads(data) if len(data) <= MAX_HEARTBEAT_BYTES else None
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        return None
+    beat, stated_interval = payload.get("heartbeat"), payload.get("interval")
+    if not is_finite_number(beat):
+        return None
+    low, high = INTERVAL_RANGE_SECONDS
+    interval = HEARTBEAT_INTERVAL_SECONDS
+    if is_finite_number(stated_interval) and low <= stated_interval <= high:
+        interval = float(stated_interval)
+    age = (time.time() if now is None else now) - float(beat)
+    # A heartbeat from the future (a clock ahead of ours) counts as fresh.
+    return age <= STALE_AFTER_INTERVALS * interval
+
+
+def writer_alive(run_dir: Path, on_this_host: bool) -> bool | None:
+    """Whether the run's writer is still writing, by its lock and then its heartbeat; None: no way to tell.
+
+    A lock held is conclusive wherever the holder is (another namespace on
+    this host). A free lock is conclusive on this host; on another host the
+    lock may not be visible here, so the heartbeat decides.
+    """
+    held = lock_held(run_dir)
+    if held:
+        return True
+    if held is False and on_this_host:
+        return False
+    return heartbeat_fresh(run_dir)
 
 
 def process_start_time(pid: int) -> float | None:

@@ -18,20 +18,82 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.events import Event, Metric, RunFinished, RunStarted, is_finite_number
+from jobs.events import (
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+    Event,
+    Metric,
+    RunFinished,
+    RunStarted,
+    is_sane_timestamp,
+    json_size,
+)
 from tpudash.runs import liveness
 from tpudash.runs.export import export_run
 from tpudash.runs.layout import (
     EVENTS_FILE,
     RUN_FILE,
+    RUN_ID_RULE,
     SOURCE_JOB,
     STATUS_INTERRUPTED,
     STATUS_RUNNING,
     TELEMETRY_FILE,
+    RefusedFile,
     files_key,
+    is_run_id,
+    read_run_file,
 )
 from tpudash.runs.recorder import RunRecorder
-from tpudash.runs.tail import read_events
+from tpudash.runs.tail import fold_events, read_events
+
+# A pid as Linux gives them (pid_max is at most 2**22): anything else in run.json is not a process to look at.
+MAX_PID = 2**22
+# params, summary and final_metrics: values counted through every level.
+MAX_RECORD_VALUES = 10_000
+
+
+def checked_field(meta: dict, name: str, problems: list[str]) -> Any:
+    """run.json's ``name`` if it is what the field may hold, else None with the problem named."""
+    value = meta.get(name)
+    if value is None:
+        return None
+    allowed = RUN_FIELD_RULES[name]
+    if allowed[1](value):
+        return value
+    problems.append(f"{RUN_FILE}: {name} must be {allowed[0]}, not {value!r:.40}")
+    return None
+
+
+def _bounded_dict(value: Any) -> bool:
+    try:
+        return isinstance(value, dict) and json_size(value) <= MAX_RECORD_VALUES
+    except ValueError:  # nested too deeply
+        return False
+
+
+# What each field of run.json may hold, as errors say it, and the check.
+RUN_FIELD_RULES: dict[str, tuple[str, Any]] = {
+    **{name: ("a unix time (1970 to 9999)", is_sane_timestamp) for name in ("started", "finished", "pid_start_time")},
+    "pid": (
+        f"a process id from 1 to {MAX_PID}",
+        lambda value: isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PID,
+    ),
+    **{
+        name: (
+            f"text of at most {MAX_NAME_CHARS} characters",
+            lambda value: isinstance(value, str) and len(value) <= MAX_NAME_CHARS,
+        )
+        for name in ("job", "status", "source", "host", "pid_start")
+    },
+    "error": (
+        f"text of at most {MAX_TEXT_CHARS} characters",
+        lambda value: isinstance(value, str) and len(value) <= MAX_TEXT_CHARS,
+    ),
+    **{
+        name: (f"a JSON object of at most {MAX_RECORD_VALUES} values", _bounded_dict)
+        for name in ("params", "summary", "final_metrics")
+    },
+}
 
 
 @dataclass
@@ -61,9 +123,15 @@ class RunInfo:
     """Running, and its writer process is alive on this host: the run is still growing."""
 
     def writer_alive(self) -> bool | None:
-        """Whether the writing process still exists (None: it is on another host, or unknown)."""
-        if self.host != socket.gethostname() or self.host is None:
-            return None
+        """Whether the run's writer is still writing it (None: it cannot be told, such as an old run of another host).
+
+        Its lock on this host, its heartbeat from another (``liveness.writer_alive``);
+        runs written before the lock existed are judged by their pid on this host.
+        """
+        on_this_host = self.host is not None and self.host == socket.gethostname()
+        judged = liveness.writer_alive(self.path, on_this_host)
+        if judged is not None or not on_this_host:
+            return judged
         return isinstance(self.pid, int) and liveness.process_alive(
             self.pid, self.pid_start_time, start_ticks=self.pid_start_ticks
         )
@@ -93,6 +161,22 @@ class RunInfo:
             "host": self.host,
             "live": self.live,
         }
+
+
+def _as_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _links_to_dir(entry: os.DirEntry) -> bool:
+    """A symbolic link to a directory: listed so the user sees it, never read through."""
+    try:
+        return entry.is_symlink() and entry.is_dir()
+    except OSError:
+        return False
 
 
 @dataclass
@@ -144,22 +228,41 @@ class RunStore:
         }
         return RunRecorder(run_dir, meta, flush_interval=flush_interval)
 
-    def finish_abandoned(self, run_id: str, job: str, params: dict, status: str, error: str | None) -> None:
+    def finish_abandoned(self, run_id: str, job: str, params: dict, status: str, error: str | None) -> OSError | None:
         """End a run whose writer died (a killed engine): append RunFinished and update run.json.
 
         Everything the run reported stays; its final metrics are read back
-        from its events. A run the writer never created is created here, so
-        even a job that died before it started has a record. A run that
-        already ended is left as it is.
+        from its events. RunFinished starts on a line of its own, after a
+        last line the writer left cut short (that line reads as one event
+        that could not be read). A run the writer never created is created
+        here, so even a job that died before it started has a record. A run
+        that already ended is left as it is. Returns the error that kept the
+        end off the disk (a full disk), or None; it never raises one.
         """
         run_dir = self.root / run_id
         events, _ = read_events(run_dir / EVENTS_FILE)
         if any(isinstance(event, RunFinished) for _, event in events):
-            return
+            return None
         try:
             meta = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             meta = None
+        try:
+            return self._write_finish(run_id, job, params, status, error, events, meta)
+        except OSError as write_error:
+            return write_error
+
+    def _write_finish(
+        self,
+        run_id: str,
+        job: str,
+        params: dict,
+        status: str,
+        error: str | None,
+        events: list[tuple[float | None, Event]],
+        meta: Any,
+    ) -> OSError | None:
+        run_dir = self.root / run_id
         if not isinstance(meta, dict):
             recorder = (
                 self.create(run_id, job, params, {})
@@ -184,10 +287,17 @@ class RunStore:
             if isinstance(event, Metric):
                 recorder.remember_metric(event)
         recorder.record(RunFinished(status=status, summary={}, error=error, traceback=None))
+        return recorder.write_error
 
     def run_dirs(self) -> list[Path]:
+        """Every run directory, by name; a symbolic link to a directory is listed (``info`` says it is not read)."""
         try:
-            entries = [entry for entry in self.root.iterdir() if entry.is_dir() and not entry.name.startswith(".")]
+            with os.scandir(self.root) as scan:
+                entries = [
+                    Path(entry.path)
+                    for entry in scan
+                    if is_run_id(entry.name) and (entry.is_dir(follow_symlinks=False) or _links_to_dir(entry))
+                ]
         except OSError:
             return []
         return sorted(entries, key=lambda entry: entry.name)
@@ -210,14 +320,21 @@ class RunStore:
         return dataclasses.replace(info, problems=list(info.problems))
 
     def _read_info(self, run_dir: Path) -> RunInfo:
+        """run.json read with every field checked: a field that breaks its rule is left out and named."""
         info = RunInfo(run_id=run_dir.name, path=run_dir)
+        if run_dir.is_symlink():
+            info.problems.append(f"{run_dir.name}: a symbolic link, not followed")
+            return info
         meta: Any = None
         try:
-            meta = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+            meta = read_run_file(run_dir)
             if not isinstance(meta, dict):
-                raise ValueError("not an object")
+                raise ValueError("not a JSON object")
         except FileNotFoundError:
             info.problems.append(f"{RUN_FILE}: missing")
+            meta = None
+        except RefusedFile as error:
+            info.problems.append(str(error))
             meta = None
         except (OSError, ValueError) as error:
             info.problems.append(f"{RUN_FILE}: unreadable ({getattr(error, 'strerror', None) or error})")
@@ -225,19 +342,21 @@ class RunStore:
         if meta is None:
             self._info_from_events(info)
             return info
-        info.job = str(meta.get("job", "?"))
-        info.status = str(meta.get("status", "unknown"))
-        info.started = float(meta["started"]) if is_finite_number(meta.get("started")) else None
-        info.finished = float(meta["finished"]) if is_finite_number(meta.get("finished")) else None
-        info.params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
-        info.summary = meta.get("summary") if isinstance(meta.get("summary"), dict) else {}
-        info.final_metrics = meta.get("final_metrics") if isinstance(meta.get("final_metrics"), dict) else {}
-        info.error = meta.get("error")
-        info.source = str(meta.get("source", SOURCE_JOB))
-        info.pid = meta.get("pid") if isinstance(meta.get("pid"), int) else None
-        info.pid_start_time = float(meta["pid_start_time"]) if is_finite_number(meta.get("pid_start_time")) else None
-        info.pid_start_ticks = meta.get("pid_start") if isinstance(meta.get("pid_start"), str) else None
-        info.host = meta.get("host") if isinstance(meta.get("host"), str) else None
+        problems = info.problems
+        info.job = checked_field(meta, "job", problems) or "?"
+        info.status = checked_field(meta, "status", problems) or "unknown"
+        info.started = _as_float(checked_field(meta, "started", problems))
+        info.finished = _as_float(checked_field(meta, "finished", problems))
+        info.params = checked_field(meta, "params", problems) or {}
+        info.summary = checked_field(meta, "summary", problems) or {}
+        final_metrics = checked_field(meta, "final_metrics", problems) or {}
+        info.final_metrics = {name: value for name, value in final_metrics.items() if _is_number(value)}
+        info.error = checked_field(meta, "error", problems)
+        info.source = checked_field(meta, "source", problems) or SOURCE_JOB
+        info.pid = checked_field(meta, "pid", problems)
+        info.pid_start_time = _as_float(checked_field(meta, "pid_start_time", problems))
+        info.pid_start_ticks = checked_field(meta, "pid_start", problems)
+        info.host = checked_field(meta, "host", problems)
         if info.status == STATUS_RUNNING:
             alive = info.writer_alive()
             if alive is False:
@@ -247,37 +366,57 @@ class RunStore:
         return info
 
     def _info_from_events(self, info: RunInfo) -> None:
-        events, problems = read_events(info.path / EVENTS_FILE)
-        info.problems.extend(problems)
         info.status = STATUS_INTERRUPTED
-        for stamp, event in events:
+
+        def visit(stamp: float | None, event: Event) -> None:
             if isinstance(event, RunStarted):
                 info.job, info.params, info.started = event.job, event.params, event.time
+                # (A RunStarted's params passed the event's checks; bound them as run.json's are.)
+                if not _bounded_dict(info.params):
+                    info.params = {}
             elif isinstance(event, RunFinished):
                 info.status, info.summary, info.error, info.finished = event.status, event.summary, event.error, stamp
             elif isinstance(event, Metric):
                 info.final_metrics[event.final_name] = event.value
 
+        info.problems.extend(fold_events(info.path / EVENTS_FILE, visit))
+
     def _refresh_from_events(self, info: RunInfo) -> None:
         """For an interrupted run, the last metrics and time come from its events."""
-        events, _ = read_events(info.path / EVENTS_FILE)
-        for stamp, event in events:
+
+        def visit(stamp: float | None, event: Event) -> None:
             if isinstance(event, Metric):
                 info.final_metrics[event.final_name] = event.value
             if stamp is not None:
                 info.finished = stamp
 
+        fold_events(info.path / EVENTS_FILE, visit)
+
     def list_runs(self) -> list[RunInfo]:
-        """Every run, oldest first."""
-        return [self.info(run_dir) for run_dir in self.run_dirs()]
+        """Every run, oldest first. A run that cannot be read at all still lists, with what went wrong."""
+        infos = []
+        for run_dir in self.run_dirs():
+            try:
+                infos.append(self.info(run_dir))
+            except Exception as error:  # noqa: BLE001 - one bad run must never stop a scan of the others
+                infos.append(
+                    RunInfo(
+                        run_id=run_dir.name, path=run_dir, problems=[f"cannot read: {type(error).__name__}: {error}"]
+                    )
+                )
+        return infos
 
     def find(self, run_id: str) -> Path:
-        """The directory of ``run_id`` (a unique prefix is enough)."""
+        """The directory of ``run_id`` (a unique prefix is enough); KeyError if none, or not a run id."""
+        if not isinstance(run_id, str) or not is_run_id(run_id):
+            raise KeyError(f"{run_id!r} is not a run id: {RUN_ID_RULE}")
         exact = self.root / run_id
-        if run_id and "/" not in run_id and exact.is_dir():
+        if exact.is_dir() and not exact.is_symlink():
             return exact
-        matches = [path for path in self.run_dirs() if path.name.startswith(run_id)] if run_id else []
+        matches = [path for path in self.run_dirs() if path.name.startswith(run_id)]
         if len(matches) == 1:
+            if matches[0].is_symlink():
+                raise KeyError(f"run {matches[0].name}: a symbolic link to a directory, not followed")
             return matches[0]
         if not matches:
             raise KeyError(f"no run {run_id!r} in {self.root}")

@@ -2,59 +2,146 @@
 
 ``LineTail`` is the one reader of a growing file: each ``read_lines`` returns
 the lines completed since the last, never half a line a writer is still
-writing. ``EventTail`` parses those lines of events.jsonl or telemetry.jsonl
-into ``jobs.events`` events, naming what it could not read; ``read_events``
-reads a whole file that way.
+writing. It opens only regular files (``layout.open_regular``), reads in
+bounded chunks, and skips (and counts) a line longer than its cap rather
+than buffering it. ``EventTail`` parses those lines of events.jsonl or
+telemetry.jsonl into ``jobs.events`` events, every field checked, naming
+what it could not read; ``read_events`` reads a whole file that way.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import BinaryIO
 
-from jobs.events import Event, RunFinished, event_from_dict
+from jobs.events import Event, RunFinished, decode_event_line
+from tpudash.runs.layout import RefusedFile, open_regular, size_words
 
 MAX_PROBLEMS_KEPT = 100
+MAX_LINE_BYTES = 1 << 20
+"""A line of events.jsonl longer than this is skipped (an event is a few hundred bytes; a table a few KiB)."""
+READ_CHUNK_BYTES = 1 << 20
+"""Bytes one ``read`` call asks for: memory is bounded by this, not by the file."""
 
 
 class LineTail:
     """Follows a file as a writer appends to it: each ``read_lines`` returns the lines completed since the last.
 
     A line is returned only once its newline is written (the writer may be
-    mid-line), unless ``final`` says the writer is gone or a line grows past
-    ``limit`` bytes (a ``limit`` also caps how much one call reads). A
-    missing file reads as nothing yet.
+    mid-line), unless ``final`` says the writer is gone. A line longer than
+    ``max_line_bytes`` is dropped as it streams in and its number kept in
+    ``long_lines``. ``limit`` caps the bytes one call consumes (None: up to
+    the end of the file, in chunks). A missing file reads as nothing yet; a
+    file ``open_regular`` refuses reads as nothing, its reason in ``refused``.
     """
 
-    def __init__(self, path: Path, limit: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        limit: int | None = None,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        chunk_bytes: int = READ_CHUNK_BYTES,
+    ) -> None:
         self.path = Path(path)
         self.limit = limit
-        self._handle: IO[bytes] | None = None
-        self._partial = b""
+        self.max_line_bytes = max_line_bytes
+        self.chunk_bytes = chunk_bytes
+        self.refused: str | None = None
+        """Why the file is not read (a FIFO, a symbolic link), once found; then it is not tried again."""
+        self.long_lines: list[int] = []
+        """Numbers (from 1) of the lines skipped for their length, not yet taken by the caller."""
+        self.line_number = 0
+        """Lines completed so far, skipped ones included."""
+        self.at_end = False
+        """Whether the last read reached the end of the file (a ``max_bytes`` may stop it sooner)."""
+        self._handle: BinaryIO | None = None
+        self._partial = bytearray()
+        self._skipping = False
 
     def read_lines(self, final: bool = False) -> list[bytes]:
-        """The lines completed since the last call, without their newlines.
+        """The lines completed since the last call, without their newlines."""
+        return [line for _, line in self.read_numbered(final)]
 
-        ``final``: also a last line without its newline. Raises OSError only
-        when ``final`` and the file cannot be opened.
+    def read_numbered(self, final: bool = False, max_bytes: int | None = None) -> list[tuple[int, bytes]]:
+        """The lines completed since the last call as (line number from 1, line without its newline).
+
+        ``final``: also a last line without its newline, once the end of the
+        file is reached. ``max_bytes`` (and ``limit``) stop the call after
+        about that many bytes; ``at_end`` says whether it reached the end of
+        the file. Raises OSError only when ``final`` and the file cannot be
+        opened (RefusedFile when it is not a regular file).
         """
-        if self._handle is None:
-            try:
-                self._handle = open(self.path, "rb")
-            except OSError:
-                if final:
-                    raise
-                return []
-        chunk = self._handle.read(-1 if self.limit is None else self.limit)
-        if not chunk and not (final and self._partial):
+        if self._handle is None and not self._open(final):
+            self.at_end = True  # nothing to read yet (or ever: a refused file)
             return []
-        lines = (self._partial + chunk).split(b"\n")
-        self._partial = lines.pop()
-        if (final or (self.limit is not None and len(self._partial) >= self.limit)) and self._partial:
-            lines.append(self._partial)
-            self._partial = b""
+        assert self._handle is not None
+        lines: list[tuple[int, bytes]] = []
+        budgets = [budget for budget in (self.limit, max_bytes) if budget is not None]
+        budget = min(budgets) if budgets else None
+        self.at_end = False
+        while budget is None or budget > 0:
+            chunk = self._handle.read(self.chunk_bytes if budget is None else min(self.chunk_bytes, budget))
+            if not chunk:
+                self.at_end = True
+                break
+            if budget is not None:
+                budget -= len(chunk)
+            self._split(chunk, lines)
+        if final and self.at_end and (self._partial or self._skipping):
+            self._end_line(lines)
         return lines
+
+    def _open(self, final: bool) -> bool:
+        if self.refused is not None:
+            if final:
+                raise RefusedFile(self.refused)
+            return False
+        try:
+            self._handle = open_regular(self.path)
+        except RefusedFile as error:
+            self.refused = str(error)
+            if final:
+                raise
+            return False
+        except OSError:
+            if final:
+                raise
+            return False
+        return True
+
+    def _split(self, chunk: bytes, lines: list[tuple[int, bytes]]) -> None:
+        pieces = chunk.split(b"\n")
+        rest = pieces.pop()  # after the chunk's last newline: the start of a line still being written
+        if pieces:
+            self._keep(pieces[0])  # completes the line begun in an earlier chunk
+            self._end_line(lines)
+            for piece in pieces[1:]:  # whole lines within this chunk
+                self.line_number += 1
+                if len(piece) > self.max_line_bytes:
+                    self.long_lines.append(self.line_number)
+                else:
+                    lines.append((self.line_number, piece))
+        self._keep(rest)
+
+    def _keep(self, piece: bytes) -> None:
+        """Add to the line being read, unless it is being skipped or ``piece`` takes it past the cap."""
+        if self._skipping or not piece:
+            return
+        if len(self._partial) + len(piece) > self.max_line_bytes:
+            self._skipping = True
+            self._partial.clear()
+        else:
+            self._partial += piece
+
+    def _end_line(self, lines: list[tuple[int, bytes]]) -> None:
+        self.line_number += 1
+        if self._skipping:
+            self.long_lines.append(self.line_number)
+            self._skipping = False
+        else:
+            lines.append((self.line_number, bytes(self._partial)))
+        self._partial.clear()
 
     def close(self) -> None:
         if self._handle is not None:
@@ -62,39 +149,45 @@ class LineTail:
             self._handle = None
 
 
-def parse_event_line(line: str | bytes) -> tuple[float | None, Event]:
-    """One line of events.jsonl as (timestamp, event); ValueError names what is wrong with it."""
+def fold_events(path: Path, visit: Callable[[float | None, Event], None]) -> list[str]:
+    """Hand each event of a whole file to ``visit`` as it is read, in chunks; what could not be read.
+
+    Memory is bounded by a chunk, not by the file: a run of a million events
+    is folded (its final metrics, its last time) without holding its events.
+    """
+    tail = EventTail(path)
     try:
-        payload = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise ValueError("truncated or not JSON") from None
-    event = event_from_dict(payload)  # UnknownEventError is a ValueError
-    return payload.get("t"), event
+        for stamp, event in tail.read_all():
+            visit(stamp, event)
+    except RefusedFile as error:
+        return [str(error)]
+    except OSError as error:
+        return [f"{path.name}: cannot read ({error.strerror or error})"]
+    finally:
+        tail.close()
+    return tail.report()
 
 
 def read_events(path: Path) -> tuple[list[tuple[float | None, Event]], list[str]]:
-    """Every event that parses, with its timestamp, plus one problem per bad line."""
-    tail = EventTail(path)
-    try:
-        events = tail.read_new(final=True)
-    except OSError as error:
-        return [], [f"{path.name}: cannot read ({error.strerror or error})"]
-    finally:
-        tail.close()
-    return events, tail.problems
+    """Every event that parses, with its timestamp, plus what could not be read (``EventTail.report``)."""
+    events: list[tuple[float | None, Event]] = []
+    problems = fold_events(path, lambda stamp, event: events.append((stamp, event)))
+    return events, problems
 
 
 class EventTail:
     """Follows a run's events.jsonl as its writer appends: each ``read_new`` returns the events added since.
 
-    Lines come from a ``LineTail``; a line that does not parse is named in
-    ``problems`` (the first hundred) and skipped. A missing file reads as no
-    events yet (the engine has not started the run).
+    Lines come from a ``LineTail``; a line that does not parse (not JSON, a
+    field of the wrong type or range, longer than the line cap) is skipped,
+    counted in ``problem_count`` and named in ``problems`` (the first
+    hundred); ``report`` says it as a user reads it. A missing file reads
+    as no events yet (the engine has not started the run); a file that is
+    not a regular one is never read, and named.
     """
 
     def __init__(self, path: Path) -> None:
         self.lines = LineTail(path)
-        self._line_number = 0
         self.problems: list[str] = []
         self.problem_count = 0
         self.finished = False
@@ -104,27 +197,69 @@ class EventTail:
     def path(self) -> Path:
         return self.lines.path
 
-    def read_new(self, final: bool = False) -> list[tuple[float | None, Event]]:
+    def read_all(self) -> Iterator[tuple[float | None, Event]]:
+        """Every event from here to the end of the file (a last line without its newline too), read in chunks.
+
+        Memory is bounded by a chunk whatever the file's size: a caller that
+        folds the events as they come (a run's final metrics) never holds them all.
+        """
+        while True:
+            yield from self.read_new(final=True, max_bytes=READ_CHUNK_BYTES)
+            if self.at_end:
+                return
+
+    @property
+    def at_end(self) -> bool:
+        """Whether the last read reached the end of the file."""
+        return self.lines.at_end
+
+    def read_new(self, final: bool = False, max_bytes: int | None = None) -> list[tuple[float | None, Event]]:
         """The events completed since the last call; ``final``: also a last line without its newline.
 
+        ``max_bytes``: read about that much at most (``at_end`` says whether
+        the file's end was reached), so a long run is read in bounded pieces.
         Raises OSError only when ``final`` and the file exists but cannot be read.
         """
+        refused_before = self.lines.refused
+        try:
+            numbered = self.lines.read_numbered(final, max_bytes)
+        finally:
+            if self.lines.refused is not None and refused_before is None:
+                self._problem(self.lines.refused)
         events: list[tuple[float | None, Event]] = []
-        for line in self.lines.read_lines(final):
-            self._line_number += 1
+        for number, line in numbered:
+            while self.lines.long_lines and self.lines.long_lines[0] < number:
+                self._long_line(self.lines.long_lines.pop(0))
             if not line.strip():
                 continue
             try:
-                stamp, event = parse_event_line(line)
+                stamp, event = decode_event_line(line)
             except ValueError as error:
-                self.problem_count += 1
-                if len(self.problems) < MAX_PROBLEMS_KEPT:
-                    self.problems.append(f"{self.path.name} line {self._line_number}: {error}")
+                self._problem(f"{self.path.name} line {number}: {error}")
                 continue
             events.append((stamp, event))
             if isinstance(event, RunFinished):
                 self.finished = True
+        while self.lines.long_lines:
+            self._long_line(self.lines.long_lines.pop(0))
         return events
+
+    def _long_line(self, number: int) -> None:
+        self._problem(f"{self.path.name} line {number}: longer than {size_words(self.lines.max_line_bytes)}")
+
+    def _problem(self, text: str) -> None:
+        self.problem_count += 1
+        if len(self.problems) < MAX_PROBLEMS_KEPT:
+            self.problems.append(text)
+
+    def report(self) -> list[str]:
+        """What could not be read, as a run shows it: ``N events could not be read: <the first reason>``."""
+        if not self.problem_count:
+            return []
+        if self.lines.refused is not None and self.problem_count == 1:
+            return [self.lines.refused]
+        count = self.problem_count
+        return [f"{count} event{'' if count == 1 else 's'} could not be read: {self.problems[0]}"]
 
     def close(self) -> None:
         self.lines.close()

@@ -1,0 +1,88 @@
+"""Long runs open in bounded memory: a run's file is read a chunk at a time and folded, never held whole."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+from jobs.events import Metric, Progress, RunFinished, RunStarted, dumps
+from tpudash.runs.follow import RunFollower
+from tpudash.runs.store import RunStore
+from tpudash.runs.tail import EventTail
+
+START = 1_790_000_000.0
+
+
+def write_long_run(store: RunStore, steps: int, finished: bool = True) -> str:
+    """A training run as a long fit writes it: per step a loss, an accuracy and the progress."""
+    recorder = store.create(f"20261125-000000-train-{steps:06d}", "train", {}, {})
+    run_id = recorder.run_dir.name
+    recorder.close()
+    lines = [dumps(RunStarted(run_id, "train", {}, {}, START), START)]
+    for step in range(1, steps + 1):
+        stamp = START + step
+        lines.append(dumps(Metric("loss", 1.0 / step, step, 0), stamp))
+        lines.append(dumps(Metric("accuracy", 1.0 - 1.0 / step, step, 0), stamp))
+        lines.append(dumps(Progress(step, steps, "step"), stamp))
+    if finished:
+        lines.append(dumps(RunFinished("done"), START + steps))
+    (recorder.run_dir / "events.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return run_id
+
+
+def peak_bytes_opening(store: RunStore, run_id: str) -> tuple[int, RunFollower]:
+    tracemalloc.start()
+    try:
+        follower = RunFollower(store, run_id)
+        follower.catch_up()
+        return tracemalloc.get_traced_memory()[1], follower
+    finally:
+        tracemalloc.stop()
+
+
+def test_opening_a_run_four_times_as_long_takes_no_more_memory(tmp_path):
+    store = RunStore(tmp_path / "runs")
+    short, long = write_long_run(store, 10_000), write_long_run(store, 40_000)
+    short_peak, _ = peak_bytes_opening(store, short)
+    long_peak, follower = peak_bytes_opening(store, long)
+    file_bytes = (store.root / long / "events.jsonl").stat().st_size
+    # Everything was read: the last step, the end, the final loss.
+    assert follower.ended and follower.model.status == "done"
+    assert follower.model.progress["step"].done == 40_000
+    assert follower.model.last_metrics()["loss"] == 1.0 / 40_000
+    # The file is over 4 MiB; opening it holds less than half of that, and no more than the short run does.
+    assert file_bytes > 4 << 20
+    assert long_peak < file_bytes / 2
+    assert long_peak < 1.5 * short_peak
+
+
+def test_a_run_listed_without_its_record_is_folded_from_its_events_in_bounded_memory(tmp_path):
+    store = RunStore(tmp_path / "runs")
+    run_id = write_long_run(store, 40_000, finished=False)
+    (store.root / run_id / "run.json").unlink()  # History rebuilds the run from its events
+    tracemalloc.start()
+    try:
+        info = store.info(store.root / run_id)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert info.status == "interrupted" and info.job == "train"
+    assert info.final_metrics["loss"] == 1.0 / 40_000
+    assert peak < (store.root / run_id / "events.jsonl").stat().st_size / 2
+
+
+def test_reading_in_small_pieces_gives_the_events_one_read_gives(tmp_path):
+    path = tmp_path / "events.jsonl"
+    lines = [dumps(Metric("loss", 1.0 / step, step), START + step) for step in range(1, 200)]
+    # The last line is cut off mid-way (a writer killed while writing it): it is read only as final.
+    path.write_text("\n".join(lines) + "\n" + lines[0][:20], encoding="utf-8")
+    whole = EventTail(path).read_new(final=True)
+    pieces = EventTail(path)
+    gathered = []
+    while True:
+        gathered += pieces.read_new(final=True, max_bytes=97)
+        if pieces.at_end:
+            break
+    assert gathered == whole and len(whole) == 199
+    assert pieces.problem_count == 1 and "line 200" in pieces.problems[0]
+    assert json.loads(lines[-1])["step"] == whole[-1][1].step

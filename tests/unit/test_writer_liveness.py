@@ -1,0 +1,164 @@
+"""Whether a run's writer is alive: its flock on this host (across namespaces and pid reuse), else its heartbeat.
+
+The writers are real processes (``tests/writer_process.py``) killed with
+SIGKILL; the tests wait on their pipes, never on a clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import REPO_ROOT
+from tpudash.runs import liveness
+from tpudash.runs.layout import new_run_id
+from tpudash.runs.store import RunStore
+
+WAIT = 60.0
+
+
+class Writer:
+    """``tests/writer_process.py`` in a child: a run recorded with ``tpudash.record`` until killed."""
+
+    def __init__(self, runs_dir: Path):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.writer_process", "lively"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+            env=dict(os.environ, TPUDASH_RUNS_DIR=str(runs_dir)),
+        )
+        started = self.process.stdout.readline().split()
+        assert started[:1] == ["started"], started
+        self.run_id = started[1]
+
+    def kill(self) -> None:
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=WAIT)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.kill()
+        for stream in (self.process.stdin, self.process.stdout):
+            stream.close()
+
+
+def rewrite_run_json(run_dir: Path, **changes) -> None:
+    meta = json.loads((run_dir / "run.json").read_text())
+    meta.update(changes)
+    (run_dir / "run.json").write_text(json.dumps(meta))
+
+
+def test_a_live_writer_is_alive_and_once_killed_with_sigkill_its_run_is_interrupted(store):
+    writer = Writer(store.root)
+    try:
+        info = store.info(store.find(writer.run_id))
+        assert info.writer_alive() is True and (info.status, info.live) == ("running", True)
+        writer.kill()
+        info = store.info(store.find(writer.run_id))
+        assert info.writer_alive() is False and (info.status, info.live) == ("interrupted", False)
+    finally:
+        writer.close()
+
+
+def test_a_dead_writers_pid_given_to_an_unrelated_live_process_does_not_make_its_run_live(store):
+    writer = Writer(store.root)
+    try:
+        writer.kill()
+    finally:
+        writer.close()
+    run_dir = store.find(writer.run_id)
+    # Pid reuse at its worst: the pid and its start time now name a live process (this one).
+    rewrite_run_json(run_dir, pid=os.getpid(), pid_start_time=liveness.process_start_time(os.getpid()))
+    info = store.info(run_dir)
+    assert info.writer_alive() is False and info.status == "interrupted"
+
+
+def test_a_writer_under_another_host_name_on_this_host_is_seen_alive_by_its_lock(store):
+    """A container sharing the runs volume has its own host name and pid namespace, but the same kernel."""
+    writer = Writer(store.root)
+    try:
+        run_dir = store.find(writer.run_id)
+        rewrite_run_json(run_dir, host="a-container", pid=2**22 - 1, pid_start_time=1.0)
+        info = store.info(run_dir)
+        assert info.writer_alive() is True and (info.status, info.live) == ("running", True)
+    finally:
+        writer.close()
+
+
+def make_foreign_run(store: RunStore, heartbeat_age: float) -> Path:
+    """A running run written on another host, whose writer last beat ``heartbeat_age`` seconds ago."""
+    run_id = new_run_id("remote")
+    run_dir = store.root / run_id
+    run_dir.mkdir(parents=True)
+    meta = {"run_id": run_id, "job": "remote", "status": "running", "started": time.time() - 600, "host": "tpu-vm-7"}
+    meta.update(pid=4242, pid_start_time=time.time() - 600)
+    (run_dir / "run.json").write_text(json.dumps(meta))
+    beat = {"heartbeat": time.time() - heartbeat_age, "interval": 5.0, "host": "tpu-vm-7", "pid": 4242}
+    (run_dir / liveness.WRITER_FILE).write_text(json.dumps(beat))
+    return run_dir
+
+
+def test_a_run_of_another_host_is_live_while_its_heartbeat_is_fresh_and_interrupted_once_it_is_stale(store):
+    fresh = store.info(make_foreign_run(store, heartbeat_age=1.0))
+    assert fresh.writer_alive() is True and (fresh.status, fresh.live) == ("running", True)
+    # Three intervals (15 s) without a beat: the writer is gone.
+    stale = store.info(make_foreign_run(store, heartbeat_age=60.0))
+    assert stale.writer_alive() is False and (stale.status, stale.live) == ("interrupted", False)
+
+
+def test_the_writer_refreshes_its_heartbeat_on_schedule_and_stops_at_release(tmp_path):
+    beats: list[float] = []
+    third_beat = threading.Event()
+
+    def clock() -> float:
+        beats.append(1000.0 + len(beats))
+        if len(beats) == 3:
+            third_beat.set()
+        return beats[-1]
+
+    lock = liveness.WriterLock(tmp_path, interval=0.01, clock=clock).start()
+    try:
+        assert third_beat.wait(WAIT)
+        assert liveness.lock_held(tmp_path) is True
+    finally:
+        lock.release()
+    written = json.loads((tmp_path / liveness.WRITER_FILE).read_text())
+    assert written["heartbeat"] == beats[-1] and written["interval"] == 0.01 and written["pid"] == os.getpid()
+    assert liveness.lock_held(tmp_path) is False
+
+
+def test_a_reader_never_creates_the_lock_file_and_a_fifo_in_its_place_neither_blocks_nor_counts(tmp_path):
+    assert liveness.writer_alive(tmp_path, on_this_host=True) is None
+    assert not (tmp_path / liveness.WRITER_FILE).exists()
+    os.mkfifo(tmp_path / liveness.WRITER_FILE)
+    assert liveness.writer_alive(tmp_path, on_this_host=False) is None
+
+
+JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=20))
+JSON_VALUES = st.recursive(
+    JSON_SCALARS, lambda children: st.lists(children) | st.dictionaries(st.text(max_size=10), children), max_leaves=10
+)
+HEARTBEATS = st.fixed_dictionaries({"heartbeat": JSON_VALUES, "interval": JSON_VALUES})
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    content=st.one_of(
+        st.binary(max_size=5000), st.builds(lambda value: json.dumps(value).encode(), JSON_VALUES | HEARTBEATS)
+    )
+)
+def test_whatever_the_lock_file_holds_a_reader_answers_without_raising(tmp_path, content):
+    (tmp_path / liveness.WRITER_FILE).write_bytes(content)
+    assert liveness.heartbeat_fresh(tmp_path) in (True, False, None)
+    assert liveness.writer_alive(tmp_path, on_this_host=False) in (True, False, None)
