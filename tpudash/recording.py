@@ -16,8 +16,10 @@ Leaving the ``with`` block normally records ``done``; an exception records
 ``failed`` with its traceback; KeyboardInterrupt records ``cancelled``. The
 training thread never waits for the disk: events are buffered and written
 by a writer thread every quarter second (fsync at most every second), so a
-killed process loses at most that much. A run still open when the process
-exits is recorded as failed. Imports neither TensorFlow nor Textual; it
+killed process loses at most that much. On a full disk training goes on
+and nothing raises, finishing included; ``RecordedRun.write_error`` says
+what could not be written. A run still open when the process exits is
+recorded as failed. Imports neither TensorFlow nor Textual; it
 describes TensorFlow's strategy only when the user's process has loaded it.
 """
 
@@ -214,6 +216,11 @@ class RecordedRun:
     @property
     def finished(self) -> bool:
         return self.status is not None
+
+    @property
+    def write_error(self) -> OSError | None:
+        """The first write of the record that failed (a full disk): training goes on, the record has a gap."""
+        return self._recorder.write_error
 
     def _emit(self, event: Event) -> None:
         if self.status is not None and not isinstance(event, RunFinished):

@@ -206,6 +206,10 @@ def execute_headless(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sink.close()
+    if job.write_error is not None:
+        # A full disk: the one thing to say, on one line (the console has the run's own end).
+        print(f"tpudash: cannot write run {job.run_id} in {runs_dir}: {job.write_error}", file=sys.stderr)
+        return EXIT_FAILED
     log_path = native_log_path()
     if job.state == "failed" and log_path is not None:
         print(f"tpudash: TensorFlow's native log for this session: {log_path}", file=sys.stderr)

@@ -135,3 +135,12 @@ class InProcessJob:
     def state(self) -> str:
         """queued, running, done, failed or cancelled."""
         return self._queued.state
+
+    @property
+    def run_id(self) -> str:
+        return self._queued.run_id
+
+    @property
+    def write_error(self) -> OSError | None:
+        """Why the run's record could not be written (a full disk); the run then ended as failed."""
+        return self._queued.write_error

@@ -6,7 +6,10 @@ thread or a Textual thread worker) waits for the run's turn on the lane, runs
 it, and turns every outcome into a ``RunFinished``: done, cancelled, or failed
 with the error and traceback. Every event goes to the run's recorder first,
 then to the sinks; a sink that raises is logged and skipped, never fatal.
-This module never imports textual.
+A record that cannot be written (a full disk, a quota, an I/O error) ends
+the run as failed, naming the OS error; the sinks still hear its end, so the
+engine reports it and ``tpudash run`` says it. This module never imports
+textual.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from jobs.base import JobCancelled, JobContext, JobSpec
 from jobs.events import Event, RunFinished, RunStarted, to_jsonable
 from tpudash.runs.layout import new_run_id
-from tpudash.runs.recorder import RunRecorder
+from tpudash.runs.recorder import RunRecorder, cannot_write
 from tpudash.runs.store import RunStore
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,14 @@ Sink = Callable[["QueuedRun", Event], None]
 
 STATE_QUEUED = "queued"
 STATE_RUNNING = "running"
+
+
+class RunNotWritable(Exception):
+    """The run's record could not be written: the job is stopped and the run ends as failed."""
+
+    def __init__(self, error: OSError):
+        super().__init__(cannot_write(error))
+        self.os_error = error
 
 
 @dataclass(eq=False)
@@ -54,6 +65,8 @@ class QueuedRun:
     sinks: list[Sink] = field(default_factory=list)
     done_event: threading.Event = field(default_factory=threading.Event)
     failed_sinks: set = field(default_factory=set)
+    write_error: OSError | None = None
+    """The first write of its record that failed (the run then ended as failed)."""
 
     @property
     def job(self) -> str:
@@ -174,7 +187,12 @@ class Runner:
             if run.spec.check_runtime is not None:
                 run.spec.check_runtime(run.params, runtime)
             if self.store is not None:
-                recorder = self.store.create(run.run_id, run.job, to_jsonable(run.params), description)
+                try:
+                    recorder = self.store.create(run.run_id, run.job, to_jsonable(run.params), description)
+                except OSError as create_error:
+                    run.write_error = create_error
+                    run.run_dir = self.store.root / run.run_id
+                    raise RunNotWritable(create_error) from None
                 run.run_dir = recorder.run_dir
             else:
                 # No records kept: the job still gets a private place for its files.
@@ -190,10 +208,16 @@ class Runner:
                 settings=self.settings,
             )
             run.summary = dict(run.spec.run(context, dict(run.params)) or {})
+            if run.write_error is not None:  # the job caught RunNotWritable and went on
+                raise RunNotWritable(run.write_error)
             if run.cancel_event.is_set():
                 status = "cancelled"
         except JobCancelled:
             status = "cancelled"
+        except RunNotWritable as not_writable:
+            status, error = "failed", str(not_writable)
+            if context is not None:
+                run.summary = dict(context.kept_summary)
         except BaseException as exception:  # noqa: BLE001 - a job must never take the app down
             # A job interrupted by cancel or Ctrl-C often dies of it; that is a cancel.
             interrupted = isinstance(exception, (SystemExit, KeyboardInterrupt))
@@ -203,14 +227,31 @@ class Runner:
             # A check that fails (a wrong device) still has results worth keeping.
             if context is not None:
                 run.summary = dict(context.kept_summary)
-        run.state, run.error, run.traceback = status, error, trace
+        if run.write_error is not None and status != "failed":
+            # The job ended on its own (done, or cancelled) but its record is incomplete.
+            status, error = "failed", str(RunNotWritable(run.write_error))
         finished = RunFinished(status=status, summary=to_jsonable(run.summary), error=error, traceback=trace)
-        self._dispatch(run, recorder, finished)
+        if recorder is not None:
+            recorder.record(finished)  # never raises: a failed write is in write_error
+            if run.write_error is None and recorder.write_error is not None:
+                # Only the finish could not be written: the run did not end as it says.
+                run.write_error = recorder.write_error
+                status, error = "failed", str(RunNotWritable(recorder.write_error))
+                finished = RunFinished(status=status, summary=finished.summary, error=error, traceback=trace)
+        run.state, run.error, run.traceback = status, error, trace
+        self._fan_out(run, finished)
 
     def _dispatch(self, run: QueuedRun, recorder: RunRecorder | None, event: Event) -> None:
-        timestamp = time.time()
+        """Record ``event``, then give it to the sinks; once the record cannot be written, stop the job."""
         if recorder is not None:
-            recorder.record(event, timestamp)
+            if run.write_error is None:
+                recorder.record(event, time.time())
+                run.write_error = recorder.write_error
+            if run.write_error is not None:
+                raise RunNotWritable(run.write_error)
+        self._fan_out(run, event)
+
+    def _fan_out(self, run: QueuedRun, event: Event) -> None:
         with self._condition:
             sinks = self._sinks + run.sinks
         for sink in sinks:
