@@ -26,6 +26,7 @@ from textual.widgets import DataTable, LoadingIndicator, Static
 
 from screens.base import DashScreen
 from tpudash.format import format_bytes, format_seconds, telemetry_view
+from tpudash.tui.session import RUNTIME_HELD_STATUS
 
 DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
 
@@ -192,6 +193,11 @@ class DevicesScreen(DashScreen):
     def _show_error(self, error: str | None) -> None:
         if error:
             self.query_one("#runtime-loading").display = False
+            if self.dashboard.runtime_status == RUNTIME_HELD_STATUS:
+                self.query_one("#runtime-summary", Static).update(
+                    Text.assemble(("accelerator in use\n", "bold yellow"), (error, "yellow"))
+                )
+                return
             missing = self.dashboard.tensorflow_missing
             if missing:
                 self.query_one("#runtime-summary", Static).update(describe_missing_tensorflow(missing))

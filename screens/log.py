@@ -33,7 +33,7 @@ class SessionLogScreen(DashScreen):
             yield RichLog(id="notices", max_lines=500, wrap=True, markup=False, highlight=False)
 
     def on_mount(self) -> None:
-        self._notices_shown = 0
+        self._last_notice_shown: tuple[float, str, str] | None = None
         session_log = self.dashboard.host_io.session_log
         self._log_lines = LineTail(session_log.log_path, limit=READ_LIMIT) if session_log is not None else None
         title = self.query_one("#log-title", Static)
@@ -65,13 +65,17 @@ class SessionLogScreen(DashScreen):
             log.write(line.rsplit("\r", 1)[-1])
 
     def _show_notices(self) -> None:
+        # The app keeps only the newest notices (a capped list), so the count says
+        # nothing once it is full: the pane remembers the last notice it wrote.
         notices = self.dashboard.notices
-        if len(notices) == self._notices_shown:
+        last = self._last_notice_shown
+        if not notices or notices[-1] is last:
             return
+        start = next((index + 1 for index in range(len(notices) - 1, -1, -1) if notices[index] is last), 0)
         log = self.query_one("#notices", RichLog)
         styles = {"error": "bold red", "warning": "yellow"}
-        for stamp, severity, message in notices[self._notices_shown :]:
+        for stamp, severity, message in notices[start:]:
             log.write(
                 Text(f"{time.strftime('%H:%M:%S', time.localtime(stamp))} {message}", style=styles.get(severity, ""))
             )
-        self._notices_shown = len(notices)
+        self._last_notice_shown = notices[-1]

@@ -76,9 +76,10 @@ def pytest_runtest_protocol(item, nextitem):
 
 @pytest.fixture(autouse=True)
 def isolated_runs_dir(tmp_path, monkeypatch):
-    """Every test gets its own runs directory and XDG data home."""
+    """Every test gets its own runs directory, XDG data home and engine lock (never a developer's dashboard's)."""
     runs_dir = tmp_path / "runs"
     monkeypatch.setenv("TPUDASH_RUNS_DIR", str(runs_dir))
+    monkeypatch.setenv("TPUDASH_ENGINE_LOCK", str(tmp_path / "engine.lock"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     return runs_dir
 

@@ -1,4 +1,4 @@
-"""Jobs that exist only in tests, for the engine (``TPUDASH_ENGINE_EXTRA_JOBS=tests.engine_jobs``).
+"""Jobs that exist only in tests, for the engine process the tests start (``python -m tests.engine_main``).
 
 ``test-abort`` ends its process the way a native crash does (SIGABRT after a
 line on stderr, like a failed CHECK in TensorFlow's C++), to show that the

@@ -78,6 +78,8 @@ class LineReader:
         self._on_end = on_end
         self.noise: deque[str] = deque(maxlen=noise_kept)
         """The child's last lines that were not protocol lines (for diagnostics)."""
+        self.noise_count = 0
+        """How many lines were not protocol lines, all told (``noise`` keeps the last few)."""
         self._thread = threading.Thread(target=self._read, name=name, daemon=True)
 
     def start(self) -> LineReader:
@@ -98,11 +100,13 @@ class LineReader:
                 if payload is None:
                     if line.strip():
                         self.noise.append(line.rstrip("\n")[:NOISE_LINE_CHARS])
+                        self.noise_count += 1
                     continue
                 try:
                     self._deliver(payload)
                 except ValueError as error:
                     self.noise.append(f"{error}: {line.strip()[:NOISE_LINE_CHARS]}")
+                    self.noise_count += 1
         except (OSError, ValueError):
             pass  # the stream was closed under the reader: the child is being ended
         finally:
@@ -157,6 +161,11 @@ class RequestChannel:
     def noise(self) -> list[str]:
         """What the child printed on its stdout that was not a protocol line (the last few lines)."""
         return list(self._reader.noise)
+
+    @property
+    def noise_count(self) -> int:
+        """How many lines on the child's stdout were not protocol lines, all told."""
+        return self._reader.noise_count
 
     def request(self, payload: Mapping[str, Any], timeout: float) -> Payload:
         """Send ``payload`` with a new id and return the answer that echoes it.

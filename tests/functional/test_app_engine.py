@@ -20,8 +20,9 @@ from screens.jobs import JobsScreen
 from tests.conftest import REPO_ROOT
 from tests.engine_jobs import ABORT_LINE
 from tests.engine_jobs import SPECS as TEST_ENGINE_JOBS
+from tests.engine_main import ENGINE_MAIN
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
-from tpudash.engine.server import EXTRA_JOBS_VARIABLE
+from tpudash.engine.handle import EngineProcess
 from tpudash.runs.store import RunStore
 from tpudash.tui.app import TpudashApp
 
@@ -36,11 +37,15 @@ LONG_SYNTHETIC_TRAIN = {
 
 
 async def test_the_dashboard_survives_its_engine_killed_mid_training_and_aborting_and_the_next_job_runs(
-    settings, monkeypatch
+    settings, tmp_path
 ):
-    monkeypatch.setenv(EXTRA_JOBS_VARIABLE, "tests.engine_jobs")
     specs = dict(registry()) | {spec.name: spec for spec in TEST_ENGINE_JOBS}
-    app = TpudashApp(settings, job_specs=specs)
+    # The engine process as users get it, plus the test suite's jobs (``python -m tests.engine_main``).
+    app = TpudashApp(
+        settings,
+        job_specs=specs,
+        engine_factory=lambda listener: EngineProcess(listener, settings, tmp_path / "engine.log", module=ENGINE_MAIN),
+    )
     store = RunStore(settings.runs_dir)
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)

@@ -40,7 +40,7 @@ from tpudash.engine.protocol import (
     decode,
     encode,
 )
-from tpudash.engine.server import EXTRA_JOBS_VARIABLE, EngineServer, engine_job_specs, serve
+from tpudash.engine.server import EngineServer, engine_job_specs, serve
 from tpudash.runs.store import RunStore
 
 WAIT = 30.0
@@ -144,10 +144,31 @@ def test_release_ends_the_engine_and_its_exit_counts_as_requested(engine, messag
     assert exited.requested and not engine.send(Describe())
 
 
-def test_the_engine_adds_the_jobs_of_the_module_named_by_the_variable():
-    specs = engine_job_specs({EXTRA_JOBS_VARIABLE: "tests.engine_jobs"})
+def test_the_engine_adds_only_the_jobs_its_caller_hands_it():
+    from tests.engine_jobs import SPECS
+
+    specs = engine_job_specs(SPECS)
     assert "test-abort" in specs and "matmul" in specs
-    assert "test-abort" not in engine_job_specs({})
+    assert "test-abort" not in engine_job_specs()
+
+
+def test_an_installed_engine_never_imports_a_module_named_in_its_environment(messages, settings, tmp_path):
+    # The old test hook: TPUDASH_ENGINE_EXTRA_JOBS=<module> imported any module at the engine's start.
+    (tmp_path / "planted_jobs.py").write_text(
+        f"open({str(tmp_path / 'imported')!r}, 'w').close()\nraise SystemExit('planted module imported')\n"
+    )
+    environment = dict(os.environ)
+    environment["TPUDASH_ENGINE_EXTRA_JOBS"] = "planted_jobs"
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), environment.get("PYTHONPATH")]))
+    engine = EngineProcess(messages, settings, tmp_path / "engine.log", environ=environment)
+    try:
+        assert messages.next(Hello).pid == engine.pid
+        engine.send(Launch("r1", "test-abort", {}))
+        assert "'test-abort' is not installed" in messages.next(LaunchRefused).error
+    finally:
+        engine.release()
+    assert messages.next(EngineExit).returncode == 0
+    assert not (tmp_path / "imported").exists()
 
 
 def test_the_engine_loads_the_dashboards_settings_from_its_environment(tmp_path):

@@ -90,7 +90,10 @@ def probe_tpu(tpu_argument: str, timeout: float) -> ProbeResult:
 
 def _result(answer: Mapping[str, Any]) -> ProbeResult:
     cores = answer.get("cores", 0)
-    return ProbeResult(answer.get("ok") is True, cores if isinstance(cores, int) else 0, str(answer.get("error", "")))
+    if not isinstance(cores, int) or isinstance(cores, bool) or not 0 <= cores < 1 << 20:
+        cores = 0  # an answer from another version, or a line that only looks like one
+    error = answer.get("error", "")
+    return ProbeResult(answer.get("ok") is True, cores, (error if isinstance(error, str) else repr(error))[:2000])
 
 
 def _answer(request: Mapping[str, Any]) -> dict[str, Any]:

@@ -114,10 +114,24 @@ class EngineHandle:
         self._listener(decode(payload, REPLIES))  # a ProtocolError keeps the line as noise
 
 
-class EngineProcess(EngineHandle):
-    """``python -m tpudash.engine`` as a child: new session, stderr to ``log_path``."""
+ENGINE_MODULE = "tpudash.engine"
 
-    def __init__(self, listener: Listener, settings: Any, log_path: Path, environ: Mapping[str, str] | None = None):
+
+class EngineProcess(EngineHandle):
+    """``python -m tpudash.engine`` as a child: new session, stderr to ``log_path``.
+
+    ``module``: the module run as the engine (the test suite's ``tests.engine_main`` adds jobs that never ship).
+    """
+
+    def __init__(
+        self,
+        listener: Listener,
+        settings: Any,
+        log_path: Path,
+        environ: Mapping[str, str] | None = None,
+        *,
+        module: str = ENGINE_MODULE,
+    ):
         super().__init__(listener)
         from tpudash.config import settings_environment
 
@@ -129,7 +143,7 @@ class EngineProcess(EngineHandle):
             self._log_offset = 0
         with open(self.log_path, "ab") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-m", "tpudash.engine"],
+                [sys.executable, "-m", module],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,

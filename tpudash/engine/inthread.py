@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpudash.engine.handle import EngineExit, EngineHandle, Listener
+from tpudash.engine.hostlock import EngineLock
 from tpudash.engine.server import EngineServer, ReplySender, serve
 
 
@@ -22,11 +23,19 @@ class EngineThread(EngineHandle):
     """The engine's loop on a thread of this process, over real pipes (tests with in-test jobs).
 
     It shares this process's runtime, so it cannot be killed: ``kill``
-    cancels its job and closes the pipe instead.
+    cancels its job and closes the pipe instead. It takes the host's engine
+    lock as the engine process does (``host_lock``; the tests' own lock file,
+    ``TPUDASH_ENGINE_LOCK``), with this process as its dashboard.
     """
 
     def __init__(
-        self, listener: Listener, settings: Any, job_specs: Mapping[str, Any], runtime_provider: Callable[[], Any]
+        self,
+        listener: Listener,
+        settings: Any,
+        job_specs: Mapping[str, Any],
+        runtime_provider: Callable[[], Any],
+        *,
+        host_lock: bool = True,
     ):
         super().__init__(listener)
         command_read, command_write = os.pipe()
@@ -36,7 +45,15 @@ class EngineThread(EngineHandle):
         self._server: EngineServer | None = None
 
         def make_server(send: ReplySender) -> EngineServer:
-            self._server = EngineServer(send, settings, job_specs, runtime_provider, grace_seconds=0.0)
+            self._server = EngineServer(
+                send,
+                settings,
+                job_specs,
+                runtime_provider,
+                grace_seconds=0.0,
+                host_lock=EngineLock() if host_lock else None,
+                dashboard_pid=os.getpid(),
+            )
             return self._server
 
         def run_engine() -> None:

@@ -31,6 +31,7 @@ from jobs.base import JobSpec
 from tpudash.engine.handle import EngineExit, EngineHandle, EngineNews, Listener
 from tpudash.engine.protocol import (
     PROTOCOL_VERSION,
+    AcceleratorHeld,
     Cancel,
     Hello,
     JobFinished,
@@ -52,6 +53,8 @@ ENGINE_RUNNING = "running"
 ENGINE_RELEASED = "released"
 ENGINE_CRASHED = "crashed"
 ENGINE_INCOMPATIBLE = "incompatible"
+ENGINE_HELD = "held"
+"""Another engine on this host holds the accelerator: this dashboard watches (``tpudash.engine.hostlock``)."""
 DEFAULT_CANCEL_GRACE_SECONDS = 2.0
 
 STAGE_QUEUED = "queued"
@@ -98,6 +101,9 @@ class LaneObserver:
 
     def lane_run_settled(self, live: LiveRun) -> None:
         """A run ended and its end is recorded."""
+
+    def lane_accelerator_held(self, held: AcceleratorHeld) -> None:
+        """Another engine on this host holds the accelerator; this dashboard's engine exited without it."""
 
     def lane_engine_changed(self) -> None:
         """The engine's state or the queue changed."""
@@ -182,6 +188,8 @@ class Lane:
             return f"running {current.job}" if current is not None else "running"
         if state in (ENGINE_CRASHED, ENGINE_RELEASED, ENGINE_INCOMPATIBLE) and self.engine_detail:
             return f"{state} ({self.engine_detail})"
+        if state == ENGINE_HELD:
+            return "held by another dashboard"
         return "starting…" if state == ENGINE_STARTING else state
 
     # -- requests -------------------------------------------------------------------------
@@ -311,6 +319,8 @@ class Lane:
         if isinstance(message, Hello):
             if message.protocol != PROTOCOL_VERSION:
                 self._refuse_engine(message.protocol)
+        elif isinstance(message, AcceleratorHeld):
+            self._accelerator_held(message)
         elif isinstance(message, RuntimeReady):
             self.description = message.description
             self.engine_detail = str(self.description.get("kind", ""))
@@ -342,13 +352,43 @@ class Lane:
             RuntimeFailed(error=self._incompatible, message=self._incompatible, missing_tensorflow=False)
         )
 
+    def _accelerator_held(self, held: AcceleratorHeld) -> None:
+        """Another engine holds the accelerator: this one is exiting; the runs that waited for it end, saying who.
+
+        No new engine is started for them (it would find the lock held too);
+        the next launch tries again, so once the holder exits this dashboard gets one.
+        """
+        self.engine = None  # its exit is then a released engine's last words: nothing to settle
+        self.engine_detail = held.holder
+        self._set_state(ENGINE_HELD)
+        note = f"the accelerator is held by {held.holder}"
+        for live in [live for live in self.runs if live.stage != STAGE_ENDED]:
+            self._end_queued(live, "failed", note)
+        self._observer.lane_accelerator_held(held)
+
     def _end_unrecorded(self, live: LiveRun, status: str, error: str | None) -> None:
         """End a run whose end is not on disk: a run that never began leaves no record, as if still queued."""
         if status == "cancelled" and (live.tail is None or not live.tail.path.exists()):
             self._end_queued(live, "cancelled")
             return
-        self.store.finish_abandoned(live.run_id, live.job, live.spec.as_text(live.params), status, error)
+        write_error = self.store.finish_abandoned(live.run_id, live.job, live.spec.as_text(live.params), status, error)
         self._read_events(live)
+        if live.stage == STAGE_SENT:
+            # The file does not say it ended (its end could not be written, or
+            # not read back): the lane ends it itself, so the queue moves on.
+            if write_error is not None:
+                error = f"{error or status}; its end could not be recorded: {write_error}"
+            self._end_directly(live, status, error)
+
+    def _end_directly(self, live: LiveRun, status: str, error: str | None) -> None:
+        """End a sent run in the model whatever its file holds, and settle it."""
+        live.stage = STAGE_ENDED
+        for tail in (live.tail, live.telemetry_tail):
+            if tail is not None:
+                tail.close()
+        live.model.status, live.model.error, live.model.finished = status, error, time.time()
+        live.model.version += 1
+        self._settle(live)
 
     def _engine_exited(self, engine: EngineHandle | None, exit: EngineExit) -> bool:
         if engine is None or engine is not self.engine:

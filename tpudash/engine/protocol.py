@@ -3,7 +3,8 @@
 The dashboard sends commands: ``Describe``, ``Launch`` (run id, job, params
 as text), ``Cancel`` (one run, or every run) and ``Release``. The engine
 says ``Hello`` first (its pid and ``PROTOCOL_VERSION``), then
-``RuntimeReady`` (the description) or ``RuntimeFailed``, and for each run
+``AcceleratorHeld`` (another engine on this host holds the accelerator; it
+exits), or ``RuntimeReady`` (the description) or ``RuntimeFailed``, and for each run
 ``JobStarted`` and ``JobFinished``, or ``LaunchRefused``.
 
 On the wire a message is one JSON object per line (``tpudash.childproc``):
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, Union
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 TYPE_FIELD = "type"
 
 
@@ -79,6 +80,18 @@ class Hello:
 
 
 @dataclass(frozen=True)
+class AcceleratorHeld:
+    """Another engine on this host holds the accelerator (``tpudash.engine.hostlock``); this one exits at once.
+
+    ``holder`` names it (``LockHolder.describe``), ``lock_path`` is the lock file.
+    """
+
+    TYPE: ClassVar[str] = "held"
+    holder: str
+    lock_path: str
+
+
+@dataclass(frozen=True)
 class RuntimeReady:
     """The runtime detected (``RuntimeDescription.to_dict()``)."""
 
@@ -125,12 +138,13 @@ class LaunchRefused:
 
 
 Command = Describe | Launch | Cancel | Release
-Reply = Hello | RuntimeReady | RuntimeFailed | JobStarted | JobFinished | LaunchRefused
+Reply = Hello | AcceleratorHeld | RuntimeReady | RuntimeFailed | JobStarted | JobFinished | LaunchRefused
 Message = Command | Reply
 
 COMMANDS: dict[str, type[Command]] = {kind.TYPE: kind for kind in (Describe, Launch, Cancel, Release)}
 REPLIES: dict[str, type[Reply]] = {
-    kind.TYPE: kind for kind in (Hello, RuntimeReady, RuntimeFailed, JobStarted, JobFinished, LaunchRefused)
+    kind.TYPE: kind
+    for kind in (Hello, AcceleratorHeld, RuntimeReady, RuntimeFailed, JobStarted, JobFinished, LaunchRefused)
 }
 
 

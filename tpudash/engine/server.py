@@ -20,17 +20,20 @@ own process.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 from tpudash.accel.startup import TensorFlowMissing
 from tpudash.childproc import ID_FIELD, decode_line, encode_line
+from tpudash.engine.hostlock import EngineLock, LockHolder
 from tpudash.engine.protocol import (
     COMMANDS,
     PROTOCOL_VERSION,
+    AcceleratorHeld,
     Cancel,
     Command,
     Describe,
@@ -48,26 +51,25 @@ from tpudash.engine.protocol import (
     encode,
 )
 
-# A module named here (importable, with ``SPECS``) adds jobs to the engine's
-# registry: tests use it for jobs that must never ship (one aborts its process).
-EXTRA_JOBS_VARIABLE = "TPUDASH_ENGINE_EXTRA_JOBS"
+# A released engine gets its cancel grace (2 s) to record its job's end, then exits; its successor waits that long.
+OWN_ENGINE_EXIT_SECONDS = 5.0
+LOCK_RETRY_SECONDS = 0.05
 
 RequestId = Any
 """A command's ``id`` as the dashboard sent it (an int; None for replies that answer no command)."""
 ReplySender = Callable[[Reply, RequestId], None]
 
 
-def engine_job_specs(environ: Mapping[str, str] = os.environ) -> dict:
-    """The registry, plus the jobs of the module named by ``TPUDASH_ENGINE_EXTRA_JOBS``."""
-    import importlib
+def engine_job_specs(extra: Iterable[Any] = ()) -> dict:
+    """The registry, plus ``extra`` job specs (the test suite's engine entry point, ``tests.engine_main``, adds its own).
 
+    Nothing here is read from the environment: an installed tpudash runs only the jobs it ships.
+    """
     from jobs import registry
 
     specs = dict(registry())
-    extra = environ.get(EXTRA_JOBS_VARIABLE)
-    if extra:
-        for spec in importlib.import_module(extra).SPECS:
-            specs[spec.name] = spec
+    for spec in extra:
+        specs[spec.name] = spec
     return specs
 
 
@@ -77,6 +79,8 @@ class EngineServer:
     ``send`` writes one reply with the id of the command it answers; commands
     come to ``handle`` one at a time (the control pipe's reader). Detection
     and jobs run on threads of their own, so a cancel is read while a job runs.
+    ``host_lock`` (``tpudash.engine.hostlock.EngineLock``) is taken at ``start``,
+    before detection imports TensorFlow; None leaves the host's lock alone.
     """
 
     def __init__(
@@ -86,6 +90,9 @@ class EngineServer:
         job_specs: Mapping[str, Any],
         runtime_provider: Callable[[], Any],
         grace_seconds: float = 2.0,
+        *,
+        host_lock: EngineLock | None = None,
+        dashboard_pid: int | None = None,
     ):
         from tpudash.engine.runner import Runner
         from tpudash.runs.store import RunStore
@@ -97,15 +104,43 @@ class EngineServer:
         self._runtime: Any = None
         self._runtime_error: BaseException | None = None
         self.grace_seconds = grace_seconds
+        self.host_lock = host_lock
+        self._dashboard_pid = dashboard_pid
         self.runner = Runner(self._runtime_for_lane, RunStore(Path(settings.runs_dir)), settings, sinks=[self._report])
         self._job_threads: list[threading.Thread] = []
         self._launch_ids: dict[str, RequestId] = {}
         """Each run's launch command id, echoed by the run's started and finished."""
         self._detection = threading.Thread(target=self._detect, name="tpudash-engine-detect", daemon=True)
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Say hello, take the host's engine lock and start detection; False when another engine holds the lock."""
         self._send(Hello(pid=os.getpid(), protocol=PROTOCOL_VERSION), None)
+        if self.host_lock is not None:
+            try:
+                holder = self._take_host_lock(self.host_lock)
+            except OSError as error:
+                # The lock is advisory: without it the engine still runs (libtpu's own lock guards the chips).
+                print(f"tpudash engine: the engine lock {self.host_lock.path} cannot be used: {error}", file=sys.stderr)
+                holder = None
+            if holder is not None:
+                self._send(AcceleratorHeld(holder.describe(), str(self.host_lock.path)), None)
+                return False
         self._detection.start()
+        return True
+
+    def _take_host_lock(self, lock: EngineLock) -> LockHolder | None:
+        """Take the lock; None when taken, else who holds it.
+
+        The holder may be this dashboard's previous engine, released a moment
+        ago (a restart) and still recording its job's end: that one is waited
+        for, up to ``OWN_ENGINE_EXIT_SECONDS``. Another dashboard's engine is named at once.
+        """
+        deadline = time.monotonic() + OWN_ENGINE_EXIT_SECONDS
+        while True:
+            holder = lock.acquire(self._dashboard_pid)
+            if holder is None or holder.dashboard_pid != self._dashboard_pid or time.monotonic() >= deadline:
+                return holder
+            time.sleep(LOCK_RETRY_SECONDS)  # flock has no timeout: a short poll on a bounded wait
 
     # -- the runtime -----------------------------------------------------------------
     def _detect(self) -> None:
@@ -179,17 +214,20 @@ class EngineServer:
             self._send(JobFinished(run.run_id, event.status, event.error), self._launch_ids.pop(run.run_id, None))
 
     def stop(self) -> None:
-        """Cancel everything, give the jobs the grace period to record their end."""
+        """Cancel everything, give the jobs the grace period to record their end, drop the host's lock."""
         self.runner.cancel_all()
         deadline = time.monotonic() + self.grace_seconds
         for thread in self._job_threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        if self.host_lock is not None:
+            self.host_lock.release()  # the engine process exits next (a thread engine's job is abandoned)
 
 
 def serve(commands: IO[str], replies: IO[str], make_server: Callable[[ReplySender], EngineServer]) -> None:
     """Read commands line by line until ``Release`` or the pipe closes; reply on ``replies``.
 
     A line that is no command is skipped; a launch the engine cannot read is refused, saying why.
+    When another engine holds the host's lock, ``serve`` returns after saying so.
     """
     lock = threading.Lock()
 
@@ -206,7 +244,8 @@ def serve(commands: IO[str], replies: IO[str], make_server: Callable[[ReplySende
                 pass  # the dashboard is gone; the records on disk still say everything
 
     server = make_server(send)
-    server.start()
+    if not server.start():
+        return  # another engine holds the accelerator: nothing to serve
     try:
         for line in commands:
             payload = decode_line(line)

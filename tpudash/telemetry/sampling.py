@@ -13,6 +13,7 @@ version does not match).
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -66,11 +67,18 @@ class TelemetrySampler:
     def sample(self, processes: Mapping[str, int] | None = None) -> tuple[float, Telemetry]:
         """(wall-clock time, sample); ``processes``: {label: pid} whose resident memory to include."""
         unavailable: dict[str, str] = {}
-        chips, reason = self.tpu.read()
+        # A source's reader is meant to return its reason; one that raises costs that source's values only.
+        try:
+            chips, reason = self.tpu.read()
+        except Exception as error:  # noqa: BLE001 - said in the sample, sampling goes on
+            chips, reason = [], f"the TPU metrics reader failed: {type(error).__name__}: {error}"
         if reason:
             unavailable["tpu"] = reason
         elif self.tensorcore is not None:
-            per_core, reason = self.tensorcore.read()
+            try:
+                per_core, reason = self.tensorcore.read()
+            except Exception as error:  # noqa: BLE001 - said in the sample, sampling goes on
+                per_core, reason = [], f"the TensorCore probe failed: {type(error).__name__}: {error}"
             if reason:
                 unavailable["tensorcore"] = reason
             add_tensorcore_utilisation(chips, per_core)
@@ -128,6 +136,8 @@ class SamplingLoop:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self.delivery_failure: str | None = None
+        """The last error from ``on_sample`` (said once on stderr), None while every sample was handed on."""
 
     def run(self) -> None:
         # Fixed deadlines, not a wait after each sample: late wake-ups (the
@@ -136,8 +146,7 @@ class SamplingLoop:
         try:
             while not self._stop.is_set():
                 self._wake.clear()
-                stamp, sample = self.sampler.sample(self._processes())
-                self._on_sample(stamp, sample)
+                self._sample_once()
                 deadline += self.interval
                 now = time.monotonic()
                 if deadline <= now:  # a slow sample: the next a whole interval on, never a burst
@@ -146,6 +155,20 @@ class SamplingLoop:
                     deadline = time.monotonic()  # woken to sample at once: the schedule starts again here
         finally:
             self.sampler.close()
+
+    def _sample_once(self) -> None:
+        """One sample handed on; whatever fails is said (in the sample, or once on stderr), and the loop goes on."""
+        try:
+            stamp, sample = self.sampler.sample(self._processes())
+        except Exception as error:  # noqa: BLE001 - telemetry never stops without a word
+            reason = f"sampling failed: {type(error).__name__}: {error}"
+            stamp, sample = time.time(), Telemetry(chips=[], host={}, unavailable={"telemetry": reason})
+        try:
+            self._on_sample(stamp, sample)
+        except Exception as error:  # noqa: BLE001 - a consumer's failure must not end sampling for the others
+            if not self.delivery_failure:
+                print(f"tpudash: a telemetry sample could not be handed on: {error!r}", file=sys.stderr, flush=True)
+            self.delivery_failure = f"{type(error).__name__}: {error}"
 
     def wake(self) -> None:
         """Sample now rather than at the next interval (a run just started: even a short one gets a sample)."""

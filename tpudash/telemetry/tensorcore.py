@@ -74,6 +74,8 @@ class TensorCoreProbe:
         self._channel: RequestChannel | None = None
         self.failure: str | None = None
         """Why the probe gave up for good, once it has."""
+        self.stray_output_said = False
+        """Whether the child's stray stdout (lines that are no answer, skipped) was named in the log yet."""
 
     def read(self) -> tuple[list[float], str | None]:
         """(utilisation % per core, None) or ([], why not)."""
@@ -96,7 +98,23 @@ class TensorCoreProbe:
             how = _how_it_ended(gone.returncode)
             self.failure = f"libtpu's SDK {how} reading tensorcore_util (kept out of the dashboard's process)"
             return [], self.failure
+        finally:
+            self._say_stray_output()
         return _per_core(answer)
+
+    def _say_stray_output(self) -> None:
+        """Name, once, a line on the child's stdout that was no answer (skipped): the session log tells why."""
+        channel = self._channel
+        if self.stray_output_said or channel is None or not channel.noise_count:
+            return
+        self.stray_output_said = True
+        first = channel.noise[0] if channel.noise else ""
+        print(
+            f"tpudash: the TensorCore probe's child wrote {first!r} on its stdout, which is no answer: skipped "
+            "(later lines like it are skipped without a word)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def close(self) -> None:
         if self._channel is not None:

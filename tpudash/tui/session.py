@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tpudash.config import Settings
-from tpudash.engine.lane import ENGINE_CRASHED, Lane, LaneObserver, LiveRun
+from tpudash.engine.lane import ENGINE_CRASHED, ENGINE_HELD, Lane, LaneObserver, LiveRun
 from tpudash.format import display_beat, format_seconds
 from tpudash.tui.telemetry_feed import TelemetryFeed
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the store, the engine's handle and telemetry load on first 
     from jobs.base import JobSpec
     from tpudash.accel.hostcheck import HostCheck
     from tpudash.engine.handle import EngineHandle, Listener
-    from tpudash.engine.protocol import RuntimeFailed
+    from tpudash.engine.protocol import AcceleratorHeld, RuntimeFailed
     from tpudash.runs.follow import RunsDirectoryWatch, RunsScan
     from tpudash.runs.store import RunInfo, RunStore
     from tpudash.telemetry.sampling import TelemetrySampler
@@ -45,6 +45,18 @@ MAX_WAITING_RUNS = 4
 MAX_SESSION_RUNS = 50
 
 EngineFactory = Callable[["Listener"], "EngineHandle"]
+RUNTIME_HELD_STATUS = "held by another dashboard"
+"""The runtime status while another dashboard's engine holds the accelerator (Devices says who)."""
+
+
+def accelerator_held_note(holder: str) -> str:
+    """What a dashboard says when another engine on the host holds the accelerator: who, and what it does instead."""
+    return (
+        f"The accelerator is held by {holder}. This dashboard watches: runs started there show in History; "
+        "press w to watch one. The next launch here tries again."
+    )
+
+
 Severity = Literal["information", "warning", "error"]
 
 
@@ -278,11 +290,23 @@ class DashboardSession(LaneObserver):
         view.runtime = None
         view.notify(error, title="Runtime detection failed", severity="error", timeout=15)
 
+    def lane_accelerator_held(self, held: AcceleratorHeld) -> None:
+        note = accelerator_held_note(held.holder)
+        view = self.view
+        view.runtime_settled.set()
+        view.runtime_status = RUNTIME_HELD_STATUS
+        view.tensorflow_missing = None
+        view.runtime_error = note
+        view.runtime = None
+        view.notify(note, title="The accelerator is in use", severity="warning", timeout=20)
+
     def lane_run_settled(self, live: LiveRun) -> None:
         model = live.model
         duration = format_seconds(model.elapsed())
         if live.run_id not in self.live_runs:
             return
+        if self.lane.engine_state == ENGINE_HELD and model.started is None:
+            return  # it never started: the accelerator-held notice says why
         notify = self.view.notify
         if model.status == "done":
             notify(f"{model.job} done in {duration}", title="Run finished")
@@ -511,14 +535,14 @@ class DashboardSession(LaneObserver):
 
     def last_device_check(self) -> dict | None:
         """The newest matmul check on disk with device results (blocking: on a worker thread), or None."""
-        from tpudash.runs.model import RunModel
+        from tpudash.runs.follow import RunFollower
 
         for info in reversed(self.store.list_runs()):
             if info.job != "matmul" or info.status not in ("done", "failed"):
                 continue
-            data = self.store.load(info.run_id)
-            model = RunModel.from_events(data.events, run_id=info.run_id, job=info.job)
-            results = model.device_results()
+            follower = RunFollower(self.store, info.run_id)
+            follower.catch_up()  # in bounded memory, whatever the file holds
+            results = follower.model.device_results()
             if results:
                 return {
                     "run_id": info.run_id,
