@@ -8,15 +8,14 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 from tests.conftest import REPO_ROOT
 
 START_TIMEOUT = 60.0
 URL_LINE = re.compile(r"tpudash serve: (http://\S+)")
-TOKEN = re.compile(r'const token = "([^"]+)"')
 # What a user's shell on this machine would not have (see tests/unit/test_cli.py).
 USER_UNSET = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_LOAD_LIBRARY", "TPU_SKIP_MDS_QUERY")
 
@@ -24,19 +23,25 @@ USER_UNSET = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_LOAD_LIBRARY", "TPU_SKIP_MDS_QU
 @dataclass
 class ServerProcess:
     process: subprocess.Popen
-    url: str
+    url: str  # as printed: http://127.0.0.1:PORT/?token=…
     log_path: Path
 
     @property
     def port(self) -> int:
-        return int(self.url.rstrip("/").rsplit(":", 1)[1])
+        port = urlsplit(self.url).port
+        assert port is not None, self.url
+        return port
+
+    @property
+    def base(self) -> str:
+        """The URL without the token: http://127.0.0.1:PORT/."""
+        return self.url.split("?", 1)[0]
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def token(self) -> str:
-        page = urllib.request.urlopen(self.url, timeout=10).read().decode()
-        return TOKEN.search(page).group(1)
+        return parse_qs(urlsplit(self.url).query)["token"][0]
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -93,15 +98,65 @@ def start_server(
             pass
 
 
-def http_get(port: int, path: str = "/", host: str | None = None) -> tuple[int, bytes]:
+def http_get(port: int, path: str = "/", host: str | None = None, cookie: str | None = None) -> tuple[int, bytes]:
     """GET ``path`` from the server on loopback ``port``, with ``host`` as the Host header if given."""
+    status, _, body = http_request(port, path, host=host, cookie=cookie)
+    return status, body
+
+
+def http_request(
+    port: int, path: str = "/", *, method: str = "GET", host: str | None = None, cookie: str | None = None
+) -> tuple[int, http.client.HTTPMessage, bytes]:
+    """One request as curl would send it (no redirect followed): status, headers, body."""
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        connection.putrequest("GET", path, skip_host=host is not None)
+        connection.putrequest(method, path, skip_host=host is not None)
         if host is not None:
             connection.putheader("Host", host)
+        if cookie is not None:
+            connection.putheader("Cookie", cookie)
         connection.endheaders()
         response = connection.getresponse()
-        return response.status, response.read()
+        return response.status, response.headers, response.read()
     finally:
         connection.close()
+
+
+class StubDashboard:
+    """Stands in for a tab's dashboard process (``DashboardServer(service_class=StubDashboard)``): starts nothing.
+
+    It writes its greeting when started and echoes the keys it is sent, so a
+    test sees a working connection without a dashboard or an engine.
+    """
+
+    GREETING = b"tpudash stub dashboard"
+
+    def __init__(self, *, write_bytes, write_str, close, download_manager=None, environment=None, quit_grace=0.0):
+        self.write_bytes = write_bytes
+        self.write_str = write_str
+        self.close = close
+        self.started = False
+        self.stopped = False
+        self.pid = None
+
+    async def start(self, width: int, height: int) -> None:
+        self.started = True
+        await self.write_bytes(self.GREETING)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    async def send_bytes(self, data: bytes) -> None:
+        await self.write_bytes(data)
+
+    async def set_terminal_size(self, width: int, height: int) -> None:
+        pass
+
+    async def blur(self) -> None:
+        pass
+
+    async def focus(self) -> None:
+        pass
+
+    async def ended(self) -> None:
+        return None

@@ -1,7 +1,8 @@
 """``tpudash serve`` in a real browser: Debian's chromium, headless, driven by playwright.
 
-The page is opened as a user opens it; the dashboard's first frame must
-arrive, keys typed into the page must reach the dashboard (``g`` runs
+The page is opened as a user opens it, from the URL ``tpudash serve``
+printed (its token leaves the address bar once the cookie is set); the
+dashboard's first frame must arrive, keys typed into the page must reach the dashboard (``g`` runs
 gradient descent and its run is recorded done; ``h`` opens History), over
 the WebSocket and over the HTTP polling transport Colab needs. A screenshot
 is kept. Skipped, with the reason, where chromium (``apt-get install
@@ -98,6 +99,9 @@ def open_dashboard(browser, url: str):
     page = browser.new_page(viewport={"width": 1280, "height": 800})
     page.add_init_script(RECORDER)
     page.goto(url)
+    # The token went into an HttpOnly cookie: not in the address bar, not readable by the page's scripts.
+    assert "token=" in url and "token=" not in page.url, page.url
+    assert "token" not in page.evaluate("document.cookie") and page.evaluate("document.cookie") == ""
     # textual.js marks the body once terminal bytes have been written to xterm.js.
     page.wait_for_function(
         "() => window.__tpudash.firstTextAt !== null && document.body.classList.contains('-first-byte')",
@@ -122,7 +126,7 @@ def finished_runs(runs_dir: Path, job: str) -> list[dict]:
 
 def test_the_dashboard_in_a_browser_runs_gradient_descent_from_a_key(browser, served, tmp_path):
     server, runs_dir = served
-    page, _ = open_dashboard(browser, server.url + "?transport=websocket")
+    page, _ = open_dashboard(browser, server.url + "&transport=websocket")
     # A click gives the page the keyboard (on an empty part of the Devices screen).
     page.mouse.click(1000, 700)
     page.keyboard.press("g")
@@ -147,9 +151,30 @@ def test_the_dashboard_in_a_browser_runs_gradient_descent_from_a_key(browser, se
 
 def test_the_dashboard_over_http_polling_answers_keys(browser, served):
     server, runs_dir = served
-    page, _ = open_dashboard(browser, server.url + "?transport=poll")
+    page, _ = open_dashboard(browser, server.url + "&transport=poll")
     page.mouse.click(1000, 700)
     page.keyboard.press("h")
     # History's title names the runs directory.
     page.wait_for_function(f"() => window.__tpudash.text.includes({json.dumps(str(runs_dir))})", timeout=30_000)
     page.close()
+
+
+@pytest.mark.parametrize("transport", ["websocket", "poll"])
+def test_a_tab_past_the_cap_says_why_and_a_closed_tab_frees_its_place(browser, tmp_path, transport):
+    server = start_server(tmp_path, "--max-dashboards", "1")
+    try:
+        first, _ = open_dashboard(browser, f"{server.url}&transport={transport}")
+        second = browser.new_page(viewport={"width": 1280, "height": 800})
+        second.goto(f"{server.url}&transport={transport}")
+        second.wait_for_function("() => document.body.classList.contains('-refused')", timeout=30_000)
+        assert second.inner_text(".refused") == (
+            "1 dashboard is open, the most this server allows (--max-dashboards); close one and reload"
+        )
+        assert second.is_visible(".refused")
+        second.close()
+        first.close()  # the tab closes: its place is given back
+        third, _ = open_dashboard(browser, f"{server.url}&transport={transport}")
+        assert not third.evaluate("document.body.classList.contains('-refused')")
+        third.close()
+    finally:
+        server.stop()

@@ -6,7 +6,7 @@ import pytest
 
 from tpudash.net import is_loopback_host
 from tpudash.telemetry.sources import AddressError, parse_metrics_address
-from tpudash.web.serve import _loopback_host_header
+from tpudash.web.access import Access
 
 
 @pytest.mark.parametrize(
@@ -15,7 +15,7 @@ from tpudash.web.serve import _loopback_host_header
 def test_loopback_names_and_addresses_are_loopback_for_serve_and_for_the_metrics_address(host):
     assert is_loopback_host(host)
     bracketed = f"[{host}]" if ":" in host else host
-    assert _loopback_host_header(f"{bracketed}:8000")
+    assert Access().host_allowed(f"{bracketed}:8000")
     assert parse_metrics_address(f"{bracketed}:8431") == f"{bracketed}:8431"
 
 
@@ -23,6 +23,6 @@ def test_loopback_names_and_addresses_are_loopback_for_serve_and_for_the_metrics
 def test_other_hosts_are_refused_by_both(host):
     assert not is_loopback_host(host)
     bracketed = f"[{host}]" if ":" in host else host
-    assert not _loopback_host_header(f"{bracketed}:8000")
+    assert not Access().host_allowed(f"{bracketed}:8000")
     with pytest.raises(AddressError):
         parse_metrics_address(f"{bracketed}:8431")

@@ -1,4 +1,5 @@
-"""``tpudash serve``: bad flags, loopback by default, what a page can reach, and stopping leaves nothing behind.
+"""``tpudash serve``: bad flags, loopback by default, who gets in, what a page can reach, the cap on tabs,
+and stopping leaves nothing behind.
 
 The server runs as a user starts it (``python -m tpudash serve``); its
 dashboards are reached the way the page reaches them, over its WebSocket
@@ -16,7 +17,7 @@ import socket
 import psutil
 import pytest
 
-from tests.serve_process import http_get, start_server
+from tests.serve_process import USER_UNSET, StubDashboard, http_get, http_request, start_server
 from tpudash.cli import main as cli
 from tpudash.web.tabs import WEB_DRIVER, is_served
 
@@ -60,10 +61,18 @@ def test_a_host_beyond_loopback_needs_public_and_a_bad_host_exits_2(host, why, t
         assert "add --public" in error and "ssh -L 8000:localhost:8000" in error
 
 
+def log_in(server) -> str:
+    """Open the printed URL as a browser does the first time; the Cookie header it then sends."""
+    status, headers, _ = http_request(server.port, f"/?token={server.token()}")
+    assert status == 302, status
+    return headers["Set-Cookie"].split(";", 1)[0]
+
+
 def test_the_default_bind_is_loopback_only(tmp_path):
     server = start_server(tmp_path)
     try:
         assert server.url.startswith("http://127.0.0.1:")
+        assert server.url == f"http://127.0.0.1:{server.port}/?token={server.token()}"
         listening = [
             connection.laddr
             for connection in psutil.Process(server.process.pid).net_connections("inet")
@@ -86,7 +95,8 @@ def test_public_listens_on_every_interface_and_warns(tmp_path):
         ]
         assert {address.ip for address in listening} == {"0.0.0.0"}
         assert "warning: listening on 0.0.0.0" in server.log()
-        assert "Anyone who can reach this port gets a dashboard that launches jobs" in server.log()
+        assert "Anyone who can reach this port with the printed URL gets a dashboard that launches jobs" in server.log()
+        assert "the token in it is the only login" in server.log()
     finally:
         server.stop()
 
@@ -97,9 +107,10 @@ def test_a_page_reaches_the_dashboard_and_nothing_of_the_runs_directory(tmp_path
     (runs / "run.json").write_text("SECRET-RUN-RECORD")
     server = start_server(tmp_path)
     try:
-        status, page = http_get(server.port, "/")
+        cookie = log_in(server)
+        status, page = http_get(server.port, "/", cookie=cookie)
         assert status == 200 and b"static/js/textual.js" in page
-        assert http_get(server.port, "/static/js/textual.js")[0] == 200
+        assert http_get(server.port, "/static/js/textual.js", cookie=cookie)[0] == 200
         for path in [
             "/run.json",
             "/runs/run.json",
@@ -114,13 +125,13 @@ def test_a_page_reaches_the_dashboard_and_nothing_of_the_runs_directory(tmp_path
             "/ws/not-the-token",
             "/poll/not-the-token/read",
         ]:
-            status, body = http_get(server.port, path)
+            status, body = http_get(server.port, path, cookie=cookie)
             assert status in (403, 404, 405), (path, status)
             assert b"SECRET-RUN-RECORD" not in body
-        # Another site open in the same browser cannot learn the token, nor
-        # reach the page under its own name (DNS rebinding).
-        assert http_get(server.port, "/", host="attacker.example")[0] == 403
-        assert http_get(server.port, "/", host=f"localhost:{server.port}")[0] == 200
+        # Another site open in the same browser cannot reach the page under
+        # its own name (DNS rebinding), even with the cookie.
+        assert http_get(server.port, "/", host="attacker.example", cookie=cookie)[0] == 403
+        assert http_get(server.port, "/", host=f"localhost:{server.port}", cookie=cookie)[0] == 200
     finally:
         server.stop()
 
@@ -175,18 +186,18 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
         token = await asyncio.to_thread(server.token)
         async with aiohttp.ClientSession() as http_session:
             # One tab over the WebSocket, one over HTTP polling.
-            websocket = await http_session.ws_connect(f"{server.url}ws/{token}?width=100&height=30")
+            websocket = await http_session.ws_connect(f"{server.base}ws?width=100&height=30&token={token}")
 
             async def from_websocket() -> bytes:
                 message = await websocket.receive()
                 return message.data if message.type == aiohttp.WSMsgType.BINARY else b""
 
             await _read_until(from_websocket, DASHBOARD_TEXT, 60)
-            opened = await http_session.post(f"{server.url}poll/{token}/open?width=100&height=30")
+            opened = await http_session.post(f"{server.base}poll/open?width=100&height=30&token={token}")
             session_id = (await opened.json())["session"]
 
             async def from_polling() -> bytes:
-                response = await http_session.post(f"{server.url}poll/{token}/read?session={session_id}")
+                response = await http_session.post(f"{server.base}poll/read?session={session_id}&token={token}")
                 return await response.read()
 
             await _read_until(from_polling, DASHBOARD_TEXT, 60)
@@ -225,7 +236,6 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
 async def test_a_polling_page_that_stops_asking_has_its_dashboard_ended(tmp_path):
     import aiohttp
 
-    from tests.serve_process import USER_UNSET
     from tpudash.config import Settings
     from tpudash.web.serve import DashboardServer
 
@@ -237,13 +247,13 @@ async def test_a_polling_page_that_stops_asking_has_its_dashboard_ended(tmp_path
     listening = asyncio.get_running_loop().create_future()
     serving = asyncio.create_task(server.serve(on_listening=listening.set_result, handle_signals=False))
     try:
-        url = await asyncio.wait_for(listening, 30)
+        url = (await asyncio.wait_for(listening, 30)).split("?")[0]
         async with aiohttp.ClientSession() as http_session:
-            opened = await http_session.post(f"{url}poll/{server.token}/open?width=100&height=30")
+            opened = await http_session.post(f"{url}poll/open?width=100&height=30&token={server.token}")
             session_id = (await opened.json())["session"]
 
             async def from_polling() -> bytes:
-                response = await http_session.post(f"{url}poll/{server.token}/read?session={session_id}")
+                response = await http_session.post(f"{url}poll/read?session={session_id}&token={server.token}")
                 return await response.read()
 
             await _read_until(from_polling, DASHBOARD_TEXT, 60)
@@ -257,3 +267,169 @@ async def test_a_polling_page_that_stops_asking_has_its_dashboard_ended(tmp_path
     finally:
         server.request_stop()
         await asyncio.wait_for(serving, 30)
+
+
+# -- who gets in (issue 25) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, error",
+    [
+        (["--max-dashboards", "0"], "--max-dashboards: 0 is too few; allowed: 1 or more"),
+        (["--max-dashboards", "four"], "--max-dashboards: 'four' is not an integer; allowed: 1 or more"),
+        (["--allowed-host", ""], "--allowed-host: '' is not a host name"),
+        (["--allowed-host", "http://x/"], "--allowed-host: 'http://x/' is not a host name"),
+    ],
+)
+def test_bad_serve_flags_exit_2_naming_the_flag(flags, error, tmp_path, capsys):
+    # A port in use: were the flag taken, the command would still end (naming the port), not serve.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert cli.main(["--runs-dir", str(tmp_path), "serve", "--port", port, *flags]) == 2
+    assert error in capsys.readouterr().err
+
+
+def test_a_local_user_without_the_token_gets_403_on_every_route_and_never_the_token(tmp_path):
+    server = start_server(tmp_path)
+    try:
+        token = server.token()
+        for method, path in [
+            ("GET", "/"),
+            ("GET", "/?transport=poll"),
+            ("GET", "/static/js/textual.js"),
+            ("GET", "/static/css/xterm.css"),
+            ("GET", "/ws?width=80&height=24"),
+            ("POST", "/poll/open"),
+            ("POST", "/poll/read?session=x"),
+            ("GET", "/?token=not-the-token"),
+            ("GET", f"/?token={token[:-1]}"),
+        ]:
+            status, _, body = http_request(server.port, path, method=method)
+            assert status == 403, (method, path, status)
+            assert token.encode() not in body
+        status, body = http_get(server.port, "/")
+        assert b"open the URL <code>tpudash serve</code> printed" in body
+        # A cookie of the right name with another value is no better.
+        cookie_name = log_in(server).split("=", 1)[0]
+        assert http_get(server.port, "/", cookie=f"{cookie_name}=guess")[0] == 403
+    finally:
+        server.stop()
+
+
+def test_the_printed_url_sets_a_strict_cookie_and_the_token_leaves_the_address(tmp_path):
+    server = start_server(tmp_path)
+    try:
+        token = server.token()
+        status, headers, _ = http_request(server.port, f"/?transport=poll&token={token}&fontsize=20")
+        assert status == 302
+        assert headers["Location"] == "./?transport=poll&fontsize=20"
+        cookie = headers["Set-Cookie"]
+        attributes = {part.strip().split("=")[0].lower(): part.strip() for part in cookie.split(";")}
+        assert cookie.split(";", 1)[0].endswith(f"={token}")
+        assert "httponly" in attributes and attributes["samesite"].lower() == "samesite=strict"
+        assert attributes["path"] == "Path=/"
+        # What follows is admitted by the cookie alone, and the page it gets carries no token.
+        sent = cookie.split(";", 1)[0]
+        status, page = http_get(server.port, "/?transport=poll&fontsize=20", cookie=sent)
+        assert status == 200 and token.encode() not in page
+        assert http_get(server.port, "/static/js/textual.js", cookie=sent)[0] == 200
+    finally:
+        server.stop()
+
+
+def test_public_refuses_a_rebinding_host_and_admits_the_allowed_ones(tmp_path):
+    server = start_server(tmp_path, "--public", "--allowed-host", "my-tpu-vm.example")
+    try:
+        token = server.token()
+        port = server.port
+        # DNS rebinding: the attacker's name resolves to this machine, the browser sends that name.
+        assert http_get(server.port, f"/?token={token}", host=f"attacker.example:{port}")[0] == 403
+        assert http_get(server.port, f"/?token={token}", host="attacker.example")[0] == 403
+        for host in [f"my-tpu-vm.example:{port}", "MY-TPU-VM.example", f"127.0.0.1:{port}", f"localhost:{port}"]:
+            assert http_get(server.port, f"/?token={token}", host=host)[0] == 302, host
+        # The printed URL names this machine: it is admitted too.
+        assert http_get(server.port, f"/?token={token}", host=f"{socket.gethostname()}:{port}")[0] == 302
+    finally:
+        server.stop()
+
+
+async def _stub_server(tmp_path, **options):
+    """An in-process server whose tabs get ``StubDashboard``s; its task and its URL (no token)."""
+    from tpudash.config import Settings
+    from tpudash.web.serve import DashboardServer
+
+    settings = Settings.load({"runs_dir": str(tmp_path / "runs")})
+    environ = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
+    server = DashboardServer(settings, port=0, environ=environ, service_class=StubDashboard, **options)
+    listening = asyncio.get_running_loop().create_future()
+    serving = asyncio.create_task(server.serve(on_listening=listening.set_result, handle_signals=False))
+    url = await asyncio.wait_for(listening, 30)
+    return server, serving, url.split("?")[0]
+
+
+async def test_a_tab_past_the_cap_gets_a_page_saying_why_over_both_transports(tmp_path):
+    import aiohttp
+
+    from tpudash.web.serve import REFUSED_CLOSE_CODE
+
+    server, serving, url = await _stub_server(tmp_path, max_dashboards=4)
+    why = "4 dashboards are open, the most this server allows (--max-dashboards); close one and reload"
+    try:
+        token = f"token={server.token}"
+        async with aiohttp.ClientSession() as http_session:
+            tabs = [await http_session.ws_connect(f"{url}ws?width=80&height=24&{token}") for _ in range(3)]
+            for tab in tabs:
+                assert (await tab.receive_bytes(timeout=10)) == StubDashboard.GREETING
+            opened = await http_session.post(f"{url}poll/open?width=80&height=24&{token}")
+            assert opened.status == 200
+            polling_session = (await opened.json())["session"]
+
+            # The fifth tab, over the WebSocket: closed with the reason the page shows.
+            fifth = await http_session.ws_connect(f"{url}ws?width=80&height=24&{token}")
+            message = await fifth.receive(timeout=10)
+            assert message.type == aiohttp.WSMsgType.CLOSE
+            assert (message.data, message.extra) == (REFUSED_CLOSE_CODE, why)
+            # Over HTTP polling: the same words, and no dashboard.
+            refused = await http_session.post(f"{url}poll/open?width=80&height=24&{token}")
+            assert refused.status == 503 and (await refused.json()) == {"refused": why}
+            assert len(server.open_tabs) == 4
+
+            # A closed tab frees its place, whichever transport it used.
+            await tabs[0].close()
+            await _wait_until(lambda: len(server.open_tabs) == 3)
+            sixth = await http_session.ws_connect(f"{url}ws?width=80&height=24&{token}")
+            assert (await sixth.receive_bytes(timeout=10)) == StubDashboard.GREETING
+            closed = await http_session.post(f"{url}poll/close?session={polling_session}&{token}")
+            assert closed.status == 204 and len(server.open_tabs) == 3
+            reopened = await http_session.post(f"{url}poll/open?width=80&height=24&{token}")
+            assert reopened.status == 200
+    finally:
+        server.request_stop()
+        await asyncio.wait_for(serving, 30)
+
+
+async def _wait_until(condition, timeout: float = 10.0) -> None:
+    """Wait for the server's loop (this test's own) to get to ``condition``."""
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0)  # lets the server's handlers run; no wall-clock wait
+
+    await asyncio.wait_for(poll(), timeout)
+
+
+def test_the_page_in_a_cross_site_frame_keeps_the_token_on_its_own_addresses(tmp_path):
+    server = start_server(tmp_path)
+    try:
+        token = server.token()
+        # Colab's frame: no cookie is sent, so the embed page is served as is, carrying the token.
+        status, page = http_get(server.port, f"/?token={token}&embed=1")
+        assert status == 200
+        assert f'static/js/textual.js?token={token}"'.encode() in page
+        assert f'const token = "{token}"'.encode() in page
+        assert http_get(server.port, f"/static/js/textual.js?token={token}")[0] == 200
+        assert http_get(server.port, "/?embed=1")[0] == 403
+    finally:
+        server.stop()

@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=COMMANDS["serve"][1],
         description="Serve the dashboard to web browsers through textual-serve: every browser tab runs its own "
         "dashboard with these settings. Listens on 127.0.0.1 unless told otherwise; remote machines: "
-        "ssh -L 8000:localhost:8000 HOST. Ctrl-C stops the server and every dashboard it started.",
+        "ssh -L 8000:localhost:8000 HOST. Open the URL it prints: it carries the token every page needs "
+        "(a cookie keeps it after the first visit). Ctrl-C stops the server and every dashboard it started.",
     )
     serve.add_argument(
         "--host",
@@ -204,6 +205,18 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="allow listening beyond loopback (alone: every interface); anyone who reaches the "
         "port can launch jobs on this machine",
+    )
+    serve.add_argument(
+        "--allowed-host",
+        metavar="NAME",
+        action="append",
+        help="also answer to this Host name (repeatable), e.g. the name a LAN browser uses under --public; "
+        "otherwise only loopback names, the bound address and this machine's own names (against DNS rebinding)",
+    )
+    serve.add_argument(
+        "--max-dashboards",
+        metavar="N",
+        help="at most N browser tabs run a dashboard (and its engine) at once (default 4); one more is told why",
     )
     serve.add_argument(
         "--allow-any-host-header",

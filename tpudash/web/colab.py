@@ -8,9 +8,12 @@ ends the server and every dashboard it started; so does the end of the
 notebook's kernel.
 
 Colab's port proxy passes no WebSocket, so the page there reaches its
-dashboard over plain HTTP requests (see tpudash/serve_page.html); the proxy
-also rewrites the Host header, so this server accepts any (the kernel's
-loopback is not reachable from the notebook's browser anyway).
+dashboard over plain HTTP requests (see tpudash/web/serve_page.html); the
+proxy also rewrites the Host header, so this server accepts any (the kernel's
+loopback is not reachable from the notebook's browser anyway). The frame is
+cross-site, so the browser sends it no SameSite=Strict cookie: its address
+carries the server's token with ``embed=1``, and the page puts the token on
+every request it makes itself.
 
 Importing this module loads neither TensorFlow nor Textual: the server is a
 child process of its own.
@@ -27,6 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 DEFAULT_HEIGHT = 600
 HEIGHT_RANGE = (200, 4000)
@@ -42,8 +46,9 @@ class ColabError(RuntimeError):
 @dataclass
 class _Server:
     process: subprocess.Popen
-    url: str
+    url: str  # as the server printed it, with its token
     port: int
+    token: str
     options: tuple
     log_path: Path
 
@@ -85,12 +90,17 @@ def show(
     output = _colab_output()
     server = _ensure_server(_options(tpu, runs_dir, cpu_devices, data_dir), behind_proxy=output is not None)
     if output is not None:
-        output.serve_kernel_port_as_iframe(server.port, path="/", height=str(height))
+        output.serve_kernel_port_as_iframe(server.port, path=embed_path(server.token), height=str(height))
     else:
         print(
             f"tpudash: the dashboard is at {server.url} (open it in a browser; each tab runs its own "
             "dashboard; tpudash.web.colab.stop() ends them)"
         )
+
+
+def embed_path(token: str) -> str:
+    """The frame's address on the server: the token in the query, and no redirect to a cookie."""
+    return "/?" + urlencode({"token": token, "embed": "1"})
 
 
 def url() -> str | None:
@@ -162,11 +172,11 @@ def _start_server(options: tuple, behind_proxy: bool) -> _Server:
         match = _URL_LINE.search(text)
         if match:
             address = match.group(1)
-            port_match = re.search(r":(\d+)/", address)
-            if port_match is None:
-                raise ColabError(f"the dashboard server printed an address without a port: {address}")
-            port = int(port_match.group(1))
-            return _Server(process, address, port, options, log_path)
+            parts = urlsplit(address)
+            tokens = parse_qs(parts.query).get("token")
+            if parts.port is None or not tokens:
+                raise ColabError(f"the dashboard server printed an address without a port or token: {address}")
+            return _Server(process, address, parts.port, tokens[0], options, log_path)
         if process.poll() is not None:
             raise ColabError(
                 f"tpudash serve exited with code {process.returncode}: {text.strip()[-2000:]} (log: {log_path})"

@@ -11,13 +11,16 @@ module is the server around them:
 - It listens on 127.0.0.1 unless ``--public`` says otherwise: a dashboard
   launches jobs on this machine's accelerator, so whoever reaches the port
   can run code here.
+- Only the person who started it gets in: every route needs the token the
+  printed URL carries, or the cookie the first good request sets; the Host
+  header must name this server (DNS rebinding). ``tpudash.web.access``
+  holds those rules.
 - A page can reach the dashboard and textual-serve's own scripts and fonts,
   nothing else: no file of the runs directory, no directory listing, no
   download route (textual-serve's serves files an app delivers; tpudash
-  delivers none). The terminal's connection needs a token that only the
-  page served here carries, so another web site open in the same browser
-  cannot drive a dashboard; on loopback the Host header must name loopback
-  too (DNS rebinding).
+  delivers none).
+- At most ``--max-dashboards`` tabs run a dashboard at once (each starts an
+  engine); one more gets a page saying so, over either transport.
 - The page talks over a WebSocket, or, where a proxy passes no WebSocket
   (Colab's port proxy), over plain HTTP requests (``?transport=poll``; the
   default tries the WebSocket first and falls back by itself).
@@ -49,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpudash.net import is_loopback_host
+from tpudash.web.access import EMBED_PARAMETER, Access, host_name, without_token
 from tpudash.web.tabs import dashboard_environment, dashboard_service_class
 
 DEFAULT_HOST = "127.0.0.1"
@@ -62,7 +65,14 @@ QUIT_MARGIN_SECONDS = 5.0
 # asked for longer than POLL_ABANDONED_SECONDS (its tab was closed) is stopped.
 POLL_WAIT_SECONDS = 10.0
 POLL_ABANDONED_SECONDS = 45.0
+DEFAULT_MAX_DASHBOARDS = 4
+# The WebSocket close code (application range) with which a tab past the cap is refused.
+REFUSED_CLOSE_CODE = 4429
 PAGE_PATH = Path(__file__).with_name("serve_page.html")
+FORBIDDEN_PAGE = (
+    "<!DOCTYPE html><title>tpudash: forbidden</title><p>This needs the dashboard's token: open the URL "
+    "<code>tpudash serve</code> printed (<code>http://HOST:PORT/?token=…</code>), in this browser.</p>\n"
+)
 
 
 class ServeError(ValueError):
@@ -78,6 +88,37 @@ def parse_port(raw: object) -> int:
     if not 0 <= port <= 65535:
         raise ServeError(f"--port: {port} is out of range; allowed: 1 to 65535, or 0 for any free port")
     return port
+
+
+def parse_max_dashboards(raw: object) -> int:
+    """``--max-dashboards``: how many tabs may run a dashboard at once, 1 or more."""
+    try:
+        count = int(str(raw).strip(), 10)
+    except ValueError:
+        raise ServeError(f"--max-dashboards: {raw!r} is not an integer; allowed: 1 or more") from None
+    if count < 1:
+        raise ServeError(f"--max-dashboards: {count} is too few; allowed: 1 or more")
+    return count
+
+
+def parse_allowed_hosts(raw: list[str] | None) -> list[str]:
+    """``--allowed-host NAME`` (repeatable): a host name or address as the browser's address bar shows it."""
+    names = []
+    for text in raw or []:
+        name = host_name(text)
+        if name is None or any(character.isspace() or character in "/?#@\\" for character in text):
+            raise ServeError(
+                f"--allowed-host: {text!r} is not a host name; allowed: a name or address as the browser's "
+                "address bar shows it, e.g. my-tpu-vm or 10.0.0.5"
+            )
+        names.append(name)
+    return names
+
+
+def refusal_text(max_dashboards: int) -> str:
+    """What a tab past the cap shows (also a WebSocket close reason: at most 123 bytes)."""
+    are = "dashboard is" if max_dashboards == 1 else "dashboards are"
+    return f"{max_dashboards} {are} open, the most this server allows (--max-dashboards); close one and reload"
 
 
 def resolve_host(host: str | None, public: bool) -> tuple[str, bool]:
@@ -111,8 +152,9 @@ def resolve_host(host: str | None, public: bool) -> tuple[str, bool]:
 def public_warning(host: str, port: int) -> str:
     return (
         f"tpudash serve: warning: listening on {host}:{port}, not loopback. Anyone who can reach this port "
-        "gets a dashboard that launches jobs on this machine's accelerator and reads its runs. There is no "
-        "login; keep it behind a firewall, or serve on 127.0.0.1 and use SSH port forwarding."
+        "with the printed URL gets a dashboard that launches jobs on this machine's accelerator and reads its "
+        "runs; the token in it is the only login, and plain HTTP carries it unencrypted. Keep it behind a "
+        "firewall, or serve on 127.0.0.1 and use SSH port forwarding."
     )
 
 
@@ -124,10 +166,20 @@ def serve_dashboards(args: Any, settings: Any) -> int:
     """
     port = parse_port(DEFAULT_PORT if args.port is None else args.port)
     host, loopback = resolve_host(args.host, args.public)
+    max_dashboards = parse_max_dashboards(
+        DEFAULT_MAX_DASHBOARDS if args.max_dashboards is None else args.max_dashboards
+    )
+    allowed_hosts = parse_allowed_hosts(args.allowed_host)
     # Each tab's dashboard needs the runs directory: refuse now, not once per tab.
     settings.check_runs_dir()
     server = DashboardServer(
-        settings, host=host, port=port, loopback=loopback, check_host_header=loopback and not args.allow_any_host_header
+        settings,
+        host=host,
+        port=port,
+        loopback=loopback,
+        check_host_header=not args.allow_any_host_header,
+        allowed_hosts=allowed_hosts,
+        max_dashboards=max_dashboards,
     )
     return server.run()
 
@@ -160,18 +212,27 @@ class DashboardServer:
         port: int = DEFAULT_PORT,
         loopback: bool = True,
         check_host_header: bool = True,
+        allowed_hosts: list[str] | tuple[str, ...] = (),
+        max_dashboards: int = DEFAULT_MAX_DASHBOARDS,
         environ: Mapping[str, str] | None = None,
+        service_class: Callable[..., Any] | None = None,
     ):
         self.settings = settings
         self.host = host
         self.port = port
         self.loopback = loopback
-        self.check_host_header = check_host_header
         self.environment = dashboard_environment(settings, os.environ if environ is None else environ)
-        # Only the page served here carries it: another site open in the same
-        # browser can open a WebSocket to localhost, but cannot read this page.
-        self.token = secrets.token_urlsafe(24)
+        # Only the printed URL carries the token; every route asks for it (or its cookie).
+        self.access = Access(
+            loopback=loopback, bound_host=host, allowed_hosts=allowed_hosts, check_host_header=check_host_header
+        )
+        self.token = self.access.token
+        self.max_dashboards = max_dashboards
+        # What starts a tab's dashboard (textual-serve's AppService, tpudash.web.tabs); tests give a stub.
+        self.service_class = service_class
         self.services: set = set()
+        # The tabs that hold one of the max_dashboards places; a closed tab gives its place back at once.
+        self.open_tabs: set = set()
         self.websockets: set = set()
         self.poll_sessions: dict[str, _PollSession] = {}
         self.quit_grace = float(getattr(settings, "cancel_grace", 2.0)) + QUIT_MARGIN_SECONDS
@@ -187,14 +248,14 @@ class DashboardServer:
 
         static = Path(textual_serve.__file__).parent / "static"
         app = web.Application(middlewares=[self._make_guard()])
-        # The token is a path segment: textual.js appends its own query to the WebSocket URL.
         app.add_routes(
             [
                 web.get("/", self.handle_page),
-                web.get("/ws/{token}", self.handle_websocket),
-                web.post("/poll/{token}/open", self.handle_poll_open),
-                web.post("/poll/{token}/read", self.handle_poll_read),
-                web.post("/poll/{token}/write", self.handle_poll_write),
+                web.get("/ws", self.handle_websocket),
+                web.post("/poll/open", self.handle_poll_open),
+                web.post("/poll/read", self.handle_poll_read),
+                web.post("/poll/write", self.handle_poll_write),
+                web.post("/poll/close", self.handle_poll_close),
                 # textual-serve's own scripts, styles and fonts; no listing, no symlinks.
                 web.static("/static", static, show_index=False, follow_symlinks=False),
             ]
@@ -206,19 +267,25 @@ class DashboardServer:
 
         @web.middleware
         async def guard(request, handler):
-            if self.check_host_header and not _loopback_host_header(request.host):
+            access = self.access
+            if not access.host_allowed(request.headers.get("Host")):
+                where = "a loopback host name (localhost, 127.0.0.1)" if self.loopback else "this machine's names"
                 raise web.HTTPForbidden(
-                    text="tpudash serve answers only to a loopback host name (localhost, "
-                    "127.0.0.1) while it listens on loopback\n"
+                    text=f"tpudash serve answers only to {where} and the names given with --allowed-host\n"
                 )
-            if request.path != "/" and not request.path.startswith("/static/"):
-                parts = request.path.split("/")
-                if len(parts) < 3 or not secrets.compare_digest(parts[2].encode(), self.token.encode()):
-                    raise web.HTTPForbidden(text="missing or wrong token: open the dashboard from its page\n")
-            response = await handler(request)
+            by_query = access.by_query(request.query)
+            if not by_query and not access.by_cookie(request.cookies):
+                raise web.HTTPForbidden(text=FORBIDDEN_PAGE, content_type="text/html")
+            if by_query and request.path == "/" and request.method == "GET" and EMBED_PARAMETER not in request.query:
+                # The token leaves the address bar; the cookie admits what follows.
+                response = web.Response(status=302, headers={"Location": without_token(request.query)})
+                response.set_cookie(access.cookie_name, access.token, httponly=True, samesite="Strict", path="/")
+            else:
+                response = await handler(request)
             # The page may be shown in an iframe (Colab's cell output), so no X-Frame-Options.
             response.headers.setdefault("Cache-Control", "no-store")
             response.headers.setdefault("X-Content-Type-Options", "nosniff")
+            response.headers.setdefault("Referrer-Policy", "no-referrer")
             return response
 
         return guard
@@ -227,16 +294,26 @@ class DashboardServer:
         from aiohttp import web
 
         font_size = request.query.get("fontsize", "16")
-        font_size = font_size if font_size.isdigit() and 6 <= int(font_size) <= 48 else "16"
+        font_size = font_size if font_size.isascii() and font_size.isdigit() and 6 <= int(font_size) <= 48 else "16"
+        # Asked for with the token (a frame, ?embed=1: no cookie reaches it), the page puts
+        # the token on its own addresses; asked for with the cookie, it carries none.
+        embedded = self.access.by_query(request.query)
         page = (
-            PAGE_PATH.read_text(encoding="utf-8").replace("{{token}}", self.token).replace("{{font_size}}", font_size)
+            PAGE_PATH.read_text(encoding="utf-8")
+            .replace("{{token}}", self.token if embedded else "")
+            .replace("{{token_query}}", f"?{self.access.token_query()}" if embedded else "")
+            .replace("{{font_size}}", font_size)
         )
         return web.Response(text=page, content_type="text/html")
+
+    def _refusal(self) -> str | None:
+        """Why a new tab gets no dashboard (every place is taken), or None."""
+        return refusal_text(self.max_dashboards) if len(self.open_tabs) >= self.max_dashboards else None
 
     def _new_service(self, write_bytes, write_str, close):
         from textual_serve.download_manager import DownloadManager
 
-        service = dashboard_service_class()(
+        service = (self.service_class or dashboard_service_class())(
             write_bytes=write_bytes,
             write_str=write_str,
             close=close,
@@ -245,6 +322,7 @@ class DashboardServer:
             quit_grace=self.quit_grace,
         )
         self.services.add(service)
+        self.open_tabs.add(service)
         return service
 
     async def _dispatch(self, service, envelope: Any) -> str | None:
@@ -271,6 +349,11 @@ class DashboardServer:
 
         websocket = web.WebSocketResponse(heartbeat=15)
         await websocket.prepare(request)
+        refusal = self._refusal()
+        if refusal is not None:
+            # The page shows the close reason instead of a dashboard.
+            await websocket.close(code=REFUSED_CLOSE_CODE, message=refusal.encode("utf-8"))
+            return websocket
         width, height = _size(request)
         service = self._new_service(websocket.send_bytes, websocket.send_str, websocket.close)
         self.websockets.add(websocket)
@@ -287,6 +370,7 @@ class DashboardServer:
                 if reply is not None:
                     await websocket.send_str(reply)
         finally:
+            self.open_tabs.discard(service)
             await service.stop()
             self.services.discard(service)
             self.websockets.discard(websocket)
@@ -296,6 +380,9 @@ class DashboardServer:
     async def handle_poll_open(self, request):
         from aiohttp import web
 
+        refusal = self._refusal()
+        if refusal is not None:
+            return web.json_response({"refused": refusal}, status=503)
         session = _PollSession()
         session_id = secrets.token_urlsafe(16)
 
@@ -351,8 +438,8 @@ class DashboardServer:
 
         session = self._poll_session(request)
         try:
-            envelopes = json.loads(await request.text())
-        except ValueError:
+            envelopes = json.loads(await request.read())
+        except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError)
             raise web.HTTPBadRequest(text="body: not JSON; expected a list of messages\n") from None
         replies = []
         for envelope in envelopes if isinstance(envelopes, list) else []:
@@ -363,9 +450,18 @@ class DashboardServer:
             session.push(b"S", reply.encode("utf-8"))
         return web.Response(status=204)
 
+    async def handle_poll_close(self, request):
+        """The polling page is going away (its tab closed or reloaded): its dashboard ends now."""
+        from aiohttp import web
+
+        self._poll_session(request)
+        await self._end_poll_session(request.query["session"])
+        return web.Response(status=204)
+
     async def _end_poll_session(self, session_id: str) -> None:
         session = self.poll_sessions.pop(session_id, None)
         if session is not None:
+            self.open_tabs.discard(session.service)
             await session.service.stop()
             self.services.discard(session.service)
 
@@ -411,7 +507,7 @@ class DashboardServer:
             raise ServeError(f"--port: cannot listen on {self.host}:{self.port}: {reason}{hint}") from None
         self.port = runner.addresses[0][1]  # the port bound, when --port 0 let the system choose
         shown_host = socket.gethostname() if self.host in (PUBLIC_HOST, "::") else self.host
-        self.url = f"http://{_url_host(shown_host)}:{self.port}/"
+        self.url = f"http://{_url_host(shown_host)}:{self.port}/?{self.access.token_query()}"
         if not self.loopback:
             print(public_warning(self.host, self.port), file=sys.stderr, flush=True)
         print(
@@ -456,18 +552,6 @@ def _size(request) -> tuple[int, int]:
         return value if 1 <= value <= 1000 else default
 
     return number("width", 80), number("height", 24)
-
-
-def _loopback_host_header(host_header: str | None) -> bool:
-    """The Host header names this machine's loopback (any port)."""
-    if not host_header:
-        return False
-    host = host_header.strip().lower()
-    if host.startswith("["):  # [::1]:8000
-        host = host[1 : host.find("]")] if "]" in host else host
-    elif host.count(":") == 1:
-        host = host.split(":", 1)[0]
-    return is_loopback_host(host)
 
 
 def _url_host(host: str) -> str:
