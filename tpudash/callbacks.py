@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -98,9 +99,15 @@ class TpudashCallback(keras.callbacks.Callback):
         params, layers = _describe_model(model, self.params or {}, self._fit_batch_size)
         runtime = session_runtime(getattr(model, "distribute_strategy", None))
         runtime["model_summary"] = layers
-        self.run = RecordedRun(
-            self.name or model.name, params, runs_dir=self.runs_dir, runtime=runtime, source=SOURCE_CALLBACK
-        )
+        try:
+            self.run = RecordedRun(
+                self.name or model.name, params, runs_dir=self.runs_dir, runtime=runtime, source=SOURCE_CALLBACK
+            )
+        except OSError as error:
+            # A full disk or an unwritable runs directory must not stop the user's training.
+            self.run = None
+            warnings.warn(f"tpudash: cannot record this fit ({error}); training goes on without a run", stacklevel=2)
+            return
         self.run.table(f"model {model.name}", ["layer", "type", "output shape", "parameters"], layers)
         self.run.log(
             f"{model.name}: {params['parameters']:,} parameters ({params['trainable_parameters']:,} trainable); "

@@ -318,3 +318,16 @@ def test_nan_loss_is_recorded_as_nan_not_a_crash(store):
     with tpudash.record("nan") as run:
         run.metric("loss", float("nan"))
     assert math.isnan(only_run(store).info.final_metrics["loss"])
+
+
+def test_fit_goes_on_when_its_run_cannot_be_created(runtime, tmp_path, fresh_model):
+    """A runs directory that cannot be written (a full disk, a file in its place) costs the record, not the fit."""
+    from tpudash.callbacks import TpudashCallback
+
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the runs directory should be")
+    train, val, steps, validation_steps = separable_data(runtime.strategy)
+    callback = TpudashCallback(runs_dir=blocked / "runs")
+    with pytest.warns(UserWarning, match="tpudash: cannot record this fit"):
+        history = fresh_model.fit(train, epochs=2, steps_per_epoch=steps, verbose=0, callbacks=[callback])
+    assert len(history.history["loss"]) == 2 and callback.run is None
