@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import os
 import re
@@ -136,7 +137,8 @@ class StubDashboard:
         self.write_str = write_str
         self.close = close
         self.started = False
-        self.stopped = False
+        self.stopped = asyncio.Event()
+        """Set when the server stops this tab's dashboard (it gave back the tab's place just before)."""
         self.pid = None
 
     async def start(self, width: int, height: int) -> None:
@@ -144,7 +146,7 @@ class StubDashboard:
         await self.write_bytes(self.GREETING)
 
     async def stop(self) -> None:
-        self.stopped = True
+        self.stopped.set()
 
     async def send_bytes(self, data: bytes) -> None:
         await self.write_bytes(data)

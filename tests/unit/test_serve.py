@@ -397,8 +397,13 @@ async def test_a_tab_past_the_cap_gets_a_page_saying_why_over_both_transports(tm
             assert len(server.open_tabs) == 4
 
             # A closed tab frees its place, whichever transport it used.
+            holding = list(server.open_tabs)
             await tabs[0].close()
-            await _wait_until(lambda: len(server.open_tabs) == 3)
+            stops = [asyncio.ensure_future(stub.stopped.wait()) for stub in holding]
+            done, pending = await asyncio.wait(stops, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            for waiting in pending:
+                waiting.cancel()
+            assert done and len(server.open_tabs) == 3
             sixth = await http_session.ws_connect(f"{url}ws?width=80&height=24&{token}")
             assert (await sixth.receive_bytes(timeout=10)) == StubDashboard.GREETING
             closed = await http_session.post(f"{url}poll/close?session={polling_session}&{token}")
@@ -408,16 +413,6 @@ async def test_a_tab_past_the_cap_gets_a_page_saying_why_over_both_transports(tm
     finally:
         server.request_stop()
         await asyncio.wait_for(serving, 30)
-
-
-async def _wait_until(condition, timeout: float = 10.0) -> None:
-    """Wait for the server's loop (this test's own) to get to ``condition``."""
-
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0)  # lets the server's handlers run; no wall-clock wait
-
-    await asyncio.wait_for(poll(), timeout)
 
 
 def test_the_page_in_a_cross_site_frame_keeps_the_token_on_its_own_addresses(tmp_path):
