@@ -22,12 +22,13 @@ import fcntl
 import getpass
 import json
 import os
-import stat
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from tpudash.runs.layout import open_regular_fd
 
 LOCK_VARIABLE = "TPUDASH_ENGINE_LOCK"
 LOCK_FILE = "engine.lock"
@@ -114,10 +115,8 @@ class EngineLock:
         OSError when the lock file cannot be opened at all (the caller decides; the engine goes on without it).
         """
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
+        fd = open_regular_fd(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{self.path} is not a regular file")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             try:

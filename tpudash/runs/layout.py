@@ -62,18 +62,20 @@ def size_words(count: int) -> str:
     return f"{count} bytes"
 
 
-def open_regular(path: Path, max_bytes: int | None = None) -> BinaryIO:
-    """``path`` opened for reading only if it is a regular file (and at most ``max_bytes``); else RefusedFile.
+def open_regular_fd(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644, max_bytes: int | None = None) -> int:
+    """A descriptor of ``path`` only if it is a regular file (and at most ``max_bytes``); else RefusedFile.
 
-    Never follows a symbolic link (O_NOFOLLOW) and never blocks (O_NONBLOCK:
-    a FIFO would wait for a writer forever); the type is checked on the open
-    descriptor (fstat), so a file swapped in between cannot slip through.
-    Other errors (a missing file) are the OSError ``os.open`` raised.
+    ``flags``: the access wanted (``os.O_RDONLY``, ``os.O_RDWR | os.O_CREAT``, …).
+    Never follows a symbolic link (O_NOFOLLOW) and never blocks on opening
+    (O_NONBLOCK: a FIFO would wait for a writer forever); the type is
+    checked on the open descriptor (fstat), so a file swapped in between
+    cannot slip through. Other errors (a missing file) are the OSError
+    ``os.open`` raised. Every file of a run, and the engine's lock, is
+    opened through here.
     """
     path = Path(path)
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        descriptor = os.open(path, flags)
+        descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise RefusedFile(errno.ELOOP, f"{path.name}: a symbolic link, not followed") from None
@@ -85,12 +87,17 @@ def open_regular(path: Path, max_bytes: int | None = None) -> BinaryIO:
             raise RefusedFile(errno.EINVAL, f"{path.name}: not a regular file ({kind})")
         if max_bytes is not None and status.st_size > max_bytes:
             raise RefusedFile(errno.EFBIG, f"{path.name}: larger than {size_words(max_bytes)}")
-        # Back to blocking reads: a regular file never waits, and buffered readers expect it.
+        # Back to blocking I/O: a regular file never waits, and buffered readers expect it.
         os.set_blocking(descriptor, True)
-        return os.fdopen(descriptor, "rb")
+        return descriptor
     except BaseException:
         os.close(descriptor)
         raise
+
+
+def open_regular(path: Path, max_bytes: int | None = None) -> BinaryIO:
+    """``path`` opened for reading only if it is a regular file (see ``open_regular_fd``); else RefusedFile."""
+    return os.fdopen(open_regular_fd(path, max_bytes=max_bytes), "rb")
 
 
 def read_run_file(run_dir: Path) -> Any:

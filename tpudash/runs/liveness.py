@@ -25,12 +25,10 @@ clock ticks since boot (field 22 of /proc/PID/stat); both are still judged.
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import os
 import socket
-import stat
 import threading
 import time
 from collections.abc import Callable
@@ -39,6 +37,7 @@ from pathlib import Path
 import psutil
 
 from jobs.events import is_finite_number
+from tpudash.runs.layout import open_regular_fd
 
 WRITER_FILE = "writer.lock"
 """In a run directory: flock'd by the run's writer while it writes; holds its heartbeat."""
@@ -71,12 +70,8 @@ class WriterLock:
         self._clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._fd: int | None = os.open(
-            self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644
-        )
+        self._fd: int | None = open_regular_fd(self.path, os.O_RDWR | os.O_CREAT)
         try:
-            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
-                raise OSError(errno.EINVAL, f"{WRITER_FILE} is not a regular file", str(self.path))
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self.held = True
         except BlockingIOError:
@@ -130,16 +125,9 @@ class WriterLock:
 def _open_writer_file(run_dir: Path) -> int | None:
     """``writer.lock`` opened read-only without following links or blocking; None when absent or unusable."""
     try:
-        fd = os.open(run_dir / WRITER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        return open_regular_fd(run_dir / WRITER_FILE)
+    except OSError:  # RefusedFile included
         return None
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-    except OSError:
-        pass
-    os.close(fd)
-    return None
 
 
 def lock_held(run_dir: Path) -> bool | None:

@@ -18,16 +18,14 @@ next event.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from jobs.events import Event, Metric, Progress, RunFinished, dumps, to_jsonable
-from tpudash.runs.layout import EVENTS_FILE, RUN_FILE, write_json_atomically
+from tpudash.runs.layout import EVENTS_FILE, RUN_FILE, open_regular_fd, write_json_atomically
 from tpudash.runs.liveness import WriterLock
 
 FSYNC_INTERVAL_SECONDS = 1.0
@@ -224,11 +222,9 @@ def _open_events(path: Path) -> tuple[int, bool]:
     appended next must start on a line of its own. Links are not followed
     and only a regular file is accepted.
     """
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    fd = open_regular_fd(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
         status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise OSError(errno.EINVAL, f"{EVENTS_FILE} is not a regular file", str(path))
         needs_newline = status.st_size > 0 and os.pread(fd, 1, status.st_size - 1) != b"\n"
     except BaseException:
         os.close(fd)
