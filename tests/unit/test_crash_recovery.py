@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import pytest
 
@@ -43,6 +44,25 @@ def test_finish_abandoned_after_a_partial_last_line_ends_the_run_readably_and_co
     assert data.info.status == "failed" and data.info.final_metrics == {"loss": 0.5}
     assert [event.type for _, event in data.events] == ["run_started", "metric", "run_finished"]
     assert len(data.problems) == 1 and "events.jsonl line 3" in data.problems[0]
+
+
+def test_finish_abandoned_never_waits_on_a_fifo_in_place_of_run_json(store):
+    """The lane settles a crashed engine's run on its own thread: a FIFO named run.json must not hang it."""
+    run_id = new_run_id("train")
+    recorder = store.create(run_id, "train", {}, {})
+    recorder.record(Metric("loss", 0.5, 0))
+    recorder.close()
+    run_json = store.root / run_id / "run.json"
+    run_json.unlink()
+    os.mkfifo(run_json)
+    settling = threading.Thread(
+        target=store.finish_abandoned, args=(run_id, "train", {}, "failed", "engine crashed"), daemon=True
+    )
+    settling.start()
+    settling.join(timeout=30)
+    assert not settling.is_alive(), "finish_abandoned blocked on the FIFO"
+    finished = [event for _, event in store.load(run_id).events if isinstance(event, RunFinished)]
+    assert [event.status for event in finished] == ["failed"]
 
 
 def test_a_recorder_opening_an_events_file_that_ends_mid_line_starts_on_a_fresh_line(store):

@@ -10,7 +10,6 @@ is ``tpudash.runs.recorder``; reading a growing file is ``tpudash.runs.tail``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import socket
 import time
@@ -240,15 +239,25 @@ class RunStore:
         end off the disk (a full disk), or None; it never raises one.
         """
         run_dir = self.root / run_id
-        events, _ = read_events(run_dir / EVENTS_FILE)
-        if any(isinstance(event, RunFinished) for _, event in events):
+        latest: dict[str, Metric] = {}  # per metric, its last point: what run.json's final_metrics keeps
+        ended, events_seen = False, 0
+
+        def visit(stamp: float | None, event: Event) -> None:
+            nonlocal ended, events_seen
+            events_seen += 1
+            ended = ended or isinstance(event, RunFinished)
+            if isinstance(event, Metric):
+                latest[event.final_name] = event
+
+        fold_events(run_dir / EVENTS_FILE, visit)  # in bounded memory, whatever the file holds
+        if ended:
             return None
         try:
-            meta = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+            meta = read_run_file(run_dir)  # a regular file only, capped: never a FIFO that would block the lane
         except (OSError, ValueError):
             meta = None
         try:
-            return self._write_finish(run_id, job, params, status, error, events, meta)
+            return self._write_finish(run_id, job, params, status, error, events_seen, list(latest.values()), meta)
         except OSError as write_error:
             return write_error
 
@@ -259,7 +268,8 @@ class RunStore:
         params: dict,
         status: str,
         error: str | None,
-        events: list[tuple[float | None, Event]],
+        events_seen: int,
+        metrics: list[Metric],
         meta: Any,
     ) -> OSError | None:
         run_dir = self.root / run_id
@@ -279,13 +289,12 @@ class RunStore:
                     },
                 )
             )
-            if not events:
+            if not events_seen:
                 recorder.record(RunStarted(run_id, job, params, {}, time.time()))
         else:
             recorder = RunRecorder(run_dir, meta)
-        for _, event in events:
-            if isinstance(event, Metric):
-                recorder.remember_metric(event)
+        for metric in metrics:
+            recorder.remember_metric(metric)
         recorder.record(RunFinished(status=status, summary={}, error=error, traceback=None))
         return recorder.write_error
 
