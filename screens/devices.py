@@ -268,7 +268,8 @@ class DevicesScreen(DashScreen):
                     ("✓ pass" if result["passed"] else "✗ FAIL") + speed,
                     style="green" if result["passed"] else "bold red",
                 )
-            table.update_cell(device.name, "last check", cell)
+            # The column was sized for the empty cells the rows started with: widen it.
+            table.update_cell(device.name, "last check", cell, update_width=True)
 
 
 def match_device(results: dict[str, dict], name: str) -> dict | None:

@@ -39,7 +39,10 @@ async def test_m_runs_the_matmul_check_and_shows_a_passing_row_per_device_and_a_
         await pilot.press("d")
         devices = app.screen.query_one("#device-table", DataTable)
         verdicts = [str(devices.get_row_at(index)[-1]) for index in range(devices.row_count)]
-        assert all(verdict.startswith("✓ pass") for verdict in verdicts), verdicts
+        assert all(verdict.startswith("✓ pass") and verdict.endswith("GFLOP/s") for verdict in verdicts), verdicts
+        # The verdicts arrived after the rows: the column grew to show them whole.
+        column = devices.columns["last check"]
+        assert column.get_render_width(devices) >= max(len(verdict) for verdict in verdicts) + 2
 
 
 async def test_g_runs_gradient_descent_and_shows_the_walkthroughs_figure_with_the_params_that_applied(make_app):

@@ -152,6 +152,33 @@ async def _read_until(receive, text: bytes, timeout: float) -> bytes:
     return await asyncio.wait_for(read(), timeout)
 
 
+class _PolledTab:
+    """A polling page: it asks again as soon as a read returns, as serve_page.html does.
+
+    A test that stopped asking while it waited for something else would have
+    its dashboard ended as abandoned (POLL_ABANDONED_SECONDS) on a slow machine.
+    """
+
+    def __init__(self, receive) -> None:
+        self.receive = receive
+        self.seen = b""
+        self.grew = asyncio.Condition()
+
+    async def keep_asking(self) -> None:
+        while True:
+            chunk = await self.receive()
+            async with self.grew:
+                self.seen += chunk
+                self.grew.notify_all()
+
+    async def until(self, text: bytes, timeout: float) -> None:
+        async def shown() -> None:
+            async with self.grew:
+                await self.grew.wait_for(lambda: text in self.seen)
+
+        await asyncio.wait_for(shown(), timeout)
+
+
 def _family(pid: int) -> list[psutil.Process]:
     try:
         return psutil.Process(pid).children(recursive=True)
@@ -200,12 +227,14 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
                 response = await http_session.post(f"{server.base}poll/read?session={session_id}&token={token}")
                 return await response.read()
 
-            await _read_until(from_polling, DASHBOARD_TEXT, 60)
+            polled_tab = _PolledTab(from_polling)
+            asking = asyncio.create_task(polled_tab.keep_asking())
+            await polled_tab.until(DASHBOARD_TEXT, 60)
             dashboards = [process for process in _family(server.process.pid) if process.ppid() == server.process.pid]
             assert len(dashboards) == 2
             # Each dashboard starts its engine for the Devices screen, which then names it.
-            for receive in (from_websocket, from_polling):
-                await _read_until(receive, ENGINE_READY_TEXT, 60)
+            await _read_until(from_websocket, ENGINE_READY_TEXT, 60)
+            await polled_tab.until(ENGINE_READY_TEXT, 60)
             assert len(_engines(_family(server.process.pid))) == 2
             environment = dashboards[0].environ()
             assert environment["TPUDASH_RUNS_DIR"] == str(tmp_path / "runs")
@@ -221,10 +250,12 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
             await websocket.close()
             _, alive = await asyncio.to_thread(psutil.wait_procs, closed_family, 30)
             assert alive == [], "the closed tab's dashboard and engine still run"
-            assert sum(not _gone(process) for process in everyone) == 2
+            assert sum(not _gone(process) for process in everyone) == 2, server.log()
 
             server.process.send_signal(signum)
             code = await asyncio.to_thread(server.process.wait, 60)
+            asking.cancel()  # the server is gone: its reads fail, or wait
+            await asyncio.gather(asking, return_exceptions=True)
         assert code == 0, server.log()
         left = [process for process in everyone if not _gone(process)]
         assert left == [], f"left running: {[process.cmdline() for process in left]}"
