@@ -22,7 +22,8 @@ from tpudash.cli import main as cli
 from tpudash.web.tabs import WEB_DRIVER, is_served
 
 DASHBOARD_TEXT = b"tpudash"  # the header's title, in the first frame
-ENGINE_READY_TEXT = b"owns TensorFlow"  # the Devices screen, once its engine answers
+RUNTIME_READY_TEXT = b"4 replicas"  # the runtime line, once the engine has detected it (holding the host's lock)
+HELD_TEXT = b"held by another dashboard"  # the runtime line of a dashboard whose engine found the lock taken
 
 
 @pytest.mark.parametrize(
@@ -219,7 +220,8 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
                 message = await websocket.receive()
                 return message.data if message.type == aiohttp.WSMsgType.BINARY else b""
 
-            await _read_until(from_websocket, DASHBOARD_TEXT, 60)
+            # Its engine detects the runtime only once it holds the host's engine lock.
+            await _read_until(from_websocket, RUNTIME_READY_TEXT, 60)
             opened = await http_session.post(f"{server.base}poll/open?width=100&height=30&token={token}")
             session_id = (await opened.json())["session"]
 
@@ -229,28 +231,30 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
 
             polled_tab = _PolledTab(from_polling)
             asking = asyncio.create_task(polled_tab.keep_asking())
-            await polled_tab.until(DASHBOARD_TEXT, 60)
+            # One engine per host: the second tab's engine finds the lock taken,
+            # says so and exits; that dashboard goes on watching.
+            await polled_tab.until(HELD_TEXT, 60)
             dashboards = [process for process in _family(server.process.pid) if process.ppid() == server.process.pid]
             assert len(dashboards) == 2
-            # Each dashboard starts its engine for the Devices screen, which then names it.
-            await _read_until(from_websocket, ENGINE_READY_TEXT, 60)
-            await polled_tab.until(ENGINE_READY_TEXT, 60)
-            assert len(_engines(_family(server.process.pid))) == 2
-            environment = dashboards[0].environ()
+            # The WebSocket tab's dashboard started first.
+            closed_tab, watching_tab = sorted(dashboards, key=lambda process: process.create_time())
+            _, alive = await asyncio.to_thread(psutil.wait_procs, watching_tab.children(recursive=True), 30)
+            assert alive == [], "the engine that found the lock taken still runs"
+            environment = closed_tab.environ()
             assert environment["TPUDASH_RUNS_DIR"] == str(tmp_path / "runs")
             assert environment["TPUDASH_CPU_DEVICES"] == "4"
             assert environment["TEXTUAL_DRIVER"] == WEB_DRIVER and environment["TPUDASH_SERVED"] == "1"
 
-            # Closing a tab ends its dashboard and that dashboard's engine.
-            everyone = _family(server.process.pid)
-            assert len(everyone) == 4
-            # The WebSocket tab's dashboard started first.
-            closed_tab = min(dashboards, key=lambda process: process.create_time())
+            everyone = [process for process in _family(server.process.pid) if not _gone(process)]
+            engines = _engines(everyone)
+            assert len(everyone) == 3 and len(engines) == 1 and engines[0].ppid() == closed_tab.pid
+
+            # Closing a tab ends its dashboard and that dashboard's engine; the other tab runs on.
             closed_family = [closed_tab, *closed_tab.children(recursive=True)]
             await websocket.close()
             _, alive = await asyncio.to_thread(psutil.wait_procs, closed_family, 30)
             assert alive == [], "the closed tab's dashboard and engine still run"
-            assert sum(not _gone(process) for process in everyone) == 2, server.log()
+            assert [process for process in everyone if not _gone(process)] == [watching_tab], server.log()
 
             server.process.send_signal(signum)
             code = await asyncio.to_thread(server.process.wait, 60)
@@ -260,6 +264,7 @@ async def test_stopping_the_server_leaves_no_dashboard_behind(signum, tmp_path):
         left = [process for process in everyone if not _gone(process)]
         assert left == [], f"left running: {[process.cmdline() for process in left]}"
         assert "tpudash serve: stopping" in server.log()
+        assert "Unknown child process" not in server.log()  # asyncio's watcher kept the dashboards' exit codes
     finally:
         server.stop()
 

@@ -78,12 +78,13 @@ def _running(processes: list) -> list:
 
 
 def _wait_until_ended(processes: list, timeout: float) -> list:
-    import psutil
-
+    # A bounded poll, not psutil.wait_procs: that reaps the server's own
+    # children, and asyncio's child watcher, which owns the dashboard's exit
+    # status, would then warn "Unknown child process" on the user's terminal.
     deadline = time.monotonic() + timeout
     alive = _running(processes)
     while alive and time.monotonic() < deadline:
-        psutil.wait_procs(alive, timeout=0.1)
+        time.sleep(0.05)
         alive = _running(alive)
     return alive
 
