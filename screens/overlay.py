@@ -11,13 +11,13 @@ from textual.worker import Worker, WorkerState
 
 from screens.base import DashScreen
 from screens.stored_runs import RunsLoaded, follow_run
-from tpudash.runs.model import RunModel
+from tpudash.runs.model import MetricTrack, RunModel
 from tpudash.runs.series import DecimatedSeries
 from tpudash.tui.plots import MetricPlot, PlotLine
 
 
 def loss_series(model: RunModel) -> list[tuple[str, DecimatedSeries]]:
-    """The loss curves of a run worth overlaying: the finest train series, then val."""
+    """The loss curves of a run worth overlaying: the finest train series, then its held-out data (val and test)."""
     tracks = model.families.get("loss", [])
     lines = []
     for granularity in ("batch", "step", "epoch"):
@@ -28,8 +28,28 @@ def loss_series(model: RunModel) -> list[tuple[str, DecimatedSeries]]:
                 ("train", track.smoothed if track.smoothed is not None and len(track.smoothed) else track.series)
             )
             break
-    lines += [(track.split, track.series) for track in tracks if track.split != "train"]
+    held_out = [track for track in tracks if track.split in HELD_OUT_SPLITS]
+    if held_out:
+        lines.append((HELD_OUT_LABEL, held_out_series(held_out)))
+    lines += [(track.split, track.series) for track in tracks if track.split not in HELD_OUT_SPLITS | {"train"}]
     return lines
+
+
+# A run's "val" (evaluated every epoch) and "test" (once, at the end) are the same held-out data:
+# one line, named once, instead of the same split drawn twice (issue 26, 5.11).
+HELD_OUT_SPLITS = {"val", "test"}
+HELD_OUT_LABEL = "held-out"
+
+
+def held_out_series(tracks: list[MetricTrack]) -> DecimatedSeries:
+    """The val and test points of a run as one series in step order (a point at a step both have counts once)."""
+    points: dict[float, float] = {}
+    for track in sorted(tracks, key=lambda track: track.split != "val"):
+        for x, y in zip(*track.series.points()):
+            points.setdefault(x, y)
+    series = DecimatedSeries()
+    series.extend(sorted(points.items()))
+    return series
 
 
 class OverlayScreen(DashScreen):

@@ -81,9 +81,9 @@ async def test_two_marked_runs_overlay_their_loss_and_export_writes_csv(make_app
         labels = [line.label for line in overlay.plot.lines]
         assert labels == [
             f"test-steps {second.run_id[-6:]} train",
-            f"test-steps {second.run_id[-6:]} val",
+            f"test-steps {second.run_id[-6:]} held-out",
             f"test-steps {first.run_id[-6:]} train",
-            f"test-steps {first.run_id[-6:]} val",
+            f"test-steps {first.run_id[-6:]} held-out",
         ]
         await pilot.press("escape")
 

@@ -31,6 +31,7 @@ from tpudash.engine.inthread import EngineThread
 from tpudash.runs.layout import SOURCE_JOB
 from tpudash.runs.recorder import RunRecorder
 from tpudash.tui.app import TpudashApp
+from tpudash.tui.plots import plots_drawn
 
 SIZES = {"80x24": (80, 24), "160x48": (160, 48)}
 # Fixed, not tmp_path: the runs directory's path is on screen (Help, History).
@@ -227,6 +228,8 @@ def opened_from_history(run_id: str, tab: str | None = None):
             await pilot.click(f"#run-tabs Tab#--content-tab-{tab}")
         await pilot.app.next_tick()
         await pilot.pause()
+        await plots_drawn(pilot.app.screen)  # plotext builds in a worker thread: its text has landed
+        await pilot.pause()
 
     return run_before
 
@@ -237,6 +240,8 @@ def pressed(*keys: str):
         await pilot.press(*keys)
         await pilot.app.workers.wait_for_complete()
         await pilot.app.next_tick()
+        await pilot.pause()
+        await plots_drawn(pilot.app.screen)  # plotext builds in a worker thread: its text has landed
         await pilot.pause()
 
     return run_before

@@ -433,7 +433,9 @@ class Lane:
         them on their own beat; reporting each batch as a lane change would
         redraw every list of runs ten times a second, on CPU training needs.
         """
-        if live.tail is None:
+        if live.tail is None or live.stage == STAGE_ENDED:
+            # Its end was read and its files closed: a closed tail reopens at the file's start, so
+            # reading on (the engine's JobFinished after the tick read the end) would fold it in twice.
             return False
         events = live.tail.read_new()
         if events:

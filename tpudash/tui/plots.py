@@ -1,22 +1,31 @@
-"""The dashboard's plots: textual-plotext widgets that redraw within a CPU budget.
+"""The dashboard's plots: textual-plotext widgets built off the UI thread, within a CPU budget.
 
-Each plot subclasses ``PlotextPlot``, draws with its own ``self.plt`` and has
-one ``replot()`` that turns the current data into a figure. A plot's lines
-share a budget of about two points per column (the histories themselves are
-bounded: ``tpudash.runs.series``), so a redraw costs the same after a million
-points as after a thousand. Redraws share a ``RedrawBudget``: plotext renders
-in pure Python, and a dashboard that steals a core from training would cost
-its user the very throughput they are watching.
+Each plot subclasses ``PlotextPlot`` and has one ``replot()`` that turns the
+current data into a figure (``self.plt``, a fresh plotext figure each time).
+A plot's lines share a budget of about two points per column (the histories
+themselves are bounded: ``tpudash.runs.series``), so a redraw costs the same
+after a million points as after a thousand. plotext then builds the figure's
+text in pure Python (about 10 ms at 160×24, far more on a loaded machine):
+that happens in a thread, one build per plot at a time, and the result is
+swapped in on the UI thread, so keys never wait for a plot. Builds are
+recorded in a ``RedrawBudget``: a dashboard that steals a core from training
+would cost its user the very throughput they are watching.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rich.console import Console
+from rich.text import Text
+from textual.content import Content
+from textual.dom import DOMNode
 from textual_plotext import PlotextPlot
+from textual_plotext.plot import Plot
 
 from tpudash.runs.series import DecimatedSeries, decimate_min_max, decimate_stride
 
@@ -81,8 +90,34 @@ class PlotLine:
     """Also mark each point (per-epoch values: few, and each one matters)."""
 
 
+@dataclass(frozen=True)
+class RenderKey:
+    """What a plot's text depends on: its data (counted by replots), its size and its plotext theme."""
+
+    data_version: int
+    width: int
+    height: int
+    theme: str
+
+
+def build_text(figure: Plot, key: RenderKey, console: Console) -> Content:
+    """plotext's build of ``figure`` at ``key``'s size and theme, as Textual content: runs in a worker thread.
+
+    Only ``figure`` is written, and nothing else holds it: every replot draws on a fresh figure.
+    """
+    figure.plotsize(key.width, key.height)
+    figure._set_size(key.width, key.height)  # as PlotextPlot.render does: plotsize alone leaves resizes wrong
+    figure.theme(key.theme)
+    return Content.from_rich_text(Text.from_ansi(figure.build()), console=console)
+
+
 class BudgetedPlot(PlotextPlot):
-    """A PlotextPlot that reports what each render costs and redraws on resize."""
+    """A PlotextPlot whose text is built in a worker thread, swapped in when it lands, and cached.
+
+    ``render()`` never builds: it returns the text last built (or nothing yet) and, when that is not
+    of the current data at the current size, asks for a build. One build per plot is in flight at a
+    time; one that comes back stale (newer data, another size) is dropped and the newest asked for.
+    """
 
     DEFAULT_CSS = """
     BudgetedPlot {
@@ -106,25 +141,84 @@ class BudgetedPlot(PlotextPlot):
         super().__init__(name=name, id=id, classes=classes)
         self.budget = budget
         self.last_render_seconds = 0.0
+        """CPU seconds of the last build (its worker thread's)."""
         self.points_drawn = 0
         """How many points the last ``replot`` handed to plotext (all lines)."""
-        self._drawn_width = -1
+        self._drawn_size: tuple[int, int] | None = None
+        self.data_version = 0
+        """Counts replots: a build of the same version at the same size is reused."""
+        self.renders = 0
+        """How many times plotext built this plot's text."""
+        self.shown: RenderKey | None = None
+        """What the text on screen was built from."""
+        self._shown_text: Content | None = None
+        self._in_flight: RenderKey | None = None
+        self._landed = asyncio.Event()
 
     def render(self):
-        if self.size.width < self.MIN_WIDTH or self.size.height < self.MIN_HEIGHT:
-            return ""
-        started = time.perf_counter()
-        if self.size.width != self._drawn_width:
-            # Decimation depends on the width, which may have changed since replot().
-            self._replot_at_width()
-        result = super().render()
-        self.last_render_seconds = time.perf_counter() - started
+        self._ensure_built()
+        if self._too_small or self._shown_text is None:
+            return Content("")  # until the first build lands; after, each newer one replaces the last
+        return self._shown_text
+
+    @property
+    def _too_small(self) -> bool:
+        return self.size.width < self.MIN_WIDTH or self.size.height < self.MIN_HEIGHT
+
+    def _ensure_built(self) -> None:
+        """Ask for a build of the current data at the current size, unless it is shown or one is in flight."""
+        if self._too_small or self._in_flight is not None:
+            return
+        if tuple(self.size) != self._drawn_size:
+            # Decimation depends on the width and the ticks on the height, which may have changed since replot().
+            self._replot_at_size()
+        key = RenderKey(self.data_version, self.size.width, self.size.height, self._plotext_theme)
+        if key == self.shown:
+            return
+        self._in_flight = key
+        self._landed.clear()
+        figure, console = self.plt, self.app.console
+
+        # A coroutine function, not a coroutine: a worker a closing app never starts leaves nothing unawaited.
+        async def build() -> None:
+            await self._build(key, figure, console)
+
+        self.run_worker(build, group="plot-build")  # type: ignore[arg-type]  # Textual types it Coroutine[None, None, …]
+
+    async def _build(self, key: RenderKey, figure: Plot, console: Console) -> None:
+        def timed_build() -> tuple[Content, float]:
+            started = time.thread_time()
+            return build_text(figure, key, console), time.thread_time() - started
+
+        try:
+            text, seconds = await asyncio.to_thread(timed_build)
+        finally:
+            self._in_flight = None
+            self._landed.set()
+        self.renders += 1
+        self.last_render_seconds = seconds
         if self.budget is not None:
-            self.budget.record(self.last_render_seconds)
-        return result
+            self.budget.record(seconds)
+        if key.data_version == self.data_version:  # a build of newer data replaces this one below
+            self.shown, self._shown_text = key, text
+            self.refresh()
+        self._ensure_built()  # the data or the size moved on while it was built: build the newest
+
+    @property
+    def building(self) -> bool:
+        """Whether a build of this plot is in flight."""
+        return self._in_flight is not None
+
+    async def drawn(self) -> None:
+        """Wait until the text shown is built from the current data at the current size (or is empty: too small)."""
+        while True:
+            self._ensure_built()
+            if self._in_flight is None:
+                return
+            await self._landed.wait()
 
     def on_resize(self) -> None:
-        self.redraw()
+        self.refresh()  # render() replots at the new size and asks for its build
 
     @property
     def columns(self) -> int:
@@ -132,17 +226,63 @@ class BudgetedPlot(PlotextPlot):
         return max(self.size.width - 10, 20)
 
     def redraw(self) -> None:
-        """Replot the current data and schedule a repaint."""
-        self._replot_at_width()
+        """Replot the current data and schedule a repaint (which asks for a build)."""
+        self._replot_at_size()
         self.refresh()
 
-    def _replot_at_width(self) -> None:
-        self._drawn_width = self.size.width
+    def _replot_at_size(self) -> None:
+        self._drawn_size = (self.size.width, self.size.height)
+        self.data_version += 1
+        # A fresh figure: the one before may be in a worker thread being built. Its theme first:
+        # lines without a colour take the next of the theme's colours as they are plotted.
+        self._plot = Plot()
+        self._plot.theme(self._plotext_theme)
         self.replot()
 
+    @property
+    def _plotext_theme(self) -> str:
+        return self._get_plotext_theme_name(self.app.theme)
+
     def replot(self) -> None:
-        """Clear ``self.plt`` and plot the current data, decimated to the current width."""
+        """Plot the current data on ``self.plt``, decimated to the current width."""
         raise NotImplementedError
+
+
+async def plots_drawn(node: DOMNode) -> None:
+    """Wait until no plot under ``node`` (a screen, a view) has a build in flight: for screenshots and tests."""
+    while pending := [plot for plot in node.query(BudgetedPlot) if plot.building]:
+        for plot in pending:
+            await plot.drawn()
+
+
+def nice_ticks(low: float, high: float, most: int = 5) -> tuple[list[float], list[str]]:
+    """At most ``most`` evenly spaced ticks on a 1-2-5 × 10^k step that cover [low, high], and their labels.
+
+    plotext's own ticks fall at uneven places (``100.0, 83.3, 50.0``) and may stop short of the
+    data (an axis ending at 18.2 for steps to 24); labels carry the step's decimals, no more.
+    """
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return [], []
+    if high < low:
+        low, high = high, low
+    if high == low:
+        return [low], [format_tick(low, 0)]
+    most = max(most, 3)  # ticks are multiples of the step: a range across 0 takes three
+    raw = (high - low) / (most - 1)
+    magnitude = 10 ** math.floor(math.log10(raw))
+    candidates = (factor * magnitude * 10**power for power in range(4) for factor in (1, 2, 5))
+    for step in candidates:
+        first, last = math.floor(low / step), math.ceil(high / step)
+        if last - first + 1 <= most:
+            break
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    ticks = [round(index * step, decimals + 1) for index in range(first, last + 1)]
+    return ticks, [format_tick(tick, decimals) for tick in ticks]
+
+
+def format_tick(value: float, decimals: int) -> str:
+    text = f"{value:.{decimals}f}"
+    return text.lstrip("-") if float(text) == 0 else text  # never "-0.0"
 
 
 class MetricPlot(BudgetedPlot):
@@ -168,6 +308,8 @@ class MetricPlot(BudgetedPlot):
         self.lines: list[PlotLine] = []
         self.drawn_series: dict[str, tuple[list[float], list[float]]] = {}
         """What the last replot handed to plotext, per line label (decimated)."""
+        self.axis_ticks: dict[str, list[str]] = {}
+        """The tick labels the last replot gave each axis ("x", "y")."""
 
     def set_lines(self, lines: Sequence[PlotLine]) -> None:
         self.lines = list(lines)
@@ -201,15 +343,33 @@ class MetricPlot(BudgetedPlot):
                     plt.scatter(xs, ys, color=line.color, marker="●")
             self.drawn_series[line.label] = (xs, ys)
             drawn += len(xs)
-        if self.log_y and drawn and all_positive:
-            plt.yscale("log")
-        else:
-            plt.yscale("linear")
+        log_scale = bool(self.log_y and drawn and all_positive)
+        plt.yscale("log" if log_scale else "linear")
         if self.y_range is not None:
             plt.ylim(*self.y_range)
+        self.axis_ticks = {}
+        if drawn:
+            self._set_ticks(log_scale)
         if not drawn:
             plt.title(f"{self.title} (waiting for data)")
         self.points_drawn = drawn
+
+    def _set_ticks(self, log_scale: bool) -> None:
+        """Even ticks that cover every drawn point, the axes' limits set to them."""
+        xs = [x for line_xs, _ in self.drawn_series.values() for x in line_xs]
+        ys = [y for _, line_ys in self.drawn_series.values() for y in line_ys]
+        rows = max(self.size.height - 6, 2)
+        x_ticks = nice_ticks(min(xs), max(xs), max(3, min(6, self.columns // 10)))
+        y_ticks = nice_ticks(*(self.y_range or (min(ys), max(ys))), max(3, min(5, rows // 2)))
+        plt = self.plt
+        if len(x_ticks[0]) > 1:  # one tick is one value: plotext cannot span an axis of width 0
+            plt.xticks(*x_ticks)
+            plt.xlim(x_ticks[0][0], x_ticks[0][-1])
+            self.axis_ticks["x"] = x_ticks[1]
+        if len(y_ticks[0]) > 1 and not log_scale:
+            plt.yticks(*y_ticks)
+            plt.ylim(y_ticks[0][0], y_ticks[0][-1])
+            self.axis_ticks["y"] = y_ticks[1]
 
     @property
     def point_budget(self) -> int:

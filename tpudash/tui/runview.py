@@ -11,17 +11,20 @@ it, History a stored or followed one.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Label, ProgressBar, RichLog, Static, TabbedContent, TabPane, Tabs
+from textual.widgets import DataTable, Label, ProgressBar, Static, TabbedContent, TabPane, Tabs
 from textual.widgets.tabbed_content import ContentTab
 
-from jobs import registry
-from tpudash.format import DeviceNames, display_beat, format_seconds, format_value, status_text, table_devices
+from tpudash.format import DeviceNames, display_beat, format_seconds, format_value, table_devices
+from tpudash.format import status_text as status_text  # the dashboard's status words: tests hold the CLI to them
 from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
+from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
+from tpudash.tui.runheader import RunHeader, clipped
 
 # A plot flatter than this shows little but its axes: plots then go side by side, even at
 # 80 columns, as long as each stays this wide.
@@ -30,23 +33,6 @@ MIN_PLOT_COLUMNS = 26
 # Below this the run view keeps its rows for the run's own plots; Devices still shows telemetry.
 TELEMETRY_MIN_HEIGHT = 30
 TELEMETRY_COLORS = {"TPU duty cycle": "green", "HBM used": "magenta", "host CPU": "cyan", "host memory": "gray"}
-
-
-def clipped(text: str, width: int) -> str:
-    """``text`` cut to ``width`` cells with an ellipsis: a table cell must not push the others off screen."""
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def format_params(params: dict, job: str = "") -> str:
-    """``name=value`` of the params that had an effect: one that does not apply under the
-    others (momentum with optimizer=sgd) is left out, as the job's form hides it."""
-    spec = registry().get(job)
-    declared = {param.name: param for param in spec.params} if spec is not None else {}
-    return "  ".join(
-        f"{name}={clipped(format_value(value), 40)}"
-        for name, value in params.items()
-        if name not in declared or declared[name].applies(params)
-    )
 
 
 # -- the view -------------------------------------------------------------------
@@ -111,10 +97,6 @@ class RunView(Vertical):
     SCOPED_CSS = False
     DEFAULT_CSS = """
     RunView { height: 1fr; }
-    RunView #run-title { height: 1; padding: 0 1; }
-    RunView #run-params { height: auto; max-height: 2; padding: 0 1; color: $text-muted; }
-    RunView #run-error { height: auto; max-height: 50%; padding: 0 1; display: none; }
-    RunView #run-outcome { height: auto; max-height: 2; padding: 0 1; display: none; }
     RunView #run-progress { height: auto; padding: 0 1; }
     RunView #run-stage { height: auto; max-height: 2; padding: 0 1; color: $text-muted; display: none; }
     RunView #run-tabs { height: 1fr; }
@@ -132,10 +114,6 @@ class RunView(Vertical):
     RunView .result-table { height: auto; max-height: 24; }
     RunView #run-summary { height: auto; }
     RunView #run-log { height: 1fr; }
-    /* On a short terminal the plots need the rows: the params and the outcome keep one line. */
-    Screen.-short RunView #run-params, Screen.-short RunView #run-outcome {
-        max-height: 1; text-wrap: nowrap; text-overflow: ellipsis;
-    }
     """
 
     def __init__(self, model: RunModel | None = None, budget: RedrawBudget | None = None, *, id: str | None = None):
@@ -150,25 +128,21 @@ class RunView(Vertical):
         self._progress_rows: dict[str, ProgressRow] = {}
         self._plots: dict[str, MetricPlot] = {}
         self._path_plot: PathPlot | None = None
-        self._replica_drawn: tuple[int, str] | None = None
-        self._last_header: tuple[str, str, str, str] | str | None = None
-        self._last_state: tuple[str, str, str | None] | str | None = None
+        self._replica_drawn: tuple[int, str, int] | None = None
         self._beat = 0
         self._ended_shown = False
         self._last_note: Text | None = None
         self._stage_shown: str | None = None
         self._ready = False
+        self._plots_note: str | None = ""
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="run-title")
-        yield Static("", id="run-params", markup=False)
-        yield Static("", id="run-error", markup=False)
-        yield Static("", id="run-outcome", markup=False)
+        yield RunHeader(id="run-header")
         yield Vertical(id="run-progress")
         yield Static("", id="run-stage", markup=False)
         with RunTabs(id="run-tabs"):
             with TabPane("Plots", id="tab-plots"):
-                yield Static("No metrics yet.", id="plots-empty")
+                yield Static("", id="plots-empty")
                 yield Grid(id="plots")
                 yield Static("", id="telemetry-note", markup=False)
                 yield MetricPlot(
@@ -187,7 +161,7 @@ class RunView(Vertical):
                     yield Static("", id="summary-title")
                     yield Static("", id="run-summary", markup=False)
             with TabPane("Log", id="tab-log"):
-                yield RichLog(id="run-log", max_lines=MAX_LOG_LINES, wrap=True, markup=False, highlight=False)
+                yield PaneLog(id="run-log", max_lines=MAX_LOG_LINES)
 
     def on_mount(self) -> None:
         self._ready = True
@@ -208,7 +182,7 @@ class RunView(Vertical):
         self._result_tables.clear()
         self._replica_drawn = None
         self.query_one("#run-tabs", RunTabs).user_chose = False
-        self._last_header = self._last_state = None
+        self.query_one(RunHeader).forget()
         self._ended_shown = False
         for row in self._progress_rows.values():
             row.remove()
@@ -220,8 +194,9 @@ class RunView(Vertical):
         self._plots.clear()
         self._path_plot = None
         self._last_note = None
+        self._plots_note = ""
         self.query_one("#telemetry-plot", MetricPlot).set_lines([])
-        self.query_one("#run-log", RichLog).clear()
+        self.query_one("#run-log", PaneLog).clear()
         for table in self.query("#results .result-table, #results .result-title"):
             table.remove()
         self.query_one("#run-summary", Static).update("")
@@ -237,19 +212,21 @@ class RunView(Vertical):
 
     # -- drawing ----------------------------------------------------------------
     def sync(self, force: bool = False) -> None:
-        """Bring every part up to date with the model; plots only when the budget allows."""
+        """Bring every part up to date with the model, plots included, on the display beat."""
         if not self._ready:
             return
         model = self.model
         # Every repaint costs the training thread CPU: the clock, the bars,
         # the log, the tables and the plots move together, on the app's
         # display beat; only a change of status shows at once.
-        state_changed = model is not None and self._last_state != (model.run_id, model.status, model.error)
+        header = self.query_one(RunHeader)
+        state_changed = model is not None and header.shown_state != (model.run_id, model.status, model.error)
         beat = display_beat()
         on_beat, self._beat = beat != self._beat, beat
         if not (force or state_changed or on_beat):
             return
-        self._sync_header(model)
+        header.sync(model)
+        self._sync_plots_note(model)
         if model is None:
             return
         self._sync_progress(model)
@@ -258,10 +235,14 @@ class RunView(Vertical):
         self._sync_tables(model)
         self._sync_replicas(model)
         self._sync_telemetry_note(model)
-        plots_due = force or (on_beat and self.budget.ready())
-        if plots_due and self._plots_stale(model):
+        # The plots are drawn from the same read as the progress, on the same beat: held back
+        # by a render budget, they lagged the progress bar by seconds (issue 26, "live means live").
+        # What keeps their cost down is redrawing only a plot whose data changed; plotext builds
+        # their text in a worker thread (tpudash.tui.plots), which lands a few ms after this beat.
+        if (force or on_beat) and self._plots_stale(model):
             self.budget.start_round()
             self._sync_plots(model)
+        self._sync_plots_note(model)  # after the plots: a first plot hides it
         self._choose_tab(self._preferred_tab(model))
 
     def _plots_stale(self, model: RunModel) -> bool:
@@ -277,42 +258,6 @@ class RunView(Vertical):
         if model.tables or model.summary:
             return "tab-results"
         return "tab-log" if model.logs_total else "tab-plots"
-
-    def _sync_header(self, model: RunModel | None) -> None:
-        title = self.query_one("#run-title", Static)
-        if model is None:
-            if self._last_header != "empty":
-                title.update(Text("No run yet: press m, r or g, or launch a job from Jobs (j).", style="dim"))
-                self.query_one("#run-params", Static).update("")
-                self.query_one("#run-error", Static).display = False
-                self.query_one("#run-outcome", Static).display = False
-                self._last_header = self._last_state = "empty"
-            return
-        elapsed = format_seconds(model.elapsed(), precise=model.finished_state)
-        header = (model.run_id, model.job, model.status, elapsed)
-        if header != self._last_header:
-            text = Text.assemble((model.job or "?", "bold"), "  ")
-            text.append_text(status_text(model.status))
-            text.append(f"  {elapsed}", "bold")
-            if model.run_id:
-                text.append(f"   {model.run_id}", "dim")
-            title.update(text, layout=False)  # one fixed line: repaint it, no relayout
-            self._last_header = header
-        # The rest changes with the run's state only, not with its clock.
-        state = (model.run_id, model.status, model.error)
-        if state == self._last_state:
-            return
-        self._last_state = state
-        self.query_one("#run-params", Static).update(format_params(model.params, model.job) or "(no params)")
-        error = self.query_one("#run-error", Static)
-        if model.error:
-            error.update(Text.assemble(("✗ ", "bold red"), (model.error, "red"), ("   (traceback in Log)", "dim")))
-        error.display = bool(model.error)
-        outcome = self.query_one("#run-outcome", Static)
-        last_line = model.outcome_line() if model.finished_state and not model.error else None
-        if last_line:
-            outcome.update(Text.assemble(("→ ", "bold"), (last_line, "bold")))
-        outcome.display = bool(last_line)
 
     def _sync_progress(self, model: RunModel) -> None:
         container = self.query_one("#run-progress", Vertical)
@@ -335,18 +280,18 @@ class RunView(Vertical):
     def _sync_log(self, model: RunModel) -> None:
         if model.logs_total == self._logs_written and not (model.traceback and not self._ended_shown):
             return
-        log = self.query_one("#run-log", RichLog)
+        log = self.query_one("#run-log", PaneLog)
         fresh = min(model.logs_total - self._logs_written, len(model.logs))
         styles = {"warning": "yellow", "error": "bold red", "debug": "dim"}
         for level, text in list(model.logs)[len(model.logs) - fresh :] if fresh > 0 else ():
             prefix = "" if level == "info" else f"{level}: "
-            log.write(Text(prefix + text, style=styles.get(level, "")))
+            log.write_line(Text(prefix + text, style=styles.get(level, "")))
         self._logs_written = model.logs_total
         if model.finished_state and not self._ended_shown:
             self._ended_shown = True
             if model.traceback:
-                log.write(Text(model.error or "failed", style="bold red"))
-                log.write(Text(model.traceback.rstrip(), style="red"))
+                log.write_line(Text(model.error or "failed", style="bold red"))
+                log.write_line(Text(model.traceback.rstrip(), style="red"))
 
     def _sync_tables(self, model: RunModel) -> None:
         results = self.query_one("#results", VerticalScroll)
@@ -386,25 +331,29 @@ class RunView(Vertical):
 
     def _sync_replicas(self, model: RunModel) -> None:
         # The status too: a run that ends without values says so instead of "waiting".
-        if self._replica_drawn == (model.replica_version, model.status):
+        # The width too: the table's columns are laid out to fit it.
+        drawn = (model.replica_version, model.status, self.size.width)
+        if self._replica_drawn == drawn:
             return
-        self._replica_drawn = (model.replica_version, model.status)
+        self._replica_drawn = drawn
         note = replica_note(model)
         self.query_one("#replica-note", Static).update(note or "")
         self.query_one("#replica-note", Static).display = note is not None
         self.query_one("#replica-plot", ReplicaBarPlot).display = note is None
         table = self.query_one("#replica-table", DataTable)
         table.clear(columns=True)
-        replicas = list(model.replicas.values())
-        width = max((len(event.values) for event in replicas), default=0)
-        if not width:
+        replicas = list(model.replicas.values())[-200:]
+        count = max((len(event.values) for event in replicas), default=0)
+        if not count:
             return
-        table.add_column("value", key="name")
-        for index in range(width):
-            table.add_column(f"replica {index}", key=f"r{index}")
-        for event in replicas[-200:]:
-            cells = [clipped(format_value(value), 30) for value in event.values]
-            table.add_row(event.name, *(cells + [""] * (width - len(cells))))
+        rows = [[format_value(value) for value in event.values] for event in replicas]
+        layout = replica_table_layout([event.name for event in replicas], rows, count, self.size.width - 2)
+        table.add_column("value", key="name", width=layout.name_width)
+        for index, label in enumerate(layout.labels):
+            table.add_column(label, key=f"r{index}", width=layout.cell_width)
+        for event, cells in zip(replicas, rows):
+            cells = [clipped(cell, layout.cell_width) for cell in cells]
+            table.add_row(clipped(event.name, layout.name_width), *(cells + [""] * (count - len(cells))))
         if model.latest_numeric_replica:
             event = model.replicas[model.latest_numeric_replica]
             names = self._device_names.add(event.devices or [])
@@ -436,8 +385,15 @@ class RunView(Vertical):
                 self._drawn["path"] = model.path.seen
         self._sync_telemetry_plot(model)
         self._drawn["plots"] = model.plot_version
-        self.query_one("#plots-empty", Static).display = not (self._plots or self._path_plot)
         self._layout_plots()
+
+    def _sync_plots_note(self, model: RunModel | None) -> None:
+        note = self.query_one("#plots-empty", Static)
+        text = None if (self._plots or self._path_plot) else plots_note(model)
+        if text != self._plots_note:
+            self._plots_note = text
+            note.update(text or "")
+            note.display = text is not None
 
     @property
     def telemetry_fits(self) -> bool:
@@ -481,6 +437,7 @@ class RunView(Vertical):
 
     def on_resize(self) -> None:
         if self.model is not None:
+            self._sync_replicas(self.model)
             self._sync_telemetry_plot(self.model)
             self._sync_telemetry_note(self.model)
         self._layout_plots()
@@ -506,6 +463,38 @@ class RunView(Vertical):
         return self._plots.get(family)
 
 
+@dataclass(frozen=True)
+class ReplicaTableLayout:
+    """How the per-replica table fits its width: its columns' labels and widths (cells, padding aside)."""
+
+    name_width: int
+    labels: list[str]
+    cell_width: int
+
+
+CELL_PADDING = 2  # DataTable's, either side of a cell together
+MAX_CELL = 30
+
+
+def replica_table_layout(names: list[str], rows: list[list[str]], count: int, width: int) -> ReplicaTableLayout:
+    """Every replica's column within ``width`` (issue 26, 5.25: at 80 columns 8 replicas showed 5).
+
+    ``replica N`` headings while they fit; else ``rN`` and the value names cut to the room left;
+    values are cut only when even that is too wide.
+    """
+    widest_cell = min(max((len(cell) for row in rows for cell in row), default=1), MAX_CELL)
+    widest_name = max(len("value"), *(len(name) for name in names))
+    full = [f"replica {index}" for index in range(count)]
+    cell = max(widest_cell, len(full[-1]))
+    if widest_name + CELL_PADDING + count * (cell + CELL_PADDING) <= width:
+        return ReplicaTableLayout(widest_name, full, cell)
+    short = [f"r{index}" for index in range(count)]
+    cell = max(widest_cell, len(short[-1]))
+    name_width = min(widest_name, max(len("value"), width - CELL_PADDING - count * (cell + CELL_PADDING)))
+    room = (width - name_width - CELL_PADDING) // count - CELL_PADDING
+    return ReplicaTableLayout(name_width, short, max(min(cell, room), len(short[-1]), 3))
+
+
 def replica_note(model: RunModel) -> str | None:
     """What the Replicas tab says instead of a chart, or None when the latest numbers make one.
 
@@ -529,6 +518,25 @@ def replica_note(model: RunModel) -> str | None:
         "interrupted": "its process ended before reporting any",
     }.get(model.status, f"it ended ({model.status}) without reporting any")
     return f"This run reported no per-replica values: {why}."
+
+
+def plots_note(model: RunModel | None) -> str:
+    """What the Plots tab says while it has no plot: "yet" only while the run can still report metrics;
+    a run that ended without any says what it has instead (issue 26, 5.21)."""
+    if model is None or not model.finished_state:
+        return "No metrics yet: the plots appear with the run's first metric."
+    has = []
+    if model.tables:
+        titles = ", ".join(list(model.tables)[:3])
+        has.append(f"its {'table' if len(model.tables) == 1 else 'tables'} ({titles}) under Results")
+    if model.replicas:
+        has.append("values per replica under Replicas")
+    if model.summary and not model.tables:
+        has.append("its summary under Results")
+    if model.logs_total:
+        has.append("its log under Log")
+    job = model.job or "This run"
+    return f"{job} reported no metrics to plot" + (f"; it has {' and '.join(has[:2])}." if has else ".")
 
 
 def plot_lines(tracks: list[MetricTrack]) -> list[PlotLine]:

@@ -1,0 +1,89 @@
+"""Live means live: a watched run's plots and its progress are drawn from the same read, on the same beat.
+
+Issue 26, item 2: a ``tpudash.record`` loop showed progress 231 → 256 → 277 while the chart's last step read
+216 → 255 → 276. Here a run is written step by step while its live view is open, on a machine where rendering
+is slow (a redraw budget that would hold plots back for seconds); whenever the progress shows a step, the loss
+plot's text on screen shows that same step within the beat after (plotext builds it in a thread: issue 26, item 1).
+"""
+
+from __future__ import annotations
+
+from jobs.events import Metric, Progress, RunFinished, RunStarted
+from screens.run_detail import RunDetailScreen
+from tests.functional.conftest import SIZE, until
+from tpudash.format import display_beat
+from tpudash.tui.plots import RedrawBudget
+
+STEPS = 6
+
+
+def shown_step(screen: RunDetailScreen) -> int | None:
+    """The step the progress row shows (``5/6``), or None before it shows one."""
+    rows = list(screen.view._progress_rows.values())
+    text = str(rows[0].counts.content) if rows else ""
+    return int(text.split("/")[0]) if text else None
+
+
+def plotted_step(screen: RunDetailScreen) -> float | None:
+    """The last step of the loss plot's text on screen (None while the text shown is of older data)."""
+    plot = screen.view.plot_for("loss")
+    if plot is None or plot.shown is None or plot.shown.data_version != plot.data_version:
+        return None
+    drawn = plot.drawn_series.get("train")
+    shown = plot.render().plain
+    assert all(label in shown for label in plot.axis_ticks.get("x", [])), "the text shown is not the data plotted"
+    return drawn[0][-1] if drawn and drawn[0] else None
+
+
+async def plot_landed(screen: RunDetailScreen) -> int:
+    """Wait for the loss plot's build in flight to land; how many display beats that took."""
+    beat = display_beat()
+    plot = screen.view.plot_for("loss")
+    if plot is not None:
+        await plot.drawn()
+    return display_beat() - beat
+
+
+async def test_each_step_the_progress_shows_is_the_last_step_the_plot_drew(make_app, store):
+    recorder = store.create("20260101-000000-live-abc123", "live", {}, {}, source="record")
+    recorder.record(RunStarted("20260101-000000-live-abc123", "live", {}, {}, 1.0))
+    app = make_app()
+    # A starved machine: each render would be paid back over many seconds before the next.
+    app._redraw_budget = RedrawBudget(fraction=0.0005, max_interval=60.0)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = RunDetailScreen("20260101-000000-live-abc123")
+        await app.push_screen(screen)
+        await until(pilot, lambda: screen.loaded)
+        for step in range(1, STEPS + 1):
+            recorder.record(Metric("loss", 10.0 / step, step))
+            recorder.record(Progress(step, STEPS, "step"))
+            await until(pilot, lambda step=step: shown_step(screen) == step)
+            assert await plot_landed(screen) <= 1, "the plot's text landed more than a beat after the progress"
+            assert plotted_step(screen) == step, f"progress shows step {step}, the plot {plotted_step(screen)}"
+        recorder.record(RunFinished("done", {}))
+        await until(pilot, lambda: screen.view.model.status == "done")
+        await plot_landed(screen)
+        assert plotted_step(screen) == STEPS
+
+
+async def test_the_step_axis_at_80_columns_reaches_the_last_step():
+    from textual.app import App
+
+    from tpudash.runs.series import DecimatedSeries
+    from tpudash.tui.plots import MetricPlot, PlotLine
+
+    class PlotApp(App):
+        def compose(self):
+            yield MetricPlot("loss", id="plot")
+
+    series = DecimatedSeries()
+    series.extend((step, 17.0 * 0.8**step) for step in range(25))
+    async with PlotApp().run_test(size=(80, 24)) as pilot:
+        plot = pilot.app.query_one("#plot", MetricPlot)
+        plot.set_lines([PlotLine("train", series)])
+        await pilot.pause()
+        await plot.drawn()
+        x_labels = plot.axis_ticks["x"]
+        assert float(x_labels[-1]) >= 24 and float(x_labels[0]) <= 0
+        drawn = plot.render().plain
+        assert all(label in drawn for label in x_labels)

@@ -1,0 +1,117 @@
+"""The run view's header: the run's title and status, its params, its error, what it concluded, its last message.
+
+Every value a run was given or concluded shows whole, at any terminal size: the params and the
+summary's line wrap (issue 26, 5.18: a cut params line dropped ``limit_test`` and a summary ended in
+``…precision``). Only the last message (prose, whole in the Log tab) keeps one line and ends in an
+ellipsis, so a long one cannot push the run's state out of the header.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from jobs import registry
+from tpudash.format import format_seconds, format_value, status_text
+from tpudash.runs.model import RunModel
+
+
+def clipped(text: str, width: int) -> str:
+    """``text`` cut to ``width`` cells with an ellipsis: a table cell must not push the others off screen."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def format_params(params: dict, job: str = "") -> str:
+    """``name=value`` of the params that had an effect: one that does not apply under the
+    others (momentum with optimizer=sgd) is left out, as the job's form hides it."""
+    spec = registry().get(job)
+    declared = {param.name: param for param in spec.params} if spec is not None else {}
+    return "  ".join(
+        f"{name}={clipped(format_value(value), 40)}"
+        for name, value in params.items()
+        if name not in declared or declared[name].applies(params)
+    )
+
+
+def last_message(model: RunModel) -> str | None:
+    """The run's last info message when it says more than the summary's line (jobs often log that line too)."""
+    line = model.summary.get("line")
+    message = next((text for level, text in reversed(model.logs) if level == "info"), None)
+    return None if message is None or message == line else message
+
+
+class RunHeader(Vertical):
+    """Title (job, status, clock, run id), params, error, the summary's line and the last message of one run."""
+
+    DEFAULT_CSS = """
+    RunHeader { height: auto; }
+    RunHeader #run-title { height: 1; padding: 0 1; }
+    RunHeader #run-params { height: auto; padding: 0 1; color: $text-muted; }
+    RunHeader #run-error { height: auto; max-height: 50vh; padding: 0 1; display: none; }
+    RunHeader #run-outcome { height: auto; padding: 0 1; display: none; }
+    RunHeader #run-message { height: 1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; display: none; }
+    """
+
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self._last_title: tuple[str, str, str, str] | str | None = None
+        self.shown_state: tuple[str, str, str | None] | str | None = None
+        """(run id, status, error) of what the params, error and outcome lines show; "empty" without a run."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="run-title")
+        yield Static("", id="run-params", markup=False)
+        yield Static("", id="run-error", markup=False)
+        yield Static("", id="run-outcome", markup=False)
+        yield Static("", id="run-message", markup=False)
+
+    def forget(self) -> None:
+        """Draw the next model from scratch."""
+        self._last_title = self.shown_state = None
+
+    def sync(self, model: RunModel | None) -> None:
+        title = self.query_one("#run-title", Static)
+        if model is None:
+            if self._last_title != "empty":
+                title.update(Text("No run yet: press m, r or g, or launch a job from Jobs (j).", style="dim"))
+                self.query_one("#run-params", Static).update("")
+                for line in self.query("#run-error, #run-outcome, #run-message"):
+                    line.display = False
+                self._last_title = self.shown_state = "empty"
+            return
+        elapsed = format_seconds(model.elapsed(), precise=model.finished_state)
+        header = (model.run_id, model.job, model.status, elapsed)
+        if header != self._last_title:
+            text = Text.assemble((model.job or "?", "bold"), "  ")
+            text.append_text(status_text(model.status))
+            text.append(f"  {elapsed}", "bold")
+            if model.run_id:
+                text.append(f"   {model.run_id}", "dim")
+            title.update(text, layout=False)  # one fixed line: repaint it, no relayout
+            self._last_title = header
+        # The rest changes with the run's state only, not with its clock.
+        state = (model.run_id, model.status, model.error)
+        if state == self.shown_state:
+            return
+        self.shown_state = state
+        self.query_one("#run-params", Static).update(format_params(model.params, model.job) or "(no params)")
+        error = self.query_one("#run-error", Static)
+        if model.error:
+            error.update(Text.assemble(("✗ ", "bold red"), (model.error, "red"), ("   (traceback in Log)", "dim")))
+        error.display = bool(model.error)
+        ended_well = model.finished_state and not model.error
+        summary_line = model.summary.get("line") if ended_well else None
+        summary_line = summary_line if isinstance(summary_line, str) and summary_line else None
+        outcome = self.query_one("#run-outcome", Static)
+        if summary_line:
+            outcome.update(Text.assemble(("→ ", "bold"), (summary_line, "bold")))
+        outcome.display = summary_line is not None
+        message = last_message(model) if ended_well else None
+        line = self.query_one("#run-message", Static)
+        if message:
+            # Without a summary line the last message is what the run concluded: bold, as the line would be.
+            message = " ".join(message.splitlines())  # one line: a multi-line message shows its start
+            line.update(Text.assemble(("→ ", "bold"), message) if summary_line is None else Text(message, style="dim"))
+        line.display = message is not None
