@@ -194,6 +194,8 @@ class JobSpec:
     key: str | None = None
     check_params: Callable[[dict], None] | None = None
     check_runtime: Callable[[dict, Any], None] | None = None
+    name_params: tuple[str, ...] = ()
+    """The params whose values tell this job's runs apart: a run is named ``train mnist mnist-cnn`` by them."""
 
     def param(self, name: str) -> Param:
         for param in self.params:
@@ -254,6 +256,19 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f"; did you mean {by_folded[close[0]]!r}?" if close else ""
 
 
+LAUNCHED_FROM_COMMAND_LINE = "command line"
+"""``tpudash run``: params are ``--set NAME=VALUE``."""
+LAUNCHED_FROM_DASHBOARD = "dashboard"
+"""A form of the dashboard (the engine): params are the form's fields."""
+
+
+def param_advice(name: str, value: str, launched_from: str = LAUNCHED_FROM_COMMAND_LINE) -> str:
+    """How a user sets param ``name`` to ``value`` where they launch runs, as advice ends a sentence."""
+    if launched_from == LAUNCHED_FROM_DASHBOARD:
+        return f"set the form's {name} field to {value}"
+    return f"run with --set {name}={value}"
+
+
 def parse_assignments(assignments: Sequence[str]) -> dict[str, str]:
     """``["lr=0.1", "steps=5"]`` → ``{"lr": "0.1", "steps": "5"}``."""
     parsed: dict[str, str] = {}
@@ -281,6 +296,12 @@ class JobContext:
     settings: Any = None
     kept_summary: dict = field(default_factory=dict)
     """What ``keep_summary`` was given last: the summary of the run if the job fails."""
+    launched_from: str = LAUNCHED_FROM_COMMAND_LINE
+    """Where the user launched the run: advice names what they can change there (a flag, or a form's field)."""
+
+    def advise_param(self, name: str, value: str) -> str:
+        """How the user sets param ``name`` to ``value`` where they launched this run (``param_advice``)."""
+        return param_advice(name, value, self.launched_from)
 
     def keep_summary(self, summary: dict) -> None:
         """Record ``summary`` with the run even if the job then fails.

@@ -187,6 +187,7 @@ def run_train(ctx: Any, params: dict) -> dict:
             seed=params["seed"],
             log=ctx.log,
             progress=data_made,
+            advise_param=ctx.advise_param,
         )
         ctx.raise_if_cancelled()
         # On a TPU every batch needs the same shape; elsewhere the last
@@ -280,5 +281,6 @@ SPECS = (
         run=run_train,
         key="t",
         check_runtime=check_runtime,
+        name_params=("dataset", "model"),
     ),
 )

@@ -19,11 +19,12 @@ from rich.console import Group, RenderableType
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from jobs.events import Table, Telemetry, is_sane_timestamp, split_final_name
 from tpudash.telemetry_summary import summarize
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from jobs.events import Table, Telemetry
 
 # What a running job changes (clocks, progress bars, log, live plots) is
 # redrawn when the clock enters a new second, so all of it lands in one frame
@@ -61,6 +62,8 @@ def format_timestamp(stamp: object, pattern: str = "%Y-%m-%d %H:%M:%S") -> str:
     Times come from files any process may have written (run.json, events):
     ``time.localtime`` raises on 1e300 or infinity, so nothing else formats them.
     """
+    from jobs.events import is_sane_timestamp  # the event protocol (msgspec): after the dashboard's first frame
+
     if not is_sane_timestamp(stamp):
         return "?"
     try:
@@ -72,17 +75,33 @@ def format_timestamp(stamp: object, pattern: str = "%Y-%m-%d %H:%M:%S") -> str:
 def format_seconds(seconds: float | None, precise: bool = True) -> str:
     """``1.7s`` (when ``precise``, under 10 s), ``00:07``, ``03:25``, ``1:02:03``.
 
-    A running clock is shown to the second: a text that changes ten times a
-    second would repaint the screen ten times a second.
+    Every duration a user reads (a run's in the run view, History and
+    ``tpudash runs``; a clock) goes through here, rounded to the nearest unit
+    shown (half up), so 19.998 s and 20.003 s both read ``00:20``. A running
+    clock is shown to the second: a text that changes ten times a second
+    would repaint the screen ten times a second.
     """
     if seconds is None or not math.isfinite(seconds):
         return "--:--"
     seconds = max(0.0, seconds)
-    minutes, rest = divmod(int(seconds), 60)
+    tenths = math.floor(seconds * 10 + 0.5)
+    if precise and tenths < 100:
+        return f"{tenths // 10}.{tenths % 10}s"
+    minutes, rest = divmod(math.floor(seconds + 0.5), 60)
     hours, minutes = divmod(minutes, 60)
     if hours:
         return f"{hours}:{minutes:02d}:{rest:02d}"
-    return f"{seconds:.1f}s" if precise and seconds < 10 else f"{minutes:02d}:{rest:02d}"
+    return f"{minutes:02d}:{rest:02d}"
+
+
+def counted(count: object, noun: str, plural: str | None = None) -> str:
+    """``1 replica``, ``8 replicas``, ``0 problems``: a count and its noun in the right number.
+
+    ``plural``: for a noun that does not just take an ``s``. A count that is
+    not a number (a field missing from a record: None) keeps the plural.
+    """
+    one = isinstance(count, int) and not isinstance(count, bool) and count == 1
+    return f"{count} {noun if one else plural or noun + 's'}"
 
 
 def status_text(status: str) -> Text:
@@ -174,6 +193,8 @@ def brief_metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
     items = [(name, value) for name, value in metrics.items() if isinstance(value, (int, float))]
     items = [item for item in items if not item[0].startswith("batch_")] or items
     split_rank = {"test": 0, "val": 1}
+
+    from jobs.events import split_final_name
 
     def rank(item: tuple[str, float]) -> tuple[bool, int]:
         split, name = split_final_name(item[0])
@@ -284,7 +305,12 @@ def telemetry_view(sample: Telemetry, history: Iterable[Telemetry] = (), tpu_add
         summaries = [summarize(old) for old in past]
         grid = table("host", ("", "now"))
         cores = host.get("cpu_pct") or []
-        row(grid, f"CPU ({len(cores)} cores)", meter(summaries[-1].cpu_pct), trend=[item.cpu_pct for item in summaries])
+        row(
+            grid,
+            f"CPU ({counted(len(cores), 'core')})",
+            meter(summaries[-1].cpu_pct),
+            trend=[item.cpu_pct for item in summaries],
+        )
         for index, core in enumerate(cores if len(cores) <= 16 else ()):
             row(grid, Text(f"  core {index}", style="dim"), meter(core))
         memory = format_used_of(host.get("memory_used"), host.get("memory_total"))

@@ -329,9 +329,14 @@ def test_runs_at_80_columns_shows_every_run_id_whole(isolated_runs_dir, monkeypa
             recorder.record(Metric(name, value, step=0))
         recorder.record(RunFinished(status="done"))
     monkeypatch.setenv("COLUMNS", "80")
+    # A terminal 80 columns wide, without colour codes to measure around (a pipe gets one line per run).
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("TERM", "dumb")
 
     assert cli.main(["runs"]) == 0
-    out = capsys.readouterr().out
+    out = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert out.startswith(f"runs in {isolated_runs_dir}")  # the terminal's table, titled
 
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "…" not in out

@@ -137,6 +137,7 @@ def command_run(args: argparse.Namespace, settings: Settings) -> int:
         params = spec.resolve(parse_assignments(args.assignments))
     except ParamError as error:
         raise BadInput(str(error)) from None
+    name = checked_run_name(args.name)
     try:
         runs_dir = settings.check_runs_dir()
     except SettingsError as error:
@@ -147,7 +148,21 @@ def command_run(args: argparse.Namespace, settings: Settings) -> int:
                 spec.check_runtime(params, runtime)
             except ParamError as error:
                 raise BadInput(str(error)) from None
-        return execute_headless(spec, params, runtime, settings, runs_dir, as_json=args.json)
+        return execute_headless(spec, params, runtime, settings, runs_dir, as_json=args.json, name=name)
+
+
+def checked_run_name(name: str | None) -> str | None:
+    """``--name`` as run.json will hold it, or BadInput naming the flag and what it may be."""
+    from jobs.events import MAX_NAME_CHARS
+
+    if name is None:
+        return None
+    stripped = name.strip()
+    if not stripped or len(stripped) > MAX_NAME_CHARS or not stripped.isprintable():
+        raise BadInput(
+            f"--name must be text of 1 to {MAX_NAME_CHARS} printable characters (no tabs or newlines), not {name!r:.60}"
+        )
+    return stripped
 
 
 def show_run_help(run_parser: argparse.ArgumentParser, spec: JobSpec | None) -> int:
@@ -167,7 +182,13 @@ def show_run_help(run_parser: argparse.ArgumentParser, spec: JobSpec | None) -> 
 
 
 def execute_headless(
-    spec: JobSpec, params: dict, runtime: Runtime, settings: Settings, runs_dir: Path, as_json: bool
+    spec: JobSpec,
+    params: dict,
+    runtime: Runtime,
+    settings: Settings,
+    runs_dir: Path,
+    as_json: bool,
+    name: str | None = None,
 ) -> int:
     """Run on a job thread so Ctrl-C and SIGTERM become a clean, recorded cancel."""
     from tpudash.cli.sinks import ConsoleSink, JsonLinesSink
@@ -181,7 +202,7 @@ def execute_headless(
 
     sink = JsonLinesSink(sys.stdout, on_output_closed) if as_json else ConsoleSink(on_output_closed=on_output_closed)
     telemetry = RecordingTelemetry(settings, {"tpudash_run": os.getpid()})
-    job = InProcessJob(spec, params, runtime, settings, runs_dir, sinks=[sink, telemetry])
+    job = InProcessJob(spec, params, runtime, settings, runs_dir, sinks=[sink, telemetry], name=name)
     interrupts = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -304,7 +325,6 @@ def command_telemetry(args: argparse.Namespace, settings: Settings) -> int:
     from rich.live import Live
 
     from jobs.events import dumps
-    from tpudash.cli.sinks import silence_output
     from tpudash.format import telemetry_view
     from tpudash.telemetry.sampling import SamplingLoop, telemetry_sampler
 
@@ -335,9 +355,6 @@ def command_telemetry(args: argparse.Namespace, settings: Settings) -> int:
         SamplingLoop(sampler, settings.telemetry_interval, show).run()
     except KeyboardInterrupt:
         return EXIT_CANCELLED
-    except BrokenPipeError:
-        silence_output(sys.stdout)  # `tpudash telemetry --json | head`: the reader has what it wanted
-        return EXIT_DONE
     finally:
         if live is not None:
             live.stop()

@@ -5,11 +5,15 @@ file, a notebook cell) it exits 2 at once and points to the headless commands.
 ``devices``, ``jobs``, ``run``, ``runs``, ``watch``, ``telemetry`` and
 ``export`` work headless for notebooks, scripts and CI. Global flags
 (``--tpu``, ``--cpu-devices``, ``--data-dir``, ``--runs-dir``,
-``--tpu-metrics``, ``--telemetry-interval``) are accepted before or after the
-subcommand, and each also comes from a TPUDASH_* variable.
+``--tpu-metrics``, ``--telemetry-interval``, and the dashboard's
+``--release-after`` and ``--cancel-grace``) are accepted before or after
+the subcommand, and each also comes from a TPUDASH_* variable.
 ``run`` and ``watch`` record telemetry with the run while it is live.
 Exit codes: 0 done, 1 job failed, 2 bad input (also: no terminal for the
 dashboard, a runs directory that does not exist for ``runs``), 130 cancelled.
+A reader that stops reading (``tpudash jobs | head``) ends any command
+quietly with 0, as it ends any other Unix tool (``run`` and ``watch`` also
+stop their run or their watching then).
 
 This module is the parser, the dispatch and the terminal check; the
 commands themselves are ``tpudash.cli.commands``.
@@ -20,12 +24,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from jobs.base import BOOL_SPELLINGS
 from tpudash.cli import commands
-from tpudash.cli.exits import EXIT_BAD_INPUT, EXIT_CANCELLED, BadInput
+from tpudash.cli.exits import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_DONE, BadInput
 from tpudash.version import __version__
 
 if TYPE_CHECKING:
@@ -52,6 +55,14 @@ COLAB_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_TPU_ADDR")
 
 
 class _Parser(argparse.ArgumentParser):
+    epilog_when_shown: Callable[[], str] | None = None
+    """Makes the epilog only when help is shown: what it needs stays unimported on the dashboard's way to its frame."""
+
+    def format_help(self) -> str:
+        if self.epilog_when_shown is not None:
+            self.epilog = self.epilog_when_shown()
+        return super().format_help()
+
     def error(self, message: str) -> NoReturn:  # argparse's own errors: same prefix, exit 2
         self.print_usage(sys.stderr)
         self.exit(EXIT_BAD_INPUT, f"tpudash: error: {message}\n")
@@ -101,6 +112,23 @@ def _global_flags() -> _Parser:
         metavar="SECONDS",
         help="seconds between telemetry samples; 0 turns sampling off (default 1) [TPUDASH_TELEMETRY_INTERVAL]",
     )
+    # The dashboard's own, used by `tpudash` and `tpudash serve`; accepted by
+    # every command, as the other session flags are, so that where a flag goes
+    # on the line never matters.
+    dashboard = flags.add_argument_group("dashboard (tpudash and tpudash serve; also from TPUDASH_* variables)")
+    dashboard.add_argument(
+        "--release-after",
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="release the accelerator (the engine exits) after this long idle; "
+        "0 keeps it until quit or E (default 0) [TPUDASH_RELEASE_AFTER]",
+    )
+    dashboard.add_argument(
+        "--cancel-grace",
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="how long a cancelled job may take to stop before its engine is ended (default 2) [TPUDASH_CANCEL_GRACE]",
+    )
     return flags
 
 
@@ -112,18 +140,6 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[flags],
     )
     parser.add_argument("--version", action="version", version=f"tpudash {__version__}")
-    dashboard = parser.add_argument_group("dashboard (without a command; also from TPUDASH_* variables)")
-    dashboard.add_argument(
-        "--release-after",
-        metavar="SECONDS",
-        help="release the accelerator (the engine exits) after this long idle; "
-        "0 keeps it until quit or E (default 0) [TPUDASH_RELEASE_AFTER]",
-    )
-    dashboard.add_argument(
-        "--cancel-grace",
-        metavar="SECONDS",
-        help="how long a cancelled job may take to stop before its engine is ended (default 2) [TPUDASH_CANCEL_GRACE]",
-    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     devices = commands.add_parser("devices", parents=[flags], help=COMMANDS["devices"][1])
@@ -140,12 +156,18 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         description="Run a job headless. `tpudash run JOB --help` lists the job's params "
         "(name, default, what is allowed); `tpudash jobs` lists every job.",
-        epilog=f"Booleans: {BOOL_SPELLINGS}.",
     )
+    run.epilog_when_shown = _booleans_epilog
     run.add_argument("-h", "--help", action="store_true", help="show this help, and the params of JOB if given")
     run.add_argument("job", nargs="?", help="job name, e.g. matmul, gradient-descent, train")
     run.add_argument(
         "--set", dest="assignments", action="append", default=[], metavar="NAME=VALUE", help="set a param (repeatable)"
+    )
+    run.add_argument(
+        "--name",
+        metavar="NAME",
+        help="what History and `tpudash runs` call this run (default: the job and its dataset/model, "
+        "e.g. 'train mnist mnist-cnn')",
     )
     run.add_argument("--json", action="store_true", help="print one JSON event per line instead of the live display")
     run.set_defaults(run_parser=run)  # for its usage line in errors and help
@@ -232,6 +254,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _booleans_epilog() -> str:
+    from jobs.base import BOOL_SPELLINGS  # the job protocol and msgspec: not before the dashboard's first frame
+
+    return f"Booleans: {BOOL_SPELLINGS}."
+
+
 def load_settings(args: argparse.Namespace) -> Settings:
     from tpudash.config import Settings, SettingsError
 
@@ -249,6 +277,48 @@ def load_settings(args: argparse.Namespace) -> Settings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``argv`` None: the real command line (this process may then start over on the CPU default)."""
+    try:
+        return _parse_and_dispatch(argv)
+    except BrokenPipeError:
+        return _reader_went_away()
+    except SystemExit as exiting:
+        # rich's consoles end the process with 1 when standard output is
+        # closed (``Console.on_broken_pipe``), raised while handling the
+        # BrokenPipeError: that is the same reader going away.
+        if isinstance(exiting.__context__, BrokenPipeError):
+            return _reader_went_away()
+        raise
+
+
+def _reader_went_away() -> int:
+    """The reader of standard output has what it wanted (``| head``): nothing to say, nothing failed."""
+    from tpudash.cli.sinks import silence_output
+
+    silence_output(sys.stdout)  # so the flush at exit has nowhere to fail
+    return EXIT_DONE
+
+
+def leave_now(code: int) -> NoReturn:
+    """End the process at once, as ``exit`` would less the interpreter's teardown.
+
+    After the dashboard, that teardown frees every widget of every screen one
+    by one (~0.2 s between the app's end and the shell's prompt, measured in
+    tmux) and nothing of it is needed: the engine was released, the runs and
+    the session log are closed. The exit hooks still run and the streams are
+    flushed.
+    """
+    import atexit
+
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _parse_and_dispatch(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     # Only the real command line may be started over (``tpudash.engine.headless``).
     args.restartable = argv is None
@@ -265,7 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args)
         if args.command is None:
-            return commands.command_tui(settings)
+            code = commands.command_tui(settings)
+            if args.restartable:
+                leave_now(code)
+            return code
         handler = {
             "devices": commands.command_devices,
             "jobs": commands.command_jobs,

@@ -18,7 +18,15 @@ from rich.padding import Padding
 from rich.table import Table as RichTable
 from rich.text import Text
 
-from tpudash.format import brief_metrics, column_key, format_seconds, format_timestamp, format_value, status_text
+from tpudash.format import (
+    brief_metrics,
+    column_key,
+    counted,
+    format_seconds,
+    format_timestamp,
+    format_value,
+    status_text,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -139,7 +147,8 @@ def render_devices(description: RuntimeDescription, console: Console | None = No
         render_host(description.host_check, console)
     simulated = " (simulated replicas)" if description.simulated else ""
     console.print(
-        f"[bold]{description.kind}[/] · {description.strategy} · {description.num_replicas} replicas in sync{simulated}"
+        f"[bold]{description.kind}[/] · {description.strategy} · "
+        f"{counted(description.num_replicas, 'replica')} in sync{simulated}"
     )
     console.print(
         f"TensorFlow {description.tf_version} · Keras {description.keras_version} · host {description.host} · "
@@ -150,8 +159,8 @@ def render_devices(description: RuntimeDescription, console: Console | None = No
     if description.topology:
         topology = description.topology
         console.print(
-            f"topology: mesh {topology.get('mesh_shape')} · {topology.get('num_tasks')} tasks · "
-            f"{topology.get('num_tpus_per_task')} cores per task"
+            f"topology: mesh {topology.get('mesh_shape')} · {counted(topology.get('num_tasks'), 'task')} · "
+            f"{counted(topology.get('num_tpus_per_task'), 'core')} per task"
         )
     for kind, reason in description.reasons.items():
         console.print(f"[dim]not {kind}:[/] {reason}")
@@ -206,43 +215,77 @@ def render_job(spec: JobSpec, console: Console) -> None:
 
 
 def render_runs(runs: Sequence[RunInfo], runs_dir: Path, console: Console | None = None) -> None:
+    """The runs as a table sized to the terminal; into a pipe or a file, one line per run, however long."""
     console = console or Console()
     if not runs:
         console.print(f"no runs yet in {runs_dir}")
         return
-    # A narrow terminal loses the job, then the start: the run id holds both (the start in UTC).
-    print_fitted(console, lambda left_out: runs_table(runs, runs_dir, left_out), [("job",), ("started",)])
+    if not console.is_terminal:
+        # `tpudash runs | grep mnist`, `| awk`: a value split over two lines is lost to them.
+        columns, rows = runs_cells(runs)
+        for line in aligned_lines([list(columns), *([row[column] for column in columns] for row in rows)]):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        return
+    # A narrow terminal loses the name, then the start: the run id holds the job and the start (in UTC).
+    print_fitted(console, lambda left_out: runs_table(runs, runs_dir, left_out), [("name",), ("started",)])
 
 
-def runs_table(runs: Sequence[RunInfo], runs_dir: Path, leave_out: Iterable[str] = ()) -> RichTable:
-    """The runs as a table whose run ids are never cut: ``tpudash export`` and ``watch`` need them whole."""
-    columns = [
-        column for column in ("run", "job", "started", "duration", "status", "final metrics") if column not in leave_out
-    ]
-    # Rules under the header only, as `kubectl get` lists: room for whole ids.
-    table = RichTable(
-        title=f"runs in {runs_dir}", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
-    )
-    statuses = [status_text("live" if run.live else run.status) for run in runs]
-    for column in columns:
-        if column == "run":
-            table.add_column(column, no_wrap=True, min_width=max(len(run.run_id) for run in runs))
-        elif column == "status":  # the glyph stays beside its word
-            table.add_column(column, min_width=max(status.cell_len for status in statuses))
-        else:
-            table.add_column(column, no_wrap=column == "duration")
-    for run, status in zip(runs, statuses):
+RUNS_COLUMNS = ("run", "name", "started", "duration", "status", "final metrics")
+
+
+def runs_cells(runs: Sequence[RunInfo]) -> tuple[tuple[str, ...], list[dict[str, Text]]]:
+    """Each run's cells by column, as ``tpudash runs`` shows them."""
+    rows = []
+    for run in runs:
+        status = status_text("live" if run.live else run.status)
         if run.live:
             status.append(f" (pid {run.pid}; follow it with tpudash watch)", style="dim")
         if run.problems:
-            status.append(f" (! {len(run.problems)} problems)", style="red")
+            status.append(f" (! {counted(len(run.problems), 'problem')})", style="red")
         cells: dict[str, str | Text] = {
             "run": run.run_id,
-            "job": run.job,
+            "name": run.name or run.job,
             "started": format_timestamp(run.started) if run.started is not None else "-",
             "duration": format_seconds(run.duration),
             "status": status,
             "final metrics": brief_metrics(run.final_metrics),
         }
-        table.add_row(*(cells[column] for column in columns))
+        rows.append({column: Text(value) if isinstance(value, str) else value for column, value in cells.items()})
+    return RUNS_COLUMNS, rows
+
+
+def aligned_lines(rows: Sequence[Sequence[Text | str]]) -> list[Text]:
+    """``rows`` as lines of columns two spaces apart, each column as wide as its widest cell; nothing wraps."""
+    texts = [[cell if isinstance(cell, Text) else Text(cell) for cell in row] for row in rows]
+    widths = [max(row[index].cell_len for row in texts) for index in range(len(texts[0]))] if texts else []
+    lines = []
+    for row in texts:
+        line = Text()
+        for index, cell in enumerate(row):
+            line.append_text(cell)
+            if index < len(row) - 1:
+                line.append(" " * (widths[index] - cell.cell_len + 2))
+        line.rstrip()
+        lines.append(line)
+    return lines
+
+
+def runs_table(runs: Sequence[RunInfo], runs_dir: Path, leave_out: Iterable[str] = ()) -> RichTable:
+    """The runs as a table whose run ids are never cut: ``tpudash export`` and ``watch`` need them whole."""
+    all_columns, rows = runs_cells(runs)
+    columns = [column for column in all_columns if column not in leave_out]
+    # Rules under the header only, as `kubectl get` lists: room for whole ids.
+    table = RichTable(
+        title=f"runs in {runs_dir}", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False
+    )
+    for column in columns:
+        if column == "run":
+            table.add_column(column, no_wrap=True, min_width=max(len(run.run_id) for run in runs))
+        elif column == "status":  # the glyph stays beside its word
+            words = [status_text("live" if run.live else run.status) for run in runs]
+            table.add_column(column, min_width=max(word.cell_len for word in words))
+        else:
+            table.add_column(column, no_wrap=column == "duration")
+    for row in rows:
+        table.add_row(*(row[column] for column in columns))
     return table

@@ -50,7 +50,7 @@ from jobs.events import (
 )
 from jobs.events import Progress as ProgressEvent
 from tpudash.cli.render import rich_table, summary_table
-from tpudash.format import DeviceNames, column_key, format_value, status_text, table_devices
+from tpudash.format import DeviceNames, column_key, counted, format_value, status_text, table_devices
 from tpudash.runs.model import StageTimeline
 
 LEVEL_STYLES = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold red"}
@@ -109,7 +109,13 @@ class CountColumn(MofNCompleteColumn):
 class ConsoleSink:
     """The human view of one headless run."""
 
-    def __init__(self, console: Console | None = None, on_output_closed: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        console: Console | None = None,
+        on_output_closed: Callable[[], None] | None = None,
+        clock: Callable[[], float] | None = None,
+    ):
+        """``clock``: what the bars' elapsed time and ETA are measured with (default: the console's, monotonic)."""
         self.console = console or Console(stderr=False, highlight=False)
         self.on_output_closed = on_output_closed
         self.output_closed = False
@@ -126,8 +132,11 @@ class ConsoleSink:
             TextColumn("{task.fields[metrics]}"),
             console=self.console,
             transient=True,
+            get_time=clock,
         )
         self._tasks: dict[str, TaskID] = {}
+        self._done: dict[str, int] = {}
+        """Each bar's last count, by unit."""
         self._stages = StageTimeline()
         self._replicas_printed: set[str] = set()
         self._replicas_updated: dict[str, ReplicaValues] = {}
@@ -169,7 +178,7 @@ class ConsoleSink:
             simulated = " (simulated replicas)" if runtime.get("simulated") else ""
             self.console.print(
                 f"[bold]▶ {event.job}[/]  run [cyan]{event.run_id}[/]  on {runtime.get('kind')} · "
-                f"{runtime.get('strategy')} · {runtime.get('num_replicas')} replicas{simulated}"
+                f"{runtime.get('strategy')} · {counted(runtime.get('num_replicas'), 'replica')}{simulated}"
             )
             self._progress.start()
             self._started = True
@@ -182,11 +191,7 @@ class ConsoleSink:
         elif isinstance(event, Stage):
             self._show_stage(event, now)
         elif isinstance(event, ProgressEvent):
-            task = self._tasks.get(event.unit)
-            if task is None:
-                task = self._progress.add_task(event.unit + "s", total=event.total, unit="", metrics="")
-                self._tasks[event.unit] = task
-            self._progress.update(task, completed=event.done, total=event.total, metrics=self._metrics_text())
+            self._show_progress(event)
             if event.unit == "epoch" and self._latest:
                 self.console.print(f"epoch {event.done}/{event.total}  {self._epoch_line()}", highlight=False)
         elif isinstance(event, Metric):
@@ -212,6 +217,24 @@ class ConsoleSink:
             if event.error:
                 self.console.print(f"error: {event.error}", style="red", markup=False)
             self._print_summary(event.summary)
+
+    def _show_progress(self, event: ProgressEvent) -> None:
+        """One bar per unit; a count that goes back (the steps of the next epoch) starts its bar and clock over.
+
+        rich stops a task's clock for good once it is complete: without the
+        new start, every epoch after the first would show the first one's
+        elapsed time and an ETA of 0.
+        """
+        task = self._tasks.get(event.unit)
+        metrics = self._metrics_text()
+        if task is None:
+            task = self._tasks[event.unit] = self._progress.add_task(
+                event.unit + "s", total=event.total, unit="", metrics=metrics
+            )
+        elif event.done < self._done[event.unit]:
+            self._progress.reset(task, total=event.total, unit="", metrics=metrics)
+        self._done[event.unit] = event.done
+        self._progress.update(task, completed=event.done, total=event.total, metrics=metrics)
 
     def _shown_per_device(self, name: str, devices: Iterable[object]) -> bool:
         """Whether a printed table already has a ``name`` column for each of ``devices``."""

@@ -110,13 +110,20 @@ class InProcessJob:
     """
 
     def __init__(
-        self, spec: JobSpec, params: dict, runtime: Runtime, settings: Any, runs_dir: Path, sinks: Iterable[Sink]
+        self,
+        spec: JobSpec,
+        params: dict,
+        runtime: Runtime,
+        settings: Any,
+        runs_dir: Path,
+        sinks: Iterable[Sink],
+        name: str | None = None,
     ):
         from tpudash.engine.runner import Runner
         from tpudash.runs.store import RunStore
 
         self._runner = Runner(lambda: runtime, RunStore(runs_dir), settings, sinks=sinks)
-        self._queued = self._runner.submit(spec, params)
+        self._queued = self._runner.submit(spec, params, name=name)
         self._thread = threading.Thread(
             target=self._runner.execute, args=(self._queued,), name=f"tpudash-job-{spec.name}", daemon=True
         )

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.base import JobCancelled, JobContext, JobSpec
+from jobs.base import LAUNCHED_FROM_COMMAND_LINE, JobCancelled, JobContext, JobSpec
 from jobs.events import Event, RunFinished, RunStarted, to_jsonable
 from tpudash.runs.layout import new_run_id
 from tpudash.runs.recorder import RunRecorder, cannot_write
@@ -63,6 +63,8 @@ class QueuedRun:
     traceback: str | None = None
     run_dir: Path | None = None
     sinks: list[Sink] = field(default_factory=list)
+    name: str | None = None
+    """What the user called the run (``tpudash run --name``); None: one made from its job and params."""
     done_event: threading.Event = field(default_factory=threading.Event)
     failed_sinks: set = field(default_factory=set)
     write_error: OSError | None = None
@@ -91,8 +93,11 @@ class Runner:
         store: RunStore | None,
         settings: Any = None,
         sinks: Iterable[Sink] = (),
+        launched_from: str = LAUNCHED_FROM_COMMAND_LINE,
     ):
         self._runtime_provider = runtime_provider
+        self.launched_from = launched_from
+        """Where the user launches these runs (``jobs.base.JobContext.launched_from``): a job's advice names it."""
         self.store = store
         self.settings = settings
         self._sinks: list[Sink] = list(sinks)
@@ -106,9 +111,18 @@ class Runner:
             self._sinks.append(sink)
 
     # -- queue -----------------------------------------------------------
-    def submit(self, spec: JobSpec, params: dict, sinks: Iterable[Sink] = (), run_id: str | None = None) -> QueuedRun:
+    def submit(
+        self,
+        spec: JobSpec,
+        params: dict,
+        sinks: Iterable[Sink] = (),
+        run_id: str | None = None,
+        name: str | None = None,
+    ) -> QueuedRun:
         """Queue a run of ``spec`` with already validated ``params`` (``run_id``: chosen by the caller)."""
-        run = QueuedRun(run_id=run_id or new_run_id(spec.name), spec=spec, params=dict(params), sinks=list(sinks))
+        run = QueuedRun(
+            run_id=run_id or new_run_id(spec.name), spec=spec, params=dict(params), sinks=list(sinks), name=name
+        )
         with self._condition:
             self._waiting.append(run)
             self._condition.notify_all()
@@ -188,7 +202,9 @@ class Runner:
                 run.spec.check_runtime(run.params, runtime)
             if self.store is not None:
                 try:
-                    recorder = self.store.create(run.run_id, run.job, to_jsonable(run.params), description)
+                    recorder = self.store.create(
+                        run.run_id, run.job, to_jsonable(run.params), description, name=run.name
+                    )
                 except OSError as create_error:
                     run.write_error = create_error
                     run.run_dir = self.store.root / run.run_id
@@ -206,6 +222,7 @@ class Runner:
                 run_dir=run.run_dir,
                 cancel_event=run.cancel_event,
                 settings=self.settings,
+                launched_from=self.launched_from,
             )
             run.summary = dict(run.spec.run(context, dict(run.params)) or {})
             if run.write_error is not None:  # the job caught RunNotWritable and went on

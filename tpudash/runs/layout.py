@@ -16,9 +16,12 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from jobs.events import MAX_NAME_CHARS
 
 EVENTS_FILE = "events.jsonl"
 RUN_FILE = "run.json"
@@ -131,6 +134,20 @@ def new_run_id(job: str, now: float | None = None) -> str:
     """``20261121-025100-matmul-1a2b3c``: sortable by start time, unique."""
     stamp = datetime.fromtimestamp(now if now is not None else time.time(), tz=timezone.utc)
     return f"{stamp:%Y%m%d-%H%M%S}-{job}-{secrets.token_hex(3)}"
+
+
+def readable_run_name(job: str, params: Mapping[str, Any]) -> str:
+    """``train mnist mnist-cnn``: the job, then the values of the params that tell its runs apart.
+
+    Which params those are is the job's (``JobSpec.name_params``); a job
+    tpudash does not ship (the user's own training) is named by itself. Runs
+    recorded before runs had names get theirs the same way, from run.json.
+    """
+    from jobs import registry
+
+    spec = registry().get(job)
+    values = [params[name] for name in spec.name_params if name in params] if spec is not None else []
+    return " ".join([job, *(str(value) for value in values)])[:MAX_NAME_CHARS]
 
 
 def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.events import Event, Metric, Progress, RunFinished, dumps, to_jsonable
+from jobs.events import Event, Metric, Progress, RunFinished, RunStarted, dumps, is_sane_timestamp, to_jsonable
 from tpudash.runs.layout import EVENTS_FILE, RUN_FILE, open_regular_fd, write_json_atomically
 from tpudash.runs.liveness import WriterLock
 
@@ -104,6 +104,11 @@ class RunRecorder:
                 self.remember_metric(event)
             epoch_boundary = isinstance(event, Progress) and event.unit == "epoch"
             if epoch_boundary:
+                self._meta_due = True
+            if isinstance(event, RunStarted) and is_sane_timestamp(event.time):
+                # One start for every reader: run.json's (History, `tpudash runs`)
+                # is the event's (the run view), so both show the same duration.
+                self.meta["started"] = event.time
                 self._meta_due = True
             if finished is not None:
                 self._closed = self._finishing = True

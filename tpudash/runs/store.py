@@ -41,6 +41,7 @@ from tpudash.runs.layout import (
     files_key,
     is_run_id,
     read_run_file,
+    readable_run_name,
 )
 from tpudash.runs.recorder import RunRecorder
 from tpudash.runs.tail import fold_events, read_events
@@ -82,7 +83,7 @@ RUN_FIELD_RULES: dict[str, tuple[str, Any]] = {
             f"text of at most {MAX_NAME_CHARS} characters",
             lambda value: isinstance(value, str) and len(value) <= MAX_NAME_CHARS,
         )
-        for name in ("job", "status", "source", "host", "pid_start")
+        for name in ("job", "name", "status", "source", "host", "pid_start")
     },
     "error": (
         f"text of at most {MAX_TEXT_CHARS} characters",
@@ -102,6 +103,8 @@ class RunInfo:
     run_id: str
     path: Path
     job: str = "?"
+    name: str = ""
+    """What the user reads to tell runs apart (``train mnist mnist-cnn``, or the ``--name`` given): ``layout.readable_run_name``."""
     status: str = "unknown"
     started: float | None = None
     finished: float | None = None
@@ -146,6 +149,7 @@ class RunInfo:
             "run_id": self.run_id,
             "path": str(self.path),
             "job": self.job,
+            "name": self.name,
             "status": self.status,
             "started": self.started,
             "finished": self.finished,
@@ -208,14 +212,19 @@ class RunStore:
         *,
         source: str = SOURCE_JOB,
         flush_interval: float = 0.0,
+        name: str | None = None,
     ) -> RunRecorder:
-        """A new run directory and its recorder (``flush_interval``: see ``RunRecorder``)."""
+        """A new run directory and its recorder (``flush_interval``: see ``RunRecorder``).
+
+        ``name``: what the user called the run; by default one made from the job and its params.
+        """
         run_dir = self.root / run_id
         run_dir.mkdir(parents=True, exist_ok=False)
         meta = {
             "source": source,
             "run_id": run_id,
             "job": job,
+            "name": name or readable_run_name(job, params),
             "params": params,
             "runtime": runtime,
             "status": STATUS_RUNNING,
@@ -353,6 +362,7 @@ class RunStore:
             return info
         problems = info.problems
         info.job = checked_field(meta, "job", problems) or "?"
+        info.name = checked_field(meta, "name", problems) or ""
         info.status = checked_field(meta, "status", problems) or "unknown"
         info.started = _as_float(checked_field(meta, "started", problems))
         info.finished = _as_float(checked_field(meta, "finished", problems))
@@ -366,6 +376,7 @@ class RunStore:
         info.pid_start_time = _as_float(checked_field(meta, "pid_start_time", problems))
         info.pid_start_ticks = checked_field(meta, "pid_start", problems)
         info.host = checked_field(meta, "host", problems)
+        info.name = info.name or readable_run_name(info.job, info.params)
         if info.status == STATUS_RUNNING:
             alive = info.writer_alive()
             if alive is False:
@@ -389,6 +400,7 @@ class RunStore:
                 info.final_metrics[event.final_name] = event.value
 
         info.problems.extend(fold_events(info.path / EVENTS_FILE, visit))
+        info.name = readable_run_name(info.job, info.params)
 
     def _refresh_from_events(self, info: RunInfo) -> None:
         """For an interrupted run, the last metrics and time come from its events."""
