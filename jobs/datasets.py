@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.base import param_advice
+
 SOURCES = ("tfds", "synthetic")
 NETWORK_PROBE_SECONDS = 3.0
 SHUFFLE_BUFFER = 10_000
@@ -143,13 +145,13 @@ def network_reachable(hosts: Iterable[str], timeout: float = NETWORK_PROBE_SECON
     return reached.is_set()
 
 
-def unavailable_message(shape: DatasetShape, data_dir: str) -> str:
+def unavailable_message(shape: DatasetShape, data_dir: str, advise_param: Callable[[str, str], str]) -> str:
     return (
         f"{shape.title} is not in the tfds data dir {data_dir} and its download host "
         f"({', '.join(shape.download_hosts)}) cannot be reached, so tfds would retry for minutes. "
         f"Point --data-dir (or TPUDASH_DATA_DIR) at a directory holding a prepared copy "
         f"(`tfds build {shape.name} --data_dir DIR` on a machine with network), "
-        f"or run with --set source=synthetic for a synthetic {shape.title}-shaped set."
+        f"or {advise_param('source', 'synthetic')} for a synthetic {shape.title}-shaped set."
     )
 
 
@@ -165,12 +167,15 @@ def load_splits(
     log: Callable[[str, str], None] | None = None,
     reachable: Callable[[Iterable[str]], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    advise_param: Callable[[str, str], str] | None = None,
 ) -> Splits:
     """Both splits of ``name`` from ``source``, cut to the first ``limit_*`` examples (0: all).
 
     The examples are made or read into memory here; ``progress(done, total)``
     is called after every chunk of both splits together. ``reachable``
-    replaces the network probe (tests simulate no network).
+    replaces the network probe (tests simulate no network). ``advise_param(name, value)``
+    says how to change a param where the run was launched (``JobContext.advise_param``;
+    by default, ``tpudash run``'s ``--set``).
     """
     if name not in DATASETS:
         raise ValueError(f"dataset: {name!r} is not one of {', '.join(DATASET_NAMES)}")
@@ -182,8 +187,11 @@ def load_splits(
         chunks = [synthetic_chunks(shape, count, seed, split_index) for split_index, count in enumerate(counts)]
         directory = None
     else:
-        train, train_count, directory = _tfds_split(shape, "train", limit_train, data_dir, try_gcs, log, reachable)
-        test, test_count, _ = _tfds_split(shape, "test", limit_test, data_dir, try_gcs, log, reachable)
+        advice = advise_param or param_advice
+        train, train_count, directory = _tfds_split(
+            shape, "train", limit_train, data_dir, try_gcs, log, reachable, advice
+        )
+        test, test_count, _ = _tfds_split(shape, "test", limit_test, data_dir, try_gcs, log, reachable, advice)
         counts = (train_count, test_count)
         chunks = [tfds_chunks(train), tfds_chunks(test)]
     report = ChunkProgress(sum(counts), progress)
@@ -248,7 +256,7 @@ def _split_text(split: str, limit: int) -> str:
     return f"{split}[:{limit}]" if limit else split
 
 
-def _tfds_split(shape, split, limit, data_dir, try_gcs, log, reachable):
+def _tfds_split(shape, split, limit, data_dir, try_gcs, log, reachable, advise_param):
     import tensorflow_datasets as tfds
 
     # tqdm bars go straight to fd 2; the live views show progress themselves.
@@ -267,7 +275,7 @@ def _tfds_split(shape, split, limit, data_dir, try_gcs, log, reachable):
         # tfds's way of saying "no prepared copy in data_dir".
         probe = reachable or network_reachable
         if not probe(shape.download_hosts):
-            raise DatasetUnavailable(unavailable_message(shape, directory)) from None
+            raise DatasetUnavailable(unavailable_message(shape, directory, advise_param)) from None
         if log is not None:
             log(f"{shape.title} is not in {directory}: downloading and preparing it there (once)", "info")
         dataset = tfds.load(shape.name, download=True, **arguments)

@@ -190,6 +190,7 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
         limit_test=params["limit_test"],
         seed=params["seed"],
         log=ctx.log,
+        advise_param=ctx.advise_param,
     )
     ctx.raise_if_cancelled()
     batch_size = params["batch_size"]

@@ -14,8 +14,9 @@ from screens.base import DashScreen
 SCREEN_KEYS = (
     (
         "Jobs",
-        "↑/↓ pick a job · enter open its form · tab through the form · enter launch · escape back to the list "
-        "(in a form, letters are typing: the keys above wait until escape)",
+        "↑/↓ pick a job · enter open its form (t: the train form) · tab through the form · enter in a field or on "
+        "Launch launches · enter on a choice opens it, on a switch toggles it · escape back to the list; j always "
+        "comes back to the list (in a form, letters are typing: the keys above wait until escape)",
     ),
     (
         "Run view",

@@ -2,12 +2,16 @@
 
 Moving through the list shows the highlighted job's form (defaults filled,
 help text, choices as selects, switches for booleans); ``enter`` on the list
-(or a click) puts the cursor in the form, and there typing is only typing:
-no letter reaches the app's keys. Fields are checked as the user types and
-marked with what is wrong and what is allowed; ``enter`` in the form
-launches only when every field, the rules across fields and (once the
-runtime is known) the runtime checks pass. Forms keep what was typed while
-the app runs. The bottom line shows the accelerator lane and its queue.
+(or a click, or ``t`` for train) puts the cursor in the form, and there
+typing is only typing: no letter reaches the app's keys. The form is only
+ever entered on purpose: leaving the screen puts the cursor back on the
+list, so ``j`` lands there. Fields are checked as the user types and marked
+with what is wrong and what is allowed; ``enter`` in a field or on the
+Launch button launches only when every field, the rules across fields and
+(once the runtime is known) the runtime checks pass; on a select or a switch
+enter does what it does everywhere in Textual (opens the list, toggles).
+Forms keep what was typed while the app runs. The bottom line shows the
+accelerator lane and its queue.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.widget import AwaitMount
-from textual.widgets import Button, ContentSwitcher, OptionList, Select, Static
+from textual.widgets import Button, ContentSwitcher, Input, OptionList, Select, Static, Switch
 from textual.widgets.option_list import Option
 
 from screens.base import DashScreen
@@ -34,10 +38,16 @@ class JobsScreen(DashScreen):
     CSS_PATH = "jobs.tcss"
 
     BINDINGS = [
-        # Priority, so enter launches from any field of the form; it steps
-        # aside (check_action) on the job list, so enter opens the form, and
-        # while a select's list is open, so enter picks.
+        # Priority, so each acts before the keys typed after it are handed
+        # out (a paste of "enter512" types 512 into the form it opened).
+        # check_action enables one at a time, so the keys line says what
+        # enter does where the cursor is: on the job list it opens the form;
+        # in a field or on the Launch button it launches; on a select it
+        # opens its list and on a switch it toggles, as everywhere in Textual.
         Binding("enter", "launch", "Launch", id="jobs.launch", priority=True),
+        Binding("enter", "open_highlighted", "Open form", id="jobs.open", priority=True),
+        Binding("enter", "open_choices", "Choose", id="jobs.choose", priority=True),
+        Binding("enter", "toggle_switch", "Toggle", id="jobs.toggle", priority=True),
         Binding("escape", "focus_list", "Job list", id="jobs.list", show=False),
     ]
 
@@ -65,6 +75,15 @@ class JobsScreen(DashScreen):
             job_list.highlighted = 0
         # At once, not at the next turn (focus()): t or the palette may put the cursor in a form right after.
         self.set_focus(job_list)
+        # Synchronous, in the switch itself: a key typed right after j must find the cursor on the list.
+        self.app.mode_change_signal.subscribe(self, self._mode_changed)
+
+    def _mode_changed(self, mode: str) -> None:
+        # Leaving the screen (a launch shows its run, d, h, the palette): the
+        # next visit starts on the job list, so arrows and enter cannot launch
+        # the form last typed into by accident.
+        if mode != "jobs":
+            self.set_focus(self.query_one("#job-list", OptionList), scroll_visible=False)
 
     # -- the forms ----------------------------------------------------------------
     def form_for(self, name: str) -> ParamForm:
@@ -136,16 +155,31 @@ class JobsScreen(DashScreen):
 
     # -- launching ----------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
+        focused = self.focused
         if action == "launch":
-            focused = self.focused
-            # Enter in a Select's open list picks a value; on the job list it opens the form.
-            if (focused is not None and isinstance(focused.parent, Select)) or (
-                focused is not None and focused.id == "job-list"
-            ):
-                return False
-            if isinstance(focused, Button) and not focused.has_class("launch"):
-                return False
+            return isinstance(focused, Input) or (isinstance(focused, Button) and focused.has_class("launch"))
+        if action == "open_highlighted":
+            return focused is not None and focused.id == "job-list"
+        if action == "open_choices":
+            return isinstance(focused, Select)  # not its open list: there enter picks, as Textual's own binding does
+        if action == "toggle_switch":
+            return isinstance(focused, Switch)
         return True
+
+    def action_open_choices(self) -> None:
+        if isinstance(self.focused, Select):
+            self.focused.action_show_overlay()
+
+    def action_toggle_switch(self) -> None:
+        if isinstance(self.focused, Switch):
+            self.focused.action_toggle_switch()
+
+    async def action_open_highlighted(self) -> None:
+        job_list = self.query_one("#job-list", OptionList)
+        if job_list.highlighted is not None:
+            option_id = job_list.get_option_at_index(job_list.highlighted).id
+            if option_id is not None:
+                await self.open_form(option_id)
 
     async def action_launch(self) -> None:
         form = self.current_form

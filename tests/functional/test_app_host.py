@@ -113,6 +113,8 @@ async def test_without_tensorflow_the_app_works_and_refuses_launches_with_the_in
             await pilot.press(key)
         await app.action_open_form("gradient-descent")
         assert isinstance(app.screen, JobsScreen)
+        app.screen.current_form.query_one("Button.launch").focus()
+        await pilot.pause()
         await pilot.press("enter")
         await pilot.pause()
         refusals = [message for _, _, message in app.notices if "not launched: no TensorFlow" in message]

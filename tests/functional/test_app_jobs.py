@@ -199,7 +199,9 @@ async def test_enter_on_the_job_list_opens_the_form_and_launches_nothing(make_ap
         await until(pilot, lambda: app.focused is form.fields[0].input)
         assert form.spec.name == "replica-matmul"
         assert not app.session.live_runs and not app.session.busy
-        # Launching happens from the form.
+        # Launching happens from the form: enter in a field or on Launch (on a select, enter opens its choices).
+        await pilot.press("tab")  # replica-matmul's guide inputs have one field: tab reaches Launch
+        assert app.focused is form.query_one(".launch", Button)
         await pilot.press("enter")
         live = shown_live(app)
         assert live is not None and live.model.job == "replica-matmul"

@@ -529,6 +529,9 @@ async def test_enter_typed_right_after_moving_to_another_job_opens_that_form_and
         assert [message for _, severity, message in app.notices if severity == "error"] == []
         await until(pilot, lambda: app.focused is next_form.fields[0].input)
         assert not app.session.live_runs
+        # Its first field is a dropdown, where enter opens the list; tab reaches Launch.
+        soak_post(app, "tab")
+        await until(pilot, lambda: app.focused is next_form.query_one("Button.launch"))
         soak_post(app, "enter")
         await until(pilot, lambda: shown_live(app) is not None)
         await run_settled(pilot, shown_live(app))

@@ -94,6 +94,7 @@ class EngineServer:
         host_lock: EngineLock | None = None,
         dashboard_pid: int | None = None,
     ):
+        from jobs.base import LAUNCHED_FROM_DASHBOARD
         from tpudash.engine.runner import Runner
         from tpudash.runs.store import RunStore
 
@@ -106,7 +107,14 @@ class EngineServer:
         self.grace_seconds = grace_seconds
         self.host_lock = host_lock
         self._dashboard_pid = dashboard_pid
-        self.runner = Runner(self._runtime_for_lane, RunStore(Path(settings.runs_dir)), settings, sinks=[self._report])
+        # The engine runs what a dashboard's forms launch.
+        self.runner = Runner(
+            self._runtime_for_lane,
+            RunStore(Path(settings.runs_dir)),
+            settings,
+            sinks=[self._report],
+            launched_from=LAUNCHED_FROM_DASHBOARD,
+        )
         self._job_threads: list[threading.Thread] = []
         self._launch_ids: dict[str, RequestId] = {}
         """Each run's launch command id, echoed by the run's started and finished."""

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from rich.cells import cell_len
 from rich.text import Text
 from textual import events
+from textual.binding import Binding
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Static
+
+from tpudash.format import counted
 
 
 class SessionBar(Static):
@@ -68,7 +71,7 @@ class SessionBar(Static):
         style = "bold red" if "fail" in runtime else "bold yellow" if runtime.startswith("no TensorFlow") else "cyan"
         description = getattr(getattr(app, "runtime", None), "description", None)
         if brief and description is not None:
-            runtime = f"{description.kind} · {description.num_replicas} replicas" + (
+            runtime = f"{description.kind} · {counted(description.num_replicas, 'replica')}" + (
                 " (simulated)" if description.simulated else ""
             )
         separator = " │ " if brief else "  │  "
@@ -117,21 +120,25 @@ class ShownKey:
         return cell_len(self.display) + (1 + len(self.description) if described and self.description else 0)
 
 
-def fit_keys(keys: Sequence[ShownKey], width: int) -> tuple[bool, list[tuple[ShownKey, bool]]]:
+def fit_keys(
+    keys: Sequence[ShownKey], width: int, full_style_width: int = 0
+) -> tuple[bool, list[tuple[ShownKey, bool]]]:
     """How to draw ``keys`` (the palette key last) in ``width`` cells: (compact, [(key, with description)]).
 
-    In turn, until the line fits: every key as `` d Devices ``; compact
-    (`` devices`` with its first letter as the key, else ``x cancel``, one
-    space apart); without the app's other keys, then without the screen's,
-    from the right; then the contract's keys lose their descriptions from
-    the right. Whatever happens, every key of the contract stays on the line.
+    One style for every screen at a given width: every key as `` d Devices ``
+    while ``width`` holds ``full_style_width`` (what the widest screen's line
+    needs) and this line; else compact (``devices`` with its first letter as
+    the key, else ``x cancel``, one space apart). Then, until the line fits:
+    without the app's other keys, then without the screen's, from the right;
+    then the contract's keys lose their descriptions from the right. Whatever
+    happens, every key of the contract stays on the line.
     """
 
     def needed(compact: bool, chosen: list[tuple[ShownKey, bool]]) -> int:
         return sum(key.width(compact, described) for key, described in chosen) + (len(chosen) - 1 if compact else 0)
 
     chosen = [(key, True) for key in keys]
-    if needed(False, chosen) <= width:
+    if width >= full_style_width and needed(False, chosen) <= width:
         return False, chosen
     for rank in (2, 1):
         for index in range(len(chosen) - 1, -1, -1):
@@ -156,8 +163,12 @@ class KeyBar(Widget, can_focus=False):
     the keys shown actually change, and a click on a key presses it. On a
     narrow terminal the line turns compact (``fit_keys``) so the keys of the
     contract (the app's ``CONTRACT_KEYS``) are always there; the others are
-    in help (``?``) and the palette.
+    in help (``?``) and the palette. Whether it is compact depends on the
+    width alone, never on the screen: every screen's line has one style.
     """
+
+    SCREEN_KEYS_ROOM = 56
+    """Cells a screen's own keys take in the full style, at most (History's four; a test holds every screen to it)."""
 
     COMPONENT_CLASSES = {"keybar--key", "keybar--description", "keybar--disabled"}
     DEFAULT_CSS = """
@@ -221,13 +232,25 @@ class KeyBar(Widget, can_focus=False):
                 shown.append(entry)
         return tuple(shown) + ((palette,) if palette is not None else ())
 
+    def _full_style_width(self) -> int:
+        """The width from which every screen's line fits in the full style: the app's keys, the palette's, a screen's."""
+        app = self.app
+        app_keys = [
+            ShownKey(binding.key, app.get_key_display(binding), binding.description, True, 2)
+            for binding in app.BINDINGS
+            if isinstance(binding, Binding) and binding.show
+        ]
+        palette_key = app.COMMAND_PALETTE_BINDING if app.ENABLE_COMMAND_PALETTE else None
+        palette = [key for key in self._shown if key.key == palette_key]
+        return sum(key.width(False, True) for key in app_keys + palette) + self.SCREEN_KEYS_ROOM
+
     def render(self) -> Text:
         key_style = self.get_component_rich_style("keybar--key", partial=True)
         description_style = self.get_component_rich_style("keybar--description", partial=True)
         disabled_style = self.get_component_rich_style("keybar--disabled", partial=True)
         palette_key = self.app.COMMAND_PALETTE_BINDING if self.app.ENABLE_COMMAND_PALETTE else None
         width = self.size.width or sum(key.width(False, True) for key in self._shown)
-        compact, chosen = fit_keys(self._shown, width)
+        compact, chosen = fit_keys(self._shown, width, self._full_style_width())
         keys, palette = Text(end=""), Text(end="")
         placed: list[tuple[Text, int, int, str]] = []
         for shown, described in chosen:

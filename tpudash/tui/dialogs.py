@@ -1,4 +1,8 @@
-"""Small modal dialogs: a yes/no question such as "a job is running, quit anyway?"."""
+"""Small modal dialogs: a yes/no question such as "a job is running, quit anyway?".
+
+A dialog shows over the screen it was asked on, dimmed: the user still sees
+the run they are about to cancel.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,12 @@ from textual.widgets import Button, Static
 class ConfirmScreen(ModalScreen[bool]):
     """Ask a question; dismisses with True for yes (``y``), False for no (``n``/escape)."""
 
+    # Not in DEFAULT_CSS: the app's ``Screen { background: … }`` outranks any
+    # default rule and would paint the dialog's whole screen opaque, hiding
+    # the screen behind; a screen's own CSS ranks with the app's and comes later.
+    CSS = """
+    ConfirmScreen { background: $background 60%; }
+    """
     DEFAULT_CSS = """
     ConfirmScreen { align: center middle; }
     ConfirmScreen > Vertical {
