@@ -29,6 +29,10 @@ from tpudash.format import format_bytes, format_seconds, telemetry_view
 from tpudash.tui.session import RUNTIME_HELD_STATUS
 
 DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
+# Local devices (the CPU default, one GPU box) are named ``/device:CPU:3``, without
+# a job, replica or task: those columns show only when some device has one.
+PLACEMENT_COLUMNS = ("job", "replica", "task")
+NOT_CHECKED = "not checked"
 
 
 def format_memory(memory: dict | None) -> str:
@@ -125,9 +129,7 @@ class DevicesScreen(DashScreen):
             yield DataTable(id="device-table", zebra_stripes=True, cursor_type="row")
 
     def on_mount(self) -> None:
-        table = self.query_one("#device-table", DataTable)
-        for column in DEVICE_COLUMNS:
-            table.add_column(column, key=column)
+        self._set_columns(DEVICE_COLUMNS)
         self.watch(self.app, "host_check", self._show_host)
         self.watch(self.app, "runtime", self._show_runtime)
         self.watch(self.app, "runtime_error", self._show_error)
@@ -226,19 +228,35 @@ class DevicesScreen(DashScreen):
         loading.display = False
         description = runtime.description
         summary.update(describe_runtime(description))
-        for device in description.devices:
-            table.add_row(
-                str(device.index),
-                device.name,
-                device.device_type,
-                device.job or "",
-                "" if device.replica is None else str(device.replica),
-                "" if device.task is None else str(device.task),
-                format_memory(device.memory),
-                "",
-                key=device.name,
-            )
+        rows = {
+            device.name: {
+                "index": str(device.index),
+                "name": device.name,
+                "type": device.device_type,
+                "job": device.job or "",
+                "replica": "" if device.replica is None else str(device.replica),
+                "task": "" if device.task is None else str(device.task),
+                "memory": format_memory(device.memory),
+                "last check": "",
+            }
+            for device in description.devices
+        }
+        shown = [
+            column
+            for column in DEVICE_COLUMNS
+            if column not in PLACEMENT_COLUMNS or any(row[column] for row in rows.values())
+        ]
+        self._set_columns(shown)
+        for name, row in rows.items():
+            table.add_row(*(row[column] for column in shown), key=name)
         self._show_device_check(self.dashboard.device_check)
+
+    def _set_columns(self, columns: list[str] | tuple[str, ...]) -> None:
+        table = self.query_one("#device-table", DataTable)
+        if [column.key.value for column in table.ordered_columns] != list(columns):
+            table.clear(columns=True)
+            for column in columns:
+                table.add_column(column, key=column)
 
     def _show_device_check(self, check: dict | None) -> None:
         title = self.query_one("#device-check-title", Static)
@@ -248,6 +266,8 @@ class DevicesScreen(DashScreen):
             return
         if not check or self.dashboard.runtime is None:
             title.update(Text("Logical devices — press m to run the matmul check on every device", style="bold"))
+            for device in self.dashboard.runtime.description.devices if self.dashboard.runtime else ():
+                table.update_cell(device.name, "last check", Text(NOT_CHECKED, style="dim"), update_width=True)
             return
         results = check["results"]
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(check["finished"])) if check.get("finished") else "?"
@@ -261,7 +281,7 @@ class DevicesScreen(DashScreen):
         for device in self.dashboard.runtime.description.devices:
             result = match_device(results, device.name)
             if result is None:
-                cell = Text("not checked", style="dim")
+                cell = Text(NOT_CHECKED, style="dim")
             else:
                 speed = f" {result['gflops']:.1f} GFLOP/s" if "gflops" in result else ""
                 cell = Text(

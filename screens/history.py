@@ -9,12 +9,18 @@ while the run is live; ``space`` marks runs and ``o`` overlays
 the loss curves of two marked runs; ``e`` exports the highlighted run's
 metrics as CSV into its run directory. Runs with unreadable parts still list
 and show what could be read, with the problems named.
+
+Where the columns do not fit in one line each (80 columns), the table
+narrows instead of cutting: start times lose their seconds, the problems
+column its title (``⚠``), a long job name wraps, and the final metrics fill
+what is left, whole ``name=value`` items on up to two lines.
 """
 
 from __future__ import annotations
 
 import time
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual import events, work
 from textual.app import ComposeResult
@@ -29,8 +35,20 @@ from screens.stored_runs import ExportsRuns
 from tpudash.format import brief_metrics, format_seconds, format_timestamp, status_text
 from tpudash.runs.store import RunInfo
 
-HISTORY_COLUMNS = ("", "started", "job", "status", "duration", "final metrics", "problems")
+HISTORY_COLUMNS = ("", "started", "run", "status", "duration", "final metrics", "problems")
 MAX_MARKED = 2
+STARTED_PATTERN = "%m-%d %H:%M:%S"
+# What the narrow layout gives up first: seconds, the problems column's title, long run names' width.
+NARROW_STARTED_PATTERN = "%m-%d %H:%M"
+NARROW_PROBLEMS_TITLE = "⚠"
+NARROW_NAME_WIDTH = 16
+METRIC_LINES = 2
+METRICS_MIN_WIDTH = 12
+# brief_metrics joins its name=value items with two spaces; a formatted number never holds two.
+METRIC_SEPARATOR = "  "
+NAME_COLUMN, METRICS_COLUMN, PROBLEMS_COLUMN = (
+    HISTORY_COLUMNS.index(name) for name in ("run", "final metrics", "problems")
+)
 
 
 def run_status_text(info: RunInfo) -> Text:
@@ -45,6 +63,46 @@ def run_duration_text(info: RunInfo) -> str:
     if info.live and info.started is not None:
         return f"{format_seconds(max(0.0, time.time() - info.started), precise=False)} so far"
     return ""
+
+
+def pack_metrics(metrics: str, width: int, max_lines: int = METRIC_LINES) -> Text:
+    """``brief_metrics``'s items, whole, in lines of at most ``width`` cells, at most ``max_lines`` lines.
+
+    An item that does not fit on the lines left is dropped rather than cut;
+    one wider than a whole line on its own is shortened with an ellipsis.
+    """
+    lines: list[str] = []
+    for item in (piece for piece in metrics.split(METRIC_SEPARATOR) if piece):
+        if lines and cell_len(lines[-1]) + len(METRIC_SEPARATOR) + cell_len(item) <= width:
+            lines[-1] += METRIC_SEPARATOR + item
+        elif len(lines) < max_lines:
+            lines.append(item)
+    text = Text()
+    for index, line in enumerate(lines):
+        piece = Text(line)
+        piece.truncate(width, overflow="ellipsis")
+        text.append_text(piece)
+        if index < len(lines) - 1:
+            text.append("\n")
+    return text
+
+
+def column_titles(narrow: bool) -> list[str]:
+    titles = [column or "✓" for column in HISTORY_COLUMNS]
+    if narrow:
+        titles[PROBLEMS_COLUMN] = NARROW_PROBLEMS_TITLE
+    return titles
+
+
+def column_widths(titles: list[str], rows: dict[str, list]) -> list[int]:
+    """The cells each column takes, padding left out: its widest line, or its title."""
+
+    def width(cell: Text | str) -> int:
+        return max((cell_len(line) for line in str(cell).splitlines()), default=0)
+
+    return [
+        max([cell_len(title), *(width(cells[index]) for cells in rows.values())]) for index, title in enumerate(titles)
+    ]
 
 
 class RunsListed(Message):
@@ -71,15 +129,14 @@ class HistoryScreen(ExportsRuns):
         super().__init__()
         self.runs: dict[str, RunInfo] = {}
         self.marked: list[str] = []
+        self._columns: tuple = ()
+        """The titles the table's columns have, and the job column's fixed width (None: its content's)."""
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="history-title")
         yield DataTable(id="history-table", zebra_stripes=True, cursor_type="row")
 
     def on_mount(self) -> None:
-        table = self.query_one("#history-table", DataTable)
-        for column in HISTORY_COLUMNS:
-            table.add_column(column or "✓", key=column or "mark")
         self.watch(self.app, "lane_version", self._lane_changed, init=False)
         # A run started elsewhere (a notebook's fit) appears without a key press.
         self.watch(self.app, "runs_version", self._lane_changed, init=False)
@@ -87,6 +144,13 @@ class HistoryScreen(ExportsRuns):
     def on_screen_resume(self, event: events.ScreenResume) -> None:
         # (DashScreen's handler runs too: Textual calls each class's own.)
         self.action_reload()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # The columns were fitted to the old width: fit them again once the table has its new size.
+        self.call_after_refresh(self._refit)
+
+    def _refit(self) -> None:
+        self._show_runs(list(self.runs.values()))
 
     def _lane_changed(self, _version: int) -> None:
         if self.is_current:  # (False while the app closes: no screen stack to ask)
@@ -116,6 +180,21 @@ class HistoryScreen(ExportsRuns):
                 f"{type(worker.error).__name__}: {worker.error}", title=worker.description, severity="error"
             )
 
+    def _cells(self, narrow: bool) -> dict[str, list]:
+        """Every run's cells, left to right, its final metrics as one line of text."""
+        return {
+            info.run_id: [
+                "✓" if info.run_id in self.marked else "",
+                format_timestamp(info.started, NARROW_STARTED_PATTERN if narrow else STARTED_PATTERN),
+                info.name or info.job,
+                run_status_text(info),
+                run_duration_text(info),
+                brief_metrics(info.final_metrics),
+                Text(f"⚠ {len(info.problems)}", style="yellow") if info.problems else Text(""),
+            ]
+            for info in self.runs.values()
+        }
+
     def _show_runs(self, infos: list[RunInfo]) -> None:
         table = self.query_one("#history-table", DataTable)
         cursor_key = self.highlighted_run_id
@@ -123,20 +202,31 @@ class HistoryScreen(ExportsRuns):
         ordered = sorted(infos, key=lambda info: (info.started or 0.0, info.run_id), reverse=True)
         self.runs = {info.run_id: info for info in ordered}
         self.marked = [run_id for run_id in self.marked if run_id in self.runs]
+        # The cells' room, with a vertical scrollbar's kept in reserve: more runs change no width.
+        room = (table.size.width or self.app.size.width) - table.styles.scrollbar_size_vertical
+        room -= 2 * table.cell_padding * len(HISTORY_COLUMNS)
+        rows = self._cells(narrow=False)
+        titles = column_titles(narrow=False)
+        narrow = sum(column_widths(titles, rows)) > room
+        name_width: int | None = None
+        if narrow:
+            rows, titles = self._cells(narrow=True), column_titles(narrow=True)
+            widths = column_widths(titles, rows)
+            # A fixed width wraps a long run name rather than taking the metrics' room.
+            name_width = widths[NAME_COLUMN] = min(widths[NAME_COLUMN], NARROW_NAME_WIDTH)
+            metrics_width = max(METRICS_MIN_WIDTH, room - sum(widths) + widths[METRICS_COLUMN])
+        for cells in rows.values():
+            metrics = cells[METRICS_COLUMN]
+            cells[METRICS_COLUMN] = pack_metrics(metrics, metrics_width) if narrow else Text(metrics)
+        if (titles, name_width) != self._columns:
+            self._columns = (titles, name_width)
+            table.clear(columns=True)
+            for key, title in zip(HISTORY_COLUMNS, titles):
+                table.add_column(title, key=key or "mark", width=name_width if key == "run" else None)
         table.clear()
-        for info in self.runs.values():
-            started = format_timestamp(info.started, "%m-%d %H:%M:%S")
-            problems = Text(f"⚠ {len(info.problems)}", style="yellow") if info.problems else Text("")
-            table.add_row(
-                "✓" if info.run_id in self.marked else "",
-                started,
-                info.job,
-                run_status_text(info),
-                run_duration_text(info),
-                brief_metrics(info.final_metrics),
-                problems,
-                key=info.run_id,
-            )
+        for run_id, cells in rows.items():
+            # A narrow row is as tall as its wrapped run name and metrics need.
+            table.add_row(*cells, key=run_id, height=None if narrow else 1)
         if cursor_key in self.runs:
             table.move_cursor(row=table.get_row_index(cursor_key))
         where = self.dashboard.session.store.root

@@ -1,7 +1,9 @@
 """The Session log screen: what TensorFlow and tfds wrote to fd 2, and this session's notifications.
 
 While the TUI runs, file descriptor 2 points at the session log file, so C++
-logs and tqdm bars never tear the screen; this pane tails that file.
+logs and tqdm bars never tear the screen; this pane tails that file. Both
+panes wrap at their own width and wrap again when the terminal is resized:
+a line written at 160 columns is whole, not cut, at 80.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import time
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import RichLog, Static
+from textual.widgets import Static
 
 from screens.base import DashScreen
 from tpudash.runs.tail import LineTail
+from tpudash.tui.panelog import PaneLog
 
 TAIL_SECONDS = 0.5
 READ_LIMIT = 1 << 20
@@ -28,9 +31,9 @@ class SessionLogScreen(DashScreen):
     def compose_body(self) -> ComposeResult:
         with Vertical(id="log-body"):
             yield Static("", id="log-title")
-            yield RichLog(id="session-log", max_lines=5000, wrap=True, markup=False, highlight=False)
+            yield PaneLog(id="session-log", max_lines=5000)
             yield Static(Text("Notifications", style="bold"), id="notices-title")
-            yield RichLog(id="notices", max_lines=500, wrap=True, markup=False, highlight=False)
+            yield PaneLog(id="notices", max_lines=500)
 
     def on_mount(self) -> None:
         self._last_notice_shown: tuple[float, str, str] | None = None
@@ -59,10 +62,10 @@ class SessionLogScreen(DashScreen):
             return
         if not lines:
             return
-        log = self.query_one("#session-log", RichLog)
+        log = self.query_one("#session-log", PaneLog)
         # tqdm redraws with carriage returns; the last state of a bar is what matters.
         for line in b"".join(piece + b"\n" for piece in lines).decode("utf-8", errors="replace").splitlines():
-            log.write(line.rsplit("\r", 1)[-1])
+            log.write_line(Text(line.rsplit("\r", 1)[-1]))
 
     def _show_notices(self) -> None:
         # The app keeps only the newest notices (a capped list), so the count says
@@ -72,10 +75,10 @@ class SessionLogScreen(DashScreen):
         if not notices or notices[-1] is last:
             return
         start = next((index + 1 for index in range(len(notices) - 1, -1, -1) if notices[index] is last), 0)
-        log = self.query_one("#notices", RichLog)
+        log = self.query_one("#notices", PaneLog)
         styles = {"error": "bold red", "warning": "yellow"}
         for stamp, severity, message in notices[start:]:
-            log.write(
+            log.write_line(
                 Text(f"{time.strftime('%H:%M:%S', time.localtime(stamp))} {message}", style=styles.get(severity, ""))
             )
         self._last_notice_shown = notices[-1]
