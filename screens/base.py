@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, cast
 
 from textual import events
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.screen import Screen
 
 from tpudash.tui.bars import KeyBar, SessionBar
@@ -22,6 +23,18 @@ if TYPE_CHECKING:
 
 class DashScreen(Screen):
     """A screen with the session bar and the keys line around its body."""
+
+    BINDINGS = [
+        # Textual's own tab moves the focus only once the key has passed
+        # through every widget above the focused one, after the keys typed
+        # behind it were already handed to the old field ("512<tab>256" in
+        # one write typed 512256). A priority binding moves it as the key
+        # arrives, so the following keys reach the next field.
+        Binding("tab", "app.focus_next", "Next field", id="tpudash.focus_next", show=False, priority=True),
+        Binding(
+            "shift+tab", "app.focus_previous", "Previous field", id="tpudash.focus_previous", show=False, priority=True
+        ),
+    ]
 
     @property
     def dashboard(self) -> TpudashApp:
@@ -41,11 +54,13 @@ class DashScreen(Screen):
         # change. Textual skips the same work when a screen on top is
         # popped; a screen that has been shown before skips it here. (A
         # subclass's handler runs before Screen's own, which reads the flag.)
-        if self._shown_before:
+        if self._shown_before or self.composed_ahead:
             event.refresh_styles = False
         self._shown_before = True
 
     _shown_before = False
+    composed_ahead = False
+    """Set when the app built this screen before its first visit (tpudash.tui.seams): its styles are current."""
 
     def compose_body(self) -> ComposeResult:
         raise NotImplementedError

@@ -9,8 +9,10 @@ nothing of tpudash.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from jobs.events import Telemetry, is_finite_number
+if TYPE_CHECKING:  # the event protocol (msgspec) loads after the dashboard's first frame
+    from jobs.events import Telemetry
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,8 @@ class Summary:
 
 def summarize(sample: Telemetry) -> Summary:
     """Mean duty cycle over chips, HBM used of all chips' total, mean host CPU, host memory used."""
+    from jobs.events import is_finite_number
+
     duties = [chip["duty_cycle_pct"] for chip in sample.chips if is_finite_number(chip.get("duty_cycle_pct"))]
     bandwidths = [chip["hbm_bandwidth_pct"] for chip in sample.chips if is_finite_number(chip.get("hbm_bandwidth_pct"))]
     used = sum(chip.get("hbm_used") or 0 for chip in sample.chips)

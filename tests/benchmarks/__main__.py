@@ -34,6 +34,8 @@ from tests.benchmarks.harness import LoadMonitor, Result, report  # noqa: E402
 BENCHMARKS = {
     "first_frame": "tests.benchmarks.bench_first_frame",
     "key_latency": "tests.benchmarks.bench_key_latency",
+    "tmux_keys": "tests.benchmarks.bench_tmux_keys",
+    "quit": "tests.benchmarks.bench_quit",
     "cancel": "tests.benchmarks.bench_cancel",
     "matmul": "tests.benchmarks.bench_matmul",
     "history": "tests.benchmarks.bench_history",

@@ -7,6 +7,12 @@ spawning the process to that frame is compared with the wall time of a bare
 TensorFlow import, alternated A B A B. The dashboard process must not have
 imported TensorFlow at its first frame (the engine process owns it): a row
 counts the launches in which it had.
+
+The import-time profile: one more launch under ``python -X importtime``,
+its import lines (up to the first frame) parsed; a row gives the total of
+the top-level imports' cumulative times and its notes the heaviest modules
+(cumulative, inflated by the profiler). The whole list, as a command:
+``python -m tests.benchmarks.bench_first_frame --importtime [N] [DEPTH]``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import time
 from tests.benchmarks.harness import Result, alternate
 from tests.terminal import run_on_a_terminal
 
+IMPORT_TIME_LINE = re.compile(rb"import time:\s*(\d+) \|\s*(\d+) \| ( *)(\S+)")
 FIRST_FRAME = re.compile(rb"first_frame_unix=([0-9.]+)")
 TENSORFLOW_IMPORTED = re.compile(rb"tensorflow_imported=(True|False|None)")
 TARGET_SECONDS = 0.25
@@ -54,6 +61,32 @@ def first_frame_probe(python: str = sys.executable, runs_dir: str | None = None,
     return {"seconds": float(match.group(1)) - started, "tensorflow_imported": {"True": True, "False": False}.get(said)}
 
 
+def import_profile(python: str = sys.executable, cwd: str | None = None) -> list[tuple[int, int, int, str]]:
+    """``python -X importtime -m tpudash`` to its first frame: (depth, self µs, cumulative µs, module) per import."""
+    environment = dict(
+        os.environ,
+        TPUDASH_EXIT_AFTER_FIRST_FRAME="1",
+        TERM="xterm-256color",
+        TPUDASH_RUNS_DIR=tempfile.mkdtemp(prefix="tpudash-bench-"),
+        TPUDASH_NATIVE_STDERR="terminal",  # -X importtime writes to fd 2, which the dashboard otherwise logs
+    )
+    returncode, output = run_on_a_terminal([python, "-X", "importtime", "-m", "tpudash"], environment, 60, cwd=cwd)
+    if FIRST_FRAME.search(output) is None:
+        raise RuntimeError(f"tpudash printed no first-frame time under -X importtime (exit {returncode})")
+    # Only what was imported before the frame: the first-frame line is printed as the app exits.
+    before_frame = output[: output.index(b"first_frame_unix=")]
+    return [
+        (len(indent) // 2, int(own), int(cumulative), name.decode())
+        for own, cumulative, indent, name in IMPORT_TIME_LINE.findall(before_frame)
+    ]
+
+
+def heaviest_imports(profile: list[tuple[int, int, int, str]], count: int, depth: int = 2) -> list[tuple[int, str]]:
+    """The ``count`` largest cumulative times (µs) among imports at most ``depth`` deep, largest first."""
+    shallow = [(cumulative, "  " * level + name) for level, _, cumulative, name in profile if level <= depth]
+    return sorted(shallow, reverse=True)[:count]
+
+
 def import_tensorflow_seconds() -> float:
     """A bare ``import tensorflow``, as tpudash itself imports it on this host (libtpu kept unloaded without a chip)."""
     from tpudash.accel.hostcheck import scan_chips
@@ -81,6 +114,9 @@ def run(quick: bool) -> list[Result]:
     imported = [probe["tensorflow_imported"] for probe in probes]
     # None (the app did not say) counts as imported: the row must prove the absence.
     with_tensorflow = sum(1 for value in imported if value is not False)
+    profile = import_profile()
+    total_ms = sum(cumulative for level, _, cumulative, _ in profile if level == 0) / 1000
+    heaviest = "; ".join(f"{name.strip()} {micros / 1000:.0f}" for micros, name in heaviest_imports(profile, 12))
     return [
         Result(
             "first_frame",
@@ -113,4 +149,34 @@ def run(quick: bool) -> list[Result]:
             samples={"tensorflow_imported": imported},
             notes="from the app's tensorflow_imported= line (TPUDASH_EXIT_AFTER_FIRST_FRAME)",
         ),
+        Result(
+            "first_frame",
+            "imports before the first frame (-X importtime, top-level cumulative)",
+            total_ms,
+            "ms",
+            samples={"modules": len(profile)},
+            notes=f"{len(profile)} modules up to the first-frame line (printed as the app exits: tpudash.runs.liveness "
+            f"is imported for it, after the frame); heaviest (cumulative ms, ≤ 2 deep): {heaviest}",
+        ),
     ]
+
+
+def main(argv: list[str]) -> int:
+    """``--importtime [N] [DEPTH]``: the N heaviest imports before the first frame, indented by depth."""
+    if not argv or argv[0] != "--importtime":
+        print(__doc__)
+        return 2
+    count = int(argv[1]) if len(argv) > 1 else 30
+    depth = int(argv[2]) if len(argv) > 2 else 3
+    profile = import_profile()
+    print(
+        f"{len(profile)} modules imported before the first frame; top-level cumulative total "
+        f"{sum(c for level, _, c, _ in profile if level == 0) / 1000:.1f} ms"
+    )
+    for micros, name in heaviest_imports(profile, count, depth):
+        print(f"{micros / 1000:8.1f} ms  {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -181,6 +181,12 @@ def report(results: list[Result], json_path: Path | None, console: Console | Non
             result.benchmark, result.figure, f"{result.value:.4g} {result.unit}", baseline, ratio, result.target, met
         )
     console.print(table)
+    # The per-key and per-step figures behind a row, which the table has no room for.
+    for result in results:
+        if result.notes:
+            console.print(
+                f"[bold]{result.benchmark}[/] · {result.figure}: {result.notes}", highlight=False, markup=True
+            )
     if json_path is not None:
         payload = {
             "machine": machine(),

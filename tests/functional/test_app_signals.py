@@ -264,6 +264,13 @@ def launch_an_endless_descent(session: TerminalSession, runs_dir: Path) -> Path:
 
     session.wait_for(running, "the run's record to say running")
     assert json.loads((run_dir / "run.json").read_text())["params"]["steps"] == int(ENDLESS_STEPS)
+
+    def stepping() -> bool:
+        events, _ = read_events(run_dir / "events.jsonl")
+        return any(event.type == "progress" and event.done >= 1 for _, event in events)
+
+    # A quit ends a run within a step: the run has taken one, so its cancel comes mid-way.
+    session.wait_for(stepping, "the run to take its first step")
     return run_dir
 
 

@@ -94,15 +94,30 @@ async def test_textual_switch_mode_still_holds_frames_through_delay_update():
         assert app.delays_asked == 2
 
 
-async def test_a_mode_shown_before_switches_without_the_hold():
+async def test_a_mode_shown_or_built_before_switches_without_the_hold():
     app = ModesApp()
     async with app.run_test():
-        await app.switch_mode_undelayed("b")  # first time: composed now, held as Textual does
-        assert app.delays_kept == 1
+        await app.switch_mode_undelayed("b")  # first time: built before the switch, so no hold either
         await app.switch_mode_undelayed("a")  # the first mode was shown at start
         await app.switch_mode_undelayed("b")
-        assert app.delays_kept == 1
+        assert app.delays_kept == 0
         assert app.current_mode == "b"
+
+
+async def test_a_mode_built_ahead_switches_without_restyling_the_app():
+    """If this fails, switch_mode re-parses the stylesheet for a screen built by compose_mode_ahead: look at how
+    Textual 8.2's switch_mode compares a screen's _css_update_count with the app's."""
+    app = ModesApp()
+    async with app.run_test():
+        await app.compose_mode_ahead("b")
+        assert app.mode_composed("b")
+        refreshes = []
+        refresh_css = app.refresh_css
+        app.refresh_css = lambda *args, **kwargs: refreshes.append(app.current_mode) or refresh_css(*args, **kwargs)
+        await app.switch_mode_undelayed("b")
+        await app.switch_mode_undelayed("a")
+        assert app.current_mode == "a"
+        assert refreshes == []
 
 
 class TabsApp(App):

@@ -17,8 +17,8 @@ TensorCore utilisation, which needs libtpu's in-process SDK, is read in a
 child process: ``tpudash.telemetry.tensorcore``.
 
 Light on purpose: ``tpudash.config`` imports the address rules from here,
-so this module imports neither grpc nor psutil until a read, and nothing of
-``tpudash.runs``.
+so this module imports neither grpc, psutil nor the event protocol
+(``jobs.events``, msgspec) until a read, and nothing of ``tpudash.runs``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from collections.abc import Iterable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from jobs.events import is_finite_number
 from tpudash.net import is_loopback_host
 
 if TYPE_CHECKING:
@@ -191,6 +190,8 @@ def chips_from_metrics(
     entries as duty-cycle entries, and a chip's HBM is its cores' sum, as
     tpu-info's table pairs them.
     """
+    from jobs.events import is_finite_number  # msgspec with it: tpudash.config (the first frame) imports this module
+
     chip_ids = sorted(duty) or sorted(used)
     devices = sorted(set(used) | set(total))
     per_chip = max(1, len(devices) // len(chip_ids)) if chip_ids and len(devices) % len(chip_ids) == 0 else 1

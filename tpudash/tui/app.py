@@ -49,6 +49,8 @@ if TYPE_CHECKING:  # the host check and the redraw budget load after the first f
 # How often the runs directory is looked at for runs started elsewhere (a notebook's fit).
 RUNS_SCAN_SECONDS = 1.0
 TICK_SECONDS = 0.1
+# After the first frame, the host check and the engine's start go first; then the other screens are built.
+COMPOSE_AHEAD_AFTER_SECONDS = 0.2
 FIRST_FRAME_ENV = "TPUDASH_EXIT_AFTER_FIRST_FRAME"
 
 
@@ -127,6 +129,8 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         self.first_frame_at: float | None = None
         """Unix time of the first frame (``TPUDASH_EXIT_AFTER_FIRST_FRAME`` prints it)."""
         self.tensorflow_imported_at_first_frame: bool | None = None
+        self.modules_at_first_frame: list[str] = []
+        """What the process had imported at its first frame (kept with ``TPUDASH_EXIT_AFTER_FIRST_FRAME``)."""
         self.exiting = False
         """True once exit() was called: timers stop drawing on closing widgets."""
         self.quit_worker: Worker | None = None
@@ -166,6 +170,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         self.first_frame_at = time.time()
         self.tensorflow_imported_at_first_frame = "tensorflow" in sys.modules
         if os.environ.get(FIRST_FRAME_ENV):
+            self.modules_at_first_frame = sorted(sys.modules)
             self.exit(0)
             return
         self.check_host()
@@ -176,6 +181,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         self._scan_runs_directory()
         if self.settings.telemetry_interval:
             self.session.start_telemetry()
+        self.set_timer(COMPOSE_AHEAD_AFTER_SECONDS, self.compose_screens_ahead, name="tpudash compose ahead")
 
     def on_print(self, event: events.Print) -> None:
         self.host_io.write_print(event.text)
@@ -248,6 +254,14 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         if check is not None:
             self.call_later(self.session.device_check_found, check)
 
+    @work(exclusive=True, group="compose-ahead", exit_on_error=False, description="Build every screen in idle time")
+    async def compose_screens_ahead(self) -> None:
+        """Each mode's screen built before its key is pressed: a first press only switches, as a re-visit does."""
+        for mode, (module_name, *_) in MODE_SCREENS.items():
+            if self.exiting:
+                return
+            await self.compose_mode_ahead(mode, module_name)
+
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
         if event.state == WorkerState.ERROR:
@@ -299,7 +313,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
             self.session.engine_needed()
         if self.current_mode != mode:
             self._previous_mode = self.current_mode
-            await self.switch_mode_undelayed(mode)
+            await self.switch_mode_undelayed(mode, MODE_SCREENS[mode][0])
 
     async def action_back(self) -> None:
         await self.action_show(self._previous_mode if self._previous_mode != self.current_mode else "devices")
@@ -370,23 +384,28 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         """Cancel, wait for the record (the lane ends the engine after the grace period), exit."""
         self.session.begin_quit()
         while not self.session.stopped:
-            await self.next_tick()
+            current = self.session.lane.current
+            # The run's end, the moment the lane reads it (an engine message wakes the lane), not a tick later.
+            await (current.settled.wait() if current is not None else self.next_tick())
+        # Released now, the engine leaves while Textual closes every screen (~0.2 s), not after.
+        self.session.close()
         self.exit(return_code, return_code=return_code)
 
 
 def run_app(settings: Settings, **options: Any) -> int:
     """Build the app and run it in the terminal; returns the exit code."""
-    from tpudash.runs.liveness import process_start_time
-
     options.setdefault("redirect_stderr", os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal")
     options.setdefault("handle_signals", True)
     app = TpudashApp(settings, **options)
     app.run()
     if os.environ.get(FIRST_FRAME_ENV) and app.first_frame_at is not None:
+        from tpudash.runs.liveness import process_start_time  # psutil: after the frame it times
+
         started = process_start_time(os.getpid())
         since_start = f"{app.first_frame_at - started:.3f}" if started is not None else "unknown"
         print(
             f"first_frame_unix={app.first_frame_at:.6f} since_process_start={since_start} "
-            f"tensorflow_imported={app.tensorflow_imported_at_first_frame}"
+            f"tensorflow_imported={app.tensorflow_imported_at_first_frame} "
+            f"modules_at_first_frame={','.join(app.modules_at_first_frame)}"
         )
     return app.return_code or 0

@@ -1,6 +1,6 @@
-"""The two places tpudash depends on how Textual works inside, not on its documented API.
+"""The places tpudash depends on how Textual works inside, not on its documented API.
 
-Everything else in the dashboard uses Textual's public API. These two have no
+Everything else in the dashboard uses Textual's public API. These have no
 public way to do what they do, so they live here, each with the reason, and
 ``tests/unit/test_textual_seams.py`` fails as soon as a Textual release
 changes what they rely on: an upgrade then says what to look at instead of
@@ -13,12 +13,22 @@ breaking the dashboard quietly. Written against Textual 8.2.
 - ``UndelayedRevisits``: ``App.switch_mode`` holds every frame for 50 ms
   through ``App.delay_update`` to hide a screen still composing. A mode shown
   before is composed and kept, so that delay is pure key latency.
+- ``UndelayedRevisits.compose_mode_ahead``: Textual builds a mode's screen on
+  its first ``switch_mode`` (import, compose, mount, style), then re-parses the
+  whole stylesheet from scratch twice (``refresh_css``: a new screen's CSS
+  count is behind the app's): 0.1–0.5 s on the first press of a key. Built
+  ahead, in idle time, the screen is styled as it mounts and its count set,
+  so the first press only switches, as a re-visit does.
 """
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 from typing import TYPE_CHECKING, Any
 
+from textual import events
+from textual.widget import AwaitMount
 from textual.widgets import OptionList
 
 # To the type checker the mixin is an App (it calls App's methods); at run
@@ -56,17 +66,22 @@ def guard_option_list_page_keys() -> None:
 
 
 class UndelayedRevisits(_MixedIntoApp):
-    """An App mixin: ``switch_mode_undelayed`` skips Textual's 50 ms hold for a mode shown before.
+    """An App mixin: ``switch_mode_undelayed`` skips Textual's 50 ms hold for a mode shown or built before.
 
     Mix in before ``App`` (``class MyApp(UndelayedRevisits, App)``). Relies on
-    ``App.switch_mode`` calling ``App.delay_update`` while it switches.
+    ``App.switch_mode`` calling ``App.delay_update`` while it switches. A mode
+    is built ahead (``compose_mode_ahead``) in idle time, or, when its key comes
+    first, just before the switch: never through Textual's ``_init_mode``.
     """
 
     _skip_delay = False
     _modes_shown: set[str] | None = None
+    _modes_composing: dict[str, asyncio.Future[None]] | None = None
 
-    async def switch_mode_undelayed(self, mode: str) -> None:
-        """``switch_mode(mode)``; drawn at the next frame when ``mode`` was shown before."""
+    async def switch_mode_undelayed(self, mode: str, module_name: str | None = None) -> None:
+        """``switch_mode(mode)``, its screen built first if it was not (``module_name``: its module); no hold."""
+        if mode in self._modes and mode != self.current_mode:
+            await self.compose_mode_ahead(mode, module_name)
         shown = self._modes_shown
         if shown is None:
             shown = self._modes_shown = {self.current_mode}
@@ -81,3 +96,60 @@ class UndelayedRevisits(_MixedIntoApp):
         if self._skip_delay:
             return
         super().delay_update(delay)
+
+    def mode_composed(self, mode: str) -> bool:
+        """True once ``mode``'s screen exists (shown, or built by ``compose_mode_ahead``)."""
+        return mode in self._screen_stacks
+
+    async def compose_mode_ahead(self, mode: str, module_name: str | None = None) -> None:
+        """Build ``mode``'s screen without showing it: its next ``switch_mode`` only shows it.
+
+        ``module_name`` (the screen's module) is imported on a thread first, so
+        the UI thread keeps answering keys meanwhile. Relies on
+        ``App.switch_mode`` skipping ``_init_mode`` for a mode with a screen
+        stack, and re-applying CSS only for a screen whose ``_css_update_count``
+        is behind the app's. Safe to call more than once, or while it runs.
+        """
+        composing = self._modes_composing
+        if composing is None:
+            composing = self._modes_composing = {}
+        if mode in composing:
+            await asyncio.shield(composing[mode])
+            return
+        if self.mode_composed(mode):
+            # Textual's own first mode (built by _init_mode) never has its CSS count set: its next
+            # visit would re-parse the stylesheet. It was styled as it mounted, as the others are.
+            screen = self._screen_stacks[mode][0]
+            if screen.is_mounted and screen._css_update_count < 0:
+                screen._css_update_count = self._css_update_count
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        composing[mode] = done
+        try:
+            if module_name is not None:
+                await asyncio.to_thread(importlib.import_module, module_name)
+            if self.mode_composed(mode) or not self.is_running:
+                return
+            make_screen = self._modes[mode]
+            screen = make_screen() if callable(make_screen) else self.get_screen(make_screen)
+            # As _init_mode does, less the ScreenResume: switch_mode posts that when it shows the screen.
+            self._screen_stacks[mode] = [screen]
+            try:
+                self._load_screen_css(screen)
+                await AwaitMount(screen, self._register(self, screen))
+            except BaseException:
+                del self._screen_stacks[mode]
+                raise
+            # Styled as it mounted, with the stylesheet as it is now: nothing to refresh.
+            screen._css_update_count = self._css_update_count
+            # Its size classes (the app's breakpoints) now, in idle time, rather than on the first switch;
+            # a screen with a ``composed_ahead`` flag (screens.base.DashScreen) skips its first restyle.
+            screen.post_message(events.Resize(self.size, self.size))
+            if hasattr(screen, "composed_ahead"):
+                screen.composed_ahead = True
+            shown = self._modes_shown
+            if shown is None:
+                shown = self._modes_shown = {self.current_mode}
+            shown.add(mode)
+        finally:
+            done.set_result(None)

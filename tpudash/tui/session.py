@@ -23,20 +23,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tpudash.config import Settings
-from tpudash.engine.lane import ENGINE_CRASHED, ENGINE_HELD, Lane, LaneObserver, LiveRun
-from tpudash.format import display_beat, format_seconds
+from tpudash.format import counted, display_beat, format_seconds
 from tpudash.tui.telemetry_feed import TelemetryFeed
 
-if TYPE_CHECKING:  # the store, the engine's handle and telemetry load on first use, after the first frame
+if TYPE_CHECKING:  # the lane, the store, the engine's handle and telemetry load on first use, after the first frame
     import asyncio
 
     from jobs.base import JobSpec
     from tpudash.accel.hostcheck import HostCheck
     from tpudash.engine.handle import EngineHandle, Listener
+    from tpudash.engine.lane import Lane, LaneObserver, LiveRun
     from tpudash.engine.protocol import AcceleratorHeld, RuntimeFailed
     from tpudash.runs.follow import RunsDirectoryWatch, RunsScan
     from tpudash.runs.store import RunInfo, RunStore
     from tpudash.telemetry.sampling import TelemetrySampler
+else:
+    # The lane (jobs, the engine's protocol, the store: ~35 ms of imports) loads with the session's first run,
+    # after the first frame; LaneObserver only names the methods the session implements.
+    LaneObserver = object
 
 # How many runs may wait for the lane: a longer queue is more likely a key
 # held down than a plan, and each waiting run is one more to cancel on quit.
@@ -152,6 +156,8 @@ class DashboardSession(LaneObserver):
     def lane(self) -> Lane:
         """The session's runs and the engine that executes them (made on first use)."""
         if self._lane is None:
+            from tpudash.engine.lane import Lane
+
             self._lane = Lane(
                 self.store,
                 self._start_engine,
@@ -266,7 +272,7 @@ class DashboardSession(LaneObserver):
         simulated = " (simulated)" if runtime.description.simulated else ""
         view.runtime_status = (
             f"{runtime.description.kind} · {runtime.description.strategy} · "
-            f"{runtime.description.num_replicas} replicas{simulated}"
+            f"{counted(runtime.description.num_replicas, 'replica')}{simulated}"
         )
         view.runtime_error = None
         view.tensorflow_missing = None
@@ -305,6 +311,8 @@ class DashboardSession(LaneObserver):
         duration = format_seconds(model.elapsed())
         if live.run_id not in self.live_runs:
             return
+        from tpudash.engine.lane import ENGINE_HELD
+
         if self.lane.engine_state == ENGINE_HELD and model.started is None:
             return  # it never started: the accelerator-held notice says why
         notify = self.view.notify
@@ -353,6 +361,8 @@ class DashboardSession(LaneObserver):
             return
         status = lane.engine_line()
         if status != self.view.engine_status:
+            from tpudash.engine.lane import ENGINE_CRASHED
+
             if lane.engine_state == ENGINE_CRASHED and lane.last_exit is not None:
                 self.view.notify(
                     f"{lane.last_exit.describe()}; the next launch starts a new one. "
