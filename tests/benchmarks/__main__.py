@@ -36,6 +36,7 @@ BENCHMARKS = {
     "key_latency": "tests.benchmarks.bench_key_latency",
     "tmux_keys": "tests.benchmarks.bench_tmux_keys",
     "quit": "tests.benchmarks.bench_quit",
+    "plot_lag": "tests.benchmarks.bench_plot_lag",
     "cancel": "tests.benchmarks.bench_cancel",
     "matmul": "tests.benchmarks.bench_matmul",
     "history": "tests.benchmarks.bench_history",
