@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from types import SimpleNamespace
 
@@ -32,3 +33,15 @@ def test_the_readmes_memory_refusal_is_what_the_matmul_check_says():
         check_memory(params, SimpleNamespace(kind="CPU"), available_host=int(float(available) * GIB))
 
     assert str(refusal.value) == example
+
+
+def test_the_readmes_gradient_descent_result_is_what_the_job_prints(isolated_runs_dir, capsys):
+    from tpudash.cli import main as cli
+
+    quoted = re.search(r"tpudash run gradient-descent +# prints ([^`\n]+?) (?=tpudash|```)", readme_text())
+    assert quoted is not None, "the README no longer shows what `tpudash run gradient-descent` prints"
+
+    assert cli.main(["run", "gradient-descent", "--json"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+    assert quoted.group(1) in [event["text"] for event in events if event["type"] == "log"]
