@@ -8,6 +8,8 @@ plot's text on screen shows that same step within the beat after (plotext builds
 
 from __future__ import annotations
 
+import math
+
 from jobs.events import Metric, Progress, RunFinished, RunStarted
 from screens.run_detail import RunDetailScreen
 from tests.functional.conftest import SIZE, until
@@ -87,3 +89,33 @@ async def test_the_step_axis_at_80_columns_reaches_the_last_step():
         assert float(x_labels[-1]) >= 24 and float(x_labels[0]) <= 0
         drawn = plot.render().plain
         assert all(label in drawn for label in x_labels)
+
+
+async def test_the_path_and_the_bars_get_even_ticks_that_cover_their_values_too():
+    from textual.app import App
+
+    from tpudash.runs.series import DecimatedSeries
+    from tpudash.tui.plots import PathPlot, ReplicaBarPlot
+
+    class PlotApp(App):
+        def compose(self):
+            yield PathPlot("path (x0, x1)", id="path")
+            yield ReplicaBarPlot(id="bars")
+
+    path = DecimatedSeries()
+    path.extend((1.0 - step / 40, 4.0 * (1.0 - step / 40)) for step in range(41))
+    async with PlotApp().run_test(size=(80, 48)) as pilot:
+        path_plot = pilot.app.query_one("#path", PathPlot)
+        bars = pilot.app.query_one("#bars", ReplicaBarPlot)
+        path_plot.set_path(path)
+        bars.set_values("GFLOP/s", [f"r{index}" for index in range(8)], [3.4 + index / 10 for index in range(8)])
+        await pilot.pause()
+        await path_plot.drawn()
+        await bars.drawn()
+        for plot, axis, top in ((path_plot, "x", 1.0), (path_plot, "y", 4.0), (bars, "y", 4.1)):
+            ticks = [float(label) for label in plot.axis_ticks[axis]]
+            steps = {round(b - a, 9) for a, b in zip(ticks, ticks[1:])}
+            assert len(steps) == 1 and ticks[0] <= 0 and ticks[-1] >= top, (axis, ticks)
+            (step,) = steps
+            assert f"{step / 10 ** math.floor(math.log10(step)):.6g}" in ("1", "2", "5"), (axis, ticks)
+            assert all(label in plot.render().plain for label in plot.axis_ticks[axis])

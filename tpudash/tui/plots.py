@@ -154,6 +154,8 @@ class BudgetedPlot(PlotextPlot):
         self._shown_text: Content | None = None
         self._in_flight: RenderKey | None = None
         self._landed = asyncio.Event()
+        self.axis_ticks: dict[str, list[str]] = {}
+        """The tick labels the last replot gave each axis ("x", "y")."""
 
     def render(self):
         self._ensure_built()
@@ -237,6 +239,7 @@ class BudgetedPlot(PlotextPlot):
         # lines without a colour take the next of the theme's colours as they are plotted.
         self._plot = Plot()
         self._plot.theme(self._plotext_theme)
+        self.axis_ticks = {}
         self.replot()
 
     @property
@@ -246,6 +249,28 @@ class BudgetedPlot(PlotextPlot):
     def replot(self) -> None:
         """Plot the current data on ``self.plt``, decimated to the current width."""
         raise NotImplementedError
+
+    def set_even_ticks(
+        self, xs: Sequence[float] | None, ys: Sequence[float] | None, y_range: tuple[float, float] | None = None
+    ) -> None:
+        """``nice_ticks`` on each axis given (``xs``, ``ys``: the drawn values; None: plotext's own ticks),
+        the axis' limits set to its first and last tick, the labels kept in ``axis_ticks``."""
+        # A label per row at most (the rows between the title, the legend's first line and the x axis):
+        # few ticks on a 1-2-5 step leave much of a short plot empty above the data.
+        rows = max(self.size.height - 6, 2)
+        for axis, values, most in (("x", xs, max(3, min(6, self.columns // 10))), ("y", ys, max(3, min(6, rows)))):
+            if not values:
+                continue
+            ticks, labels = nice_ticks(*((y_range if axis == "y" else None) or (min(values), max(values))), most)
+            if len(ticks) < 2:  # one tick is one value: plotext cannot span an axis of width 0
+                continue
+            if axis == "x":
+                self.plt.xticks(ticks, labels)
+                self.plt.xlim(ticks[0], ticks[-1])
+            else:
+                self.plt.yticks(ticks, labels)
+                self.plt.ylim(ticks[0], ticks[-1])
+            self.axis_ticks[axis] = labels
 
 
 async def plots_drawn(node: DOMNode) -> None:
@@ -308,8 +333,6 @@ class MetricPlot(BudgetedPlot):
         self.lines: list[PlotLine] = []
         self.drawn_series: dict[str, tuple[list[float], list[float]]] = {}
         """What the last replot handed to plotext, per line label (decimated)."""
-        self.axis_ticks: dict[str, list[str]] = {}
-        """The tick labels the last replot gave each axis ("x", "y")."""
 
     def set_lines(self, lines: Sequence[PlotLine]) -> None:
         self.lines = list(lines)
@@ -347,7 +370,6 @@ class MetricPlot(BudgetedPlot):
         plt.yscale("log" if log_scale else "linear")
         if self.y_range is not None:
             plt.ylim(*self.y_range)
-        self.axis_ticks = {}
         if drawn:
             self._set_ticks(log_scale)
         if not drawn:
@@ -358,18 +380,7 @@ class MetricPlot(BudgetedPlot):
         """Even ticks that cover every drawn point, the axes' limits set to them."""
         xs = [x for line_xs, _ in self.drawn_series.values() for x in line_xs]
         ys = [y for _, line_ys in self.drawn_series.values() for y in line_ys]
-        rows = max(self.size.height - 6, 2)
-        x_ticks = nice_ticks(min(xs), max(xs), max(3, min(6, self.columns // 10)))
-        y_ticks = nice_ticks(*(self.y_range or (min(ys), max(ys))), max(3, min(5, rows // 2)))
-        plt = self.plt
-        if len(x_ticks[0]) > 1:  # one tick is one value: plotext cannot span an axis of width 0
-            plt.xticks(*x_ticks)
-            plt.xlim(x_ticks[0][0], x_ticks[0][-1])
-            self.axis_ticks["x"] = x_ticks[1]
-        if len(y_ticks[0]) > 1 and not log_scale:
-            plt.yticks(*y_ticks)
-            plt.ylim(y_ticks[0][0], y_ticks[0][-1])
-            self.axis_ticks["y"] = y_ticks[1]
+        self.set_even_ticks(xs, None if log_scale else ys, y_range=self.y_range)
 
     @property
     def point_budget(self) -> int:
@@ -425,6 +436,7 @@ class PathPlot(BudgetedPlot):
             plt.plot(xs, ys, marker="braille", label="path")
             plt.scatter([xs[0]], [ys[0]], marker="o", label="start", color="green")
             plt.scatter([xs[-1]], [ys[-1]], marker="x", label="end", color="red")
+            self.set_even_ticks(xs, ys)
         else:
             plt.title(f"{self.title} (waiting for data)")
         self.points_drawn = len(xs)
@@ -451,6 +463,8 @@ class ReplicaBarPlot(BudgetedPlot):
         if self.values:
             plt.bar(self.labels, self.values, marker="hd")
             plt.title(self.title)
+            # Bars stand on 0: the value axis runs from 0 (or the lowest value, below 0) to the highest.
+            self.set_even_ticks(None, [min(0.0, *self.values), max(0.0, *self.values)])
         else:
             plt.title("per-replica values (waiting for data)")
         self.points_drawn = len(self.values)
