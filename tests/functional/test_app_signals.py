@@ -49,6 +49,8 @@ ESCAPE_SEQUENCE = re.compile(rb"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1
 ENTER_ALTERNATE_SCREEN, LEAVE_ALTERNATE_SCREEN = b"\x1b[?1049h", b"\x1b[?1049l"
 SHOW_CURSOR = b"\x1b[?25h"
 CURSOR_OR_STYLE = re.compile(rb"\x1b\[([0-?]*)[ -/]*([@-~])")
+# The start of an escape sequence whose end has not been read yet (a read of the pty may stop anywhere).
+UNFINISHED_ESCAPE = re.compile(rb"\x1b(\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?)?")
 
 
 class ScreenGrid:
@@ -58,10 +60,16 @@ class ScreenGrid:
         self.cells = [[(" ", b"")] * COLUMNS for _ in range(ROWS)]
         self.row = self.column = 0
         self.style = b""
+        self._unfinished = b""
+        """The tail of the last read that splits an escape sequence or a character: read with the next."""
 
     def feed(self, data: bytes) -> None:
+        data, self._unfinished = self._unfinished + data, b""
         position = 0
         while position < len(data):
+            if data[position] == 0x1B and UNFINISHED_ESCAPE.fullmatch(data, position):
+                self._unfinished = data[position:]
+                return
             if data[position] == 0x1B:
                 sequence = CURSOR_OR_STYLE.match(data, position)
                 if sequence is not None:
@@ -82,6 +90,9 @@ class ScreenGrid:
             else:
                 lead = data[position]
                 length = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+                if position + length > len(data):
+                    self._unfinished = data[position:]
+                    return
                 if 0 <= self.row < ROWS and 0 <= self.column < COLUMNS:
                     self.cells[self.row][self.column] = (
                         data[position : position + length].decode("utf-8", "replace"),
