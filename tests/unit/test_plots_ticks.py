@@ -31,3 +31,9 @@ def test_the_issues_axes():
     assert nice_ticks(0, 24, 5)[1] == ["0", "10", "20", "30"]
     assert nice_ticks(0, 100, 5)[1] == ["0", "50", "100"]
     assert nice_ticks(0.39, 2.32, 6)[1] == ["0.0", "0.5", "1.0", "1.5", "2.0", "2.5"]
+
+
+def test_spans_no_float_step_can_divide_are_one_tick_not_an_error():
+    # Hypothesis found 0 to 5e-324 (log10 of a step that underflows to 0); 1e308 apart overflows.
+    assert nice_ticks(0.0, 5e-324, 3) == ([0.0], ["0"])
+    assert len(nice_ticks(-1e308, 1e308, 5)[0]) == 1

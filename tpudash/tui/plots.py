@@ -280,6 +280,10 @@ async def plots_drawn(node: DOMNode) -> None:
             await plot.drawn()
 
 
+# The smallest step whose power of ten is a normal float: below it, 10 ** floor(log10(step)) underflows.
+MIN_TICK_STEP = 1e-300
+
+
 def nice_ticks(low: float, high: float, most: int = 5) -> tuple[list[float], list[str]]:
     """At most ``most`` evenly spaced ticks on a 1-2-5 × 10^k step that cover [low, high], and their labels.
 
@@ -294,6 +298,9 @@ def nice_ticks(low: float, high: float, most: int = 5) -> tuple[list[float], lis
         return [low], [format_tick(low, 0)]
     most = max(most, 3)  # ticks are multiples of the step: a range across 0 takes three
     raw = (high - low) / (most - 1)
+    if not math.isfinite(raw) or raw < MIN_TICK_STEP:
+        # A span too wide for a float (1e308 apart) or too narrow for a power of ten (5e-324): one value.
+        return [low], [format_tick(low, 0)]
     magnitude = 10 ** math.floor(math.log10(raw))
     candidates = (factor * magnitude * 10**power for power in range(4) for factor in (1, 2, 5))
     for step in candidates:
