@@ -66,7 +66,7 @@ class OverlayScreen(DashScreen):
 
     def compose_body(self) -> ComposeResult:
         yield Static(Text("loading…", style="dim"), id="overlay-title")
-        yield MetricPlot("loss", self.dashboard.redraw_budget, id="overlay-plot")
+        yield MetricPlot("loss", id="overlay-plot")
 
     def on_mount(self) -> None:
         self.load()

@@ -34,7 +34,7 @@ class RunScreen(DashScreen):
 
     def compose_body(self) -> ComposeResult:
         with Horizontal(id="run-body"):
-            yield RunView(budget=self.dashboard.redraw_budget, id="run-view")
+            yield RunView(id="run-view")
             with Vertical(id="lane-panel"):
                 yield Label("Session runs", id="lane-title")
                 yield OptionList(id="lane-list")

@@ -42,7 +42,7 @@ class RunDetailScreen(ExportsRuns):
     def compose_body(self) -> ComposeResult:
         yield Static(Text(f"loading {self.run_id}…", style="dim"), id="detail-problems")
         yield Static("", id="detail-source")
-        yield RunView(budget=self.dashboard.redraw_budget, id="detail-view")
+        yield RunView(id="detail-view")
 
     def on_mount(self) -> None:
         self.load()

@@ -7,7 +7,7 @@ from textual.app import App
 from jobs.events import Metric
 from tpudash.runs.model import RunModel
 from tpudash.runs.series import DEFAULT_SERIES_CAPACITY
-from tpudash.tui.plots import MetricPlot, RedrawBudget
+from tpudash.tui.plots import MetricPlot
 from tpudash.tui.runview import plot_lines
 
 POINTS = 200_000
@@ -37,19 +37,3 @@ async def test_a_long_history_draws_about_one_point_per_column_and_keeps_spikes_
         xs, ys = plot.drawn_series["train (batch)"]
         assert xs[0] == 0 and xs[-1] == POINTS - 1
         assert 50.0 in ys  # one bad batch among 200,000 is still visible
-
-
-def test_the_redraw_budget_limits_rendering_to_a_fraction_of_a_core_but_never_stalls_plots():
-    now = [100.0]
-    budget = RedrawBudget(fraction=0.05, min_interval=0.1, max_interval=5.0, clock=lambda: now[0])
-    assert budget.ready()
-    budget.start_round()
-    budget.record(0.02)  # a 20 ms render: paid back after 0.4 s at 5 %
-    now[0] += 0.3
-    assert not budget.ready()
-    now[0] += 0.15
-    assert budget.ready()
-    budget.start_round()
-    budget.record(2.0)  # a starved machine: 40 s by the fraction, capped at 5 s
-    now[0] += 5.01
-    assert budget.ready()

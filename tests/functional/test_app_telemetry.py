@@ -57,7 +57,7 @@ def duty_line(screen) -> list[float]:
 
 
 def duty_values(model) -> list[float]:
-    """The duty-cycle values the run's model holds (plots redraw on the redraw budget's beat)."""
+    """The duty-cycle values the run's model holds (plots redraw on the display beat)."""
     series = model.telemetry.get("TPU duty cycle")
     return series.points()[1] if series is not None else []
 

@@ -1,9 +1,9 @@
 """Live means live: a watched run's plots and its progress are drawn from the same read, on the same beat.
 
 Issue 26, item 2: a ``tpudash.record`` loop showed progress 231 → 256 → 277 while the chart's last step read
-216 → 255 → 276. Here a run is written step by step while its live view is open, on a machine where rendering
-is slow (a redraw budget that would hold plots back for seconds); whenever the progress shows a step, the loss
-plot's text on screen shows that same step within the beat after (plotext builds it in a thread: issue 26, item 1).
+216 → 255 → 276: a render budget held the plots back. Here a run is written step by step while its live view
+is open; whenever the progress shows a step, the loss plot's text on screen shows that same step within the
+beat after (plotext builds it in a thread: issue 26, item 1).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from jobs.events import Metric, Progress, RunFinished, RunStarted
 from screens.run_detail import RunDetailScreen
 from tests.functional.conftest import SIZE, until
 from tpudash.format import display_beat
-from tpudash.tui.plots import RedrawBudget
 
 STEPS = 6
 
@@ -50,8 +49,6 @@ async def test_each_step_the_progress_shows_is_the_last_step_the_plot_drew(make_
     recorder = store.create("20260101-000000-live-abc123", "live", {}, {}, source="record")
     recorder.record(RunStarted("20260101-000000-live-abc123", "live", {}, {}, 1.0))
     app = make_app()
-    # A starved machine: each render would be paid back over many seconds before the next.
-    app._redraw_budget = RedrawBudget(fraction=0.0005, max_interval=60.0)
     async with app.run_test(size=SIZE) as pilot:
         screen = RunDetailScreen("20260101-000000-live-abc123")
         await app.push_screen(screen)

@@ -39,12 +39,11 @@ from tpudash.tui.seams import UndelayedRevisits, guard_option_list_page_keys
 from tpudash.tui.session import DashboardSession, EngineFactory
 from tpudash.tui.view import DashboardView
 
-if TYPE_CHECKING:  # the host check and the redraw budget load after the first frame
+if TYPE_CHECKING:  # the host check loads after the first frame
     from textual.screen import Screen
 
     from jobs.base import JobSpec
     from tpudash.accel.hostcheck import HostCheck
-    from tpudash.tui.plots import RedrawBudget
 
 # How often the runs directory is looked at for runs started elsewhere (a notebook's fit).
 RUNS_SCAN_SECONDS = 1.0
@@ -137,17 +136,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         """The worker that cancels every run and exits, once quit was confirmed."""
         self._previous_mode = self.DEFAULT_MODE
         self._tick_event = asyncio.Event()
-        self._redraw_budget: RedrawBudget | None = None
         self._runs_scan_worker: Worker | None = None
-
-    @property
-    def redraw_budget(self) -> RedrawBudget:
-        """The ``RedrawBudget`` every plot of this app shares."""
-        if self._redraw_budget is None:
-            from tpudash.tui.plots import RedrawBudget
-
-            self._redraw_budget = RedrawBudget()
-        return self._redraw_budget
 
     # -- lifecycle ------------------------------------------------------------------
     def on_load(self) -> None:

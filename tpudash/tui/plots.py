@@ -1,4 +1,4 @@
-"""The dashboard's plots: textual-plotext widgets built off the UI thread, within a CPU budget.
+"""The dashboard's plots: textual-plotext widgets built off the UI thread, redrawn only when their data change.
 
 Each plot subclasses ``PlotextPlot`` and has one ``replot()`` that turns the
 current data into a figure (``self.plt``, a fresh plotext figure each time).
@@ -7,8 +7,9 @@ themselves are bounded: ``tpudash.runs.series``), so a redraw costs the same
 after a million points as after a thousand. plotext then builds the figure's
 text in pure Python (about 10 ms at 160×24, far more on a loaded machine):
 that happens in a thread, one build per plot at a time, and the result is
-swapped in on the UI thread, so keys never wait for a plot. Builds are
-recorded in a ``RedrawBudget``: a dashboard that steals a core from training
+swapped in on the UI thread, so keys never wait for a plot. A plot is built
+again only when its data, its size or the theme changed (the run view
+redraws on its display beat): a dashboard that steals a core from training
 would cost its user the very throughput they are watching.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -31,47 +32,6 @@ from tpudash.runs.series import DecimatedSeries, decimate_min_max, decimate_stri
 
 # Points all lines of a plot draw together, per character column.
 POINT_BUDGET_PER_COLUMN = 2.0
-
-
-class RedrawBudget:
-    """Keeps plot rendering under a fraction of one core.
-
-    ``record`` adds the cost of a render; ``ready`` says whether plots may be
-    redrawn now: not before ``min_interval`` since the last round (≤ 10 Hz) and
-    not before the time spent rendering has been paid back at ``fraction``,
-    but never more than ``max_interval`` later. A 20 ms render at the default
-    1.5 % waits about 1.3 s before the next one.
-    """
-
-    def __init__(
-        self,
-        fraction: float = 0.015,
-        min_interval: float = 0.1,
-        max_interval: float = 5.0,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.fraction = fraction
-        self.min_interval = min_interval
-        self.max_interval = max_interval
-        self._clock = clock
-        self._next_allowed = 0.0
-        self._last_round = -math.inf
-        self.rendered_seconds = 0.0
-        self.renders = 0
-
-    def ready(self) -> bool:
-        now = self._clock()
-        return now >= self._next_allowed and now - self._last_round >= self.min_interval
-
-    def start_round(self) -> None:
-        self._last_round = self._clock()
-
-    def record(self, seconds: float) -> None:
-        self.rendered_seconds += seconds
-        self.renders += 1
-        now = self._clock()
-        # On a starved machine renders get slow; plots still move every max_interval.
-        self._next_allowed = min(max(self._next_allowed, now) + seconds / self.fraction, now + self.max_interval)
 
 
 # -- plots ----------------------------------------------------------------------
@@ -130,16 +90,8 @@ class BudgetedPlot(PlotextPlot):
     MIN_WIDTH = 16
     MIN_HEIGHT = 5
 
-    def __init__(
-        self,
-        budget: RedrawBudget | None = None,
-        *,
-        name: str | None = None,
-        id: str | None = None,
-        classes: str | None = None,
-    ):
+    def __init__(self, *, name: str | None = None, id: str | None = None, classes: str | None = None):
         super().__init__(name=name, id=id, classes=classes)
-        self.budget = budget
         self.last_render_seconds = 0.0
         """CPU seconds of the last build (its worker thread's)."""
         self.points_drawn = 0
@@ -199,8 +151,6 @@ class BudgetedPlot(PlotextPlot):
             self._landed.set()
         self.renders += 1
         self.last_render_seconds = seconds
-        if self.budget is not None:
-            self.budget.record(seconds)
         if key.data_version == self.data_version:  # a build of newer data replaces this one below
             self.shown, self._shown_text = key, text
             self.refresh()
@@ -323,7 +273,6 @@ class MetricPlot(BudgetedPlot):
     def __init__(
         self,
         title: str,
-        budget: RedrawBudget | None = None,
         *,
         xlabel: str = "step",
         log_y: bool = False,
@@ -331,7 +280,7 @@ class MetricPlot(BudgetedPlot):
         id: str | None = None,
         classes: str | None = None,
     ):
-        super().__init__(budget, id=id, classes=classes)
+        super().__init__(id=id, classes=classes)
         self.title = title
         self.xlabel = xlabel
         self.log_y = log_y
@@ -412,14 +361,13 @@ class PathPlot(BudgetedPlot):
     def __init__(
         self,
         title: str,
-        budget: RedrawBudget | None = None,
         *,
         xlabel: str = "x0",
         ylabel: str = "x1",
         id: str | None = None,
         classes: str | None = None,
     ):
-        super().__init__(budget, id=id, classes=classes)
+        super().__init__(id=id, classes=classes)
         self.title = title
         self.xlabel = xlabel
         self.ylabel = ylabel
@@ -452,8 +400,8 @@ class PathPlot(BudgetedPlot):
 class ReplicaBarPlot(BudgetedPlot):
     """One bar per replica or device, such as matmul GFLOP/s per device."""
 
-    def __init__(self, budget: RedrawBudget | None = None, *, id: str | None = None, classes: str | None = None):
-        super().__init__(budget, id=id, classes=classes)
+    def __init__(self, *, id: str | None = None, classes: str | None = None):
+        super().__init__(id=id, classes=classes)
         self.title = ""
         self.labels: list[str] = []
         self.values: list[float] = []

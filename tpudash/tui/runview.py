@@ -23,7 +23,7 @@ from tpudash.format import DeviceNames, display_beat, format_seconds, format_val
 from tpudash.format import status_text as status_text  # the dashboard's status words: tests hold the CLI to them
 from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
 from tpudash.tui.panelog import PaneLog
-from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, RedrawBudget, ReplicaBarPlot
+from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
 from tpudash.tui.runheader import RunHeader, clipped
 
 # A plot flatter than this shows little but its axes: plots then go side by side, even at
@@ -116,10 +116,9 @@ class RunView(Vertical):
     RunView #run-log { height: 1fr; }
     """
 
-    def __init__(self, model: RunModel | None = None, budget: RedrawBudget | None = None, *, id: str | None = None):
+    def __init__(self, model: RunModel | None = None, *, id: str | None = None):
         super().__init__(id=id)
         self.model = model
-        self.budget = budget or RedrawBudget()
         self._drawn: dict[str, int] = {}
         self._logs_written = 0
         self._tables_drawn: dict[str, int] = {}
@@ -147,14 +146,13 @@ class RunView(Vertical):
                 yield Static("", id="telemetry-note", markup=False)
                 yield MetricPlot(
                     "accelerator and host (%)",
-                    self.budget,
                     xlabel="seconds since the run started",
                     y_range=(0, 100),
                     id="telemetry-plot",
                 )
             with TabPane("Replicas", id="tab-replicas"):
                 yield Static("", id="replica-note", markup=False)
-                yield ReplicaBarPlot(self.budget, id="replica-plot")
+                yield ReplicaBarPlot(id="replica-plot")
                 yield DataTable(id="replica-table", zebra_stripes=True, cursor_type="row")
             with TabPane("Results", id="tab-results"):
                 with VerticalScroll(id="results"):
@@ -240,7 +238,6 @@ class RunView(Vertical):
         # What keeps their cost down is redrawing only a plot whose data changed; plotext builds
         # their text in a worker thread (tpudash.tui.plots), which lands a few ms after this beat.
         if (force or on_beat) and self._plots_stale(model):
-            self.budget.start_round()
             self._sync_plots(model)
         self._sync_plots_note(model)  # after the plots: a first plot hides it
         self._choose_tab(self._preferred_tab(model))
@@ -371,14 +368,14 @@ class RunView(Vertical):
             version = model.family_versions.get(family, 0)
             plot = self._plots.get(family)
             if plot is None:
-                plot = self._plots[family] = MetricPlot(family, self.budget, classes="metric-plot")
+                plot = self._plots[family] = MetricPlot(family, classes="metric-plot")
                 grid.mount(plot)
             if self._drawn.get(family) != version:
                 plot.set_lines(plot_lines(tracks))
                 self._drawn[family] = version
         if model.path is not None:
             if self._path_plot is None:
-                self._path_plot = PathPlot("path (x0, x1)", self.budget, classes="metric-plot")
+                self._path_plot = PathPlot("path (x0, x1)", classes="metric-plot")
                 grid.mount(self._path_plot)
             if self._drawn.get("path") != model.path.seen:
                 self._path_plot.set_path(model.path)
