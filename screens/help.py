@@ -70,8 +70,8 @@ class HelpScreen(DashScreen):
         log = session_log.log_path if session_log is not None else "not redirected in this session"
         return Text.assemble(
             ("What tpudash keeps\n", "bold"),
-            f"Every run is a directory in {runs_dir}: events.jsonl (every event, flushed as it is emitted) "
-            "and run.json (status, params, final metrics).\n",
+            f"Every run is a directory in {runs_dir}: its events (flushed as they are emitted; in a bucket, "
+            "a segment every 2 seconds) and run.json (status, params, final metrics).\n",
             "Jobs run in the engine, a process of their own that owns TensorFlow and the accelerator; "
             "this dashboard never imports TensorFlow. The engine starts on first need and stays warm between jobs; "
             "E (or the palette) releases it, so a notebook can take the TPU. If it dies (a signal, out of memory, "

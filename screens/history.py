@@ -229,7 +229,7 @@ class HistoryScreen(ExportsRuns):
             table.add_row(*cells, key=run_id, height=None if narrow else 1)
         if cursor_key in self.runs:
             table.move_cursor(row=table.get_row_index(cursor_key))
-        where = self.dashboard.session.store.root
+        where = self.dashboard.session.store.where
         self.query_one("#history-title", Static).update(
             Text.assemble(
                 (f"{len(self.runs)} run{'' if len(self.runs) == 1 else 's'}", "bold"),

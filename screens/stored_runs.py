@@ -7,6 +7,7 @@ and a run's view export a run's metrics as CSV into its run directory.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from textual import work
@@ -24,6 +25,15 @@ def follow_run(store: RunStore, run_id: str) -> RunFollower:
     follower = RunFollower(store, run_id)
     follower.catch_up()
     return follower
+
+
+def export_path(store: RunStore, run_id: str) -> Path:
+    """Where a run's CSV goes: beside its events, or for a run in a bucket, under this host's tpudash data."""
+    if store.local:
+        return Path(store.find(run_id)) / EXPORT_FILE
+    from tpudash.config import default_runs_dir
+
+    return default_runs_dir(os.environ).parent / "exports" / f"{run_id}-{EXPORT_FILE}"
 
 
 class RunExported(Message):
@@ -48,7 +58,8 @@ class ExportsRuns(DashScreen):
     @work(thread=True, exit_on_error=False, group="history-export", description="Export a run's metrics as CSV")
     def export_run(self, run_id: str) -> None:
         store = self.dashboard.session.store
-        path = store.find(run_id) / EXPORT_FILE
+        path = export_path(store, run_id)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(store.export(run_id, "csv"), encoding="utf-8")
         self.post_message(RunExported(path))
 

@@ -81,6 +81,8 @@ def isolated_runs_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TPUDASH_RUNS_DIR", str(runs_dir))
     monkeypatch.setenv("TPUDASH_ENGINE_LOCK", str(tmp_path / "engine.lock"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    # Where a store's writers keep what the store has not taken yet (tpudash.runs.uploader).
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
     return runs_dir
 
 

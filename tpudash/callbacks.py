@@ -49,7 +49,8 @@ class TpudashCallback(keras.callbacks.Callback):
     """Records ``model.fit`` as a tpudash run; see the module docstring.
 
     ``name``: what the run is called (default: the model's name).
-    ``runs_dir``: where (default: tpudash's runs directory, ``$TPUDASH_RUNS_DIR``).
+    ``runs_dir``: where: a directory or a store URL (``gs://BUCKET/runs``, ``s3://…``); default tpudash's runs
+    directory, ``$TPUDASH_RUNS_DIR``. In a store, ``fit`` never waits for the network (``tpudash.runs.uploader``).
     ``every_n_batches``: a batch point every N batches (default: at most ten a second).
     ``batch_size``: the global batch, for examples/s (default: read from ``fit`` when Keras knows it).
     """

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from tpudash.runs.location import install_line, parse_runs_dir
 from tpudash.telemetry.sources import DEFAULT_TPU_METRICS_ADDRESS, AddressError, parse_metrics_address
 
 DEFAULT_CPU_DEVICES = 8
@@ -42,7 +43,8 @@ class Settings:
         'none' leaves the TPU alone (libtpu is not even loaded).
     cpu_devices: logical devices the CPU is split into when no accelerator is found.
     data_dir: tensorflow-datasets data directory (None: tfds's default).
-    runs_dir: where every run is kept.
+    runs_dir: where every run is kept: a local directory (a Path), or a store's
+        URL (``gs://bucket/runs``, ``s3://…``, ``memory://…``; see ``tpudash.runs.location``).
     tpu_timeout: seconds TensorFlow may take to start on a TPU, connect and
         initialize it (an unreachable gRPC address or libtpu's discovery
         otherwise hangs for minutes or for good).
@@ -59,7 +61,7 @@ class Settings:
     tpu: str | None = None
     cpu_devices: int = DEFAULT_CPU_DEVICES
     data_dir: Path | None = None
-    runs_dir: Path | None = None
+    runs_dir: Path | str | None = None
     tpu_timeout: float = 60.0
     release_after: float = 0.0
     cancel_grace: float = 2.0
@@ -88,9 +90,16 @@ class Settings:
             settings = replace(settings, runs_dir=default_runs_dir(environ))
         return settings
 
-    def check_runs_dir(self) -> Path:
-        """Create the runs directory if needed; SettingsError if it cannot be written."""
+    def check_runs_dir(self) -> Path | str:
+        """Create the runs directory if needed; SettingsError if it cannot be written (or read: a store's library)."""
         runs_dir = self.runs_dir or default_runs_dir(os.environ)
+        if isinstance(runs_dir, str):
+            missing = install_line(runs_dir)
+            if missing is not None:
+                raise SettingsError(
+                    f"--runs-dir / TPUDASH_RUNS_DIR: {runs_dir} needs a library not installed: {missing}"
+                )
+            return runs_dir
         try:
             runs_dir.mkdir(parents=True, exist_ok=True)
         except OSError as error:
@@ -161,6 +170,13 @@ def _convert(name: str, raw: object, source: str) -> object:
         if not text:
             raise SettingsError(f"{source}: is empty; allowed: a TPU name, grpc://host:port, 'local' or 'none'")
         return text
+    if name == "runs_dir":
+        try:
+            location = parse_runs_dir(str(raw))
+        except ValueError as error:
+            raise SettingsError(f"{source}: {error}") from None
+        if isinstance(location, str):
+            return location
     path = Path(str(raw)).expanduser()
     if name == "data_dir" and path.exists() and not (path.is_dir() and os.access(path, os.R_OK | os.X_OK)):
         raise SettingsError(f"{source}: {path} is not a readable directory")

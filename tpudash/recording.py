@@ -53,8 +53,7 @@ from jobs.events import (
     to_jsonable,
 )
 from tpudash.runs.layout import SOURCE_RECORD, new_run_id
-from tpudash.runs.recorder import RunRecorder
-from tpudash.runs.store import RunStore
+from tpudash.runs.store import Recorder, RunStore
 
 # How often buffered events reach the file: the dashboard's redraw beat is
 # half a second, and a killed process loses at most this much.
@@ -65,18 +64,33 @@ class RecordingError(ValueError):
     """A call the writer cannot record; the message names the argument and what is allowed."""
 
 
-def runs_directory(runs_dir: str | os.PathLike | None = None) -> Path:
-    """``runs_dir`` if given, else tpudash's own (``$TPUDASH_RUNS_DIR`` or ``$XDG_DATA_HOME/tpudash/runs``)."""
-    if runs_dir is not None:
-        if not str(runs_dir).strip():
-            raise RecordingError("runs_dir: is empty; allowed: a directory path, or None for tpudash's runs directory")
-        return Path(runs_dir).expanduser()
+def runs_directory(runs_dir: str | os.PathLike | None = None) -> Path | str:
+    """``runs_dir`` if given, else tpudash's own (``$TPUDASH_RUNS_DIR`` or ``$XDG_DATA_HOME/tpudash/runs``).
+
+    A directory is a Path; a store (``gs://bucket/runs``) is its URL, and a
+    store whose library is not installed is a RecordingError with the line
+    that installs it.
+    """
     from tpudash.config import ENV_PREFIX, default_runs_dir
+    from tpudash.runs.location import ALLOWED, install_line, parse_runs_dir
 
     # Not Settings.load: it checks every TPUDASH_* variable, and a malformed
     # one that has nothing to do with recording must not stop the user's training.
     configured = os.environ.get(f"{ENV_PREFIX}RUNS_DIR", "").strip()
-    return Path(configured).expanduser() if configured else default_runs_dir(os.environ)
+    where = "runs_dir" if runs_dir is not None else f"{ENV_PREFIX}RUNS_DIR"
+    text = os.fspath(runs_dir) if runs_dir is not None else configured
+    if runs_dir is not None and not str(text).strip():
+        raise RecordingError(f"runs_dir: is empty; allowed: {ALLOWED}, or None for tpudash's runs directory")
+    if not text:
+        return default_runs_dir(os.environ)
+    try:
+        location = parse_runs_dir(str(text))
+    except ValueError as error:
+        raise RecordingError(f"{where}: {error}") from None
+    missing = install_line(location) if isinstance(location, str) else None
+    if missing is not None:
+        raise RecordingError(f"{where}: {location} needs a library not installed: {missing}")
+    return location
 
 
 def session_runtime(strategy: Any = None) -> dict:
@@ -198,9 +212,11 @@ class RecordedRun:
         self.params = to_jsonable(dict(params or {}))
         self.runtime = dict(runtime) if runtime is not None else session_runtime(strategy)
         store = RunStore(runs_directory(runs_dir))
-        store.root.mkdir(parents=True, exist_ok=True)
+        store.prepare()
         self.run_id = new_run_id(_run_id_word(self.name))
-        self._recorder: RunRecorder = store.create(
+        self.location = store.location(self.run_id)
+        """Where the run is written: its directory, or its URL in a store."""
+        self._recorder: Recorder = store.create(
             self.run_id, self.name, self.params, self.runtime, source=source, flush_interval=FLUSH_INTERVAL_SECONDS
         )
         self.status: str | None = None
@@ -211,6 +227,7 @@ class RecordedRun:
 
     @property
     def run_dir(self) -> Path:
+        """The run's directory on this host (in a store: its local directory, uploaded at the finish)."""
         return self._recorder.run_dir
 
     @property
@@ -311,7 +328,7 @@ class RecordedRun:
         return False
 
     def __repr__(self) -> str:
-        return f"<RecordedRun {self.run_id} {self.status or 'running'} in {self.run_dir}>"
+        return f"<RecordedRun {self.run_id} {self.status or 'running'} in {self.location}>"
 
 
 # Runs still open when the interpreter exits: the program left without

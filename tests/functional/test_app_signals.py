@@ -299,7 +299,7 @@ def test_a_signal_to_the_dashboard_cancels_the_run_records_it_and_restores_the_t
     assert "Traceback" not in session.text()
 
     [info] = RunStore(isolated_runs_dir).list_runs()
-    assert info.path == run_dir and info.status == "cancelled"
+    assert info.path == str(run_dir) and info.status == "cancelled"
     assert json.loads((run_dir / "run.json").read_text())["status"] == "cancelled"
     data = RunStore(isolated_runs_dir).load(info.run_id)
     assert data.problems == []

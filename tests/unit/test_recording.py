@@ -19,8 +19,8 @@ from tpudash.runs.tail import EventTail
 
 
 def only_run(store: RunStore):
-    (run_dir,) = store.run_dirs()
-    return store.load(run_dir.name)
+    (run_id,) = store.run_ids()
+    return store.load(run_id)
 
 
 def events_of(data, kind):
@@ -111,7 +111,7 @@ def test_a_bad_name_or_params_is_refused_before_any_run_directory_exists(store):
         tpudash.record("")
     with pytest.raises(RecordingError, match="params: list is not allowed"):
         tpudash.record("run", params=[1, 2])
-    assert store.run_dirs() == []
+    assert store.run_ids() == []
 
 
 def test_a_finished_run_refuses_more_and_says_so(store):

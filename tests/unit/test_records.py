@@ -96,7 +96,7 @@ def test_run_json_is_replaced_atomically_while_a_reader_reads_it(store):
     assert sorted(path.name for path in run_dir.iterdir()) == ["events.jsonl", "run.json", "writer.lock"]
 
 
-@pytest.mark.parametrize("failing_step", ["serialise", "replace"])
+@pytest.mark.parametrize("failing_step", ["write", "replace"])
 def test_a_run_json_write_that_fails_midway_keeps_the_old_file_and_leaves_no_temp_file(
     store, monkeypatch, failing_step
 ):
@@ -109,18 +109,27 @@ def test_a_run_json_write_that_fails_midway_keeps_the_old_file_and_leaves_no_tem
     before = (run_dir / "run.json").read_text()
     assert json.loads(before)["final_metrics"] == {"loss": 0.5}
 
-    def dump_half_then_fail(payload, handle, **options):
-        text = json.dumps(payload, **options)
-        handle.write(text[: len(text) // 2])
-        handle.flush()
-        raise OSError(errno.ENOSPC, "No space left on device")
+    real_open = open
+
+    def open_then_fail_midway(path, mode="r", *args, **kwargs):
+        handle = real_open(path, mode, *args, **kwargs)
+        if str(path).endswith(".tmp"):
+            real_write = handle.write
+
+            def write_half_then_fail(data):
+                real_write(data[: len(data) // 2])
+                handle.flush()
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            handle.write = write_half_then_fail
+        return handle
 
     def fail_to_replace(source, destination):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with monkeypatch.context() as patch:
-        if failing_step == "serialise":
-            patch.setattr(records.json, "dump", dump_half_then_fail)
+        if failing_step == "write":
+            patch.setattr(records, "open", open_then_fail_midway, raising=False)
         else:
             patch.setattr(records.os, "replace", fail_to_replace)
         recorder.record(Metric("loss", 0.25, 1, epoch=1))

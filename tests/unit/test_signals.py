@@ -119,7 +119,7 @@ def test_a_signal_cancels_the_run_records_it_and_exits_130(signal_number, headle
 
     [info] = RunStore(isolated_runs_dir).list_runs()
     assert info.status == "cancelled"
-    assert json.loads((info.path / "run.json").read_text())["status"] == "cancelled"
+    assert json.loads((Path(info.path) / "run.json").read_text())["status"] == "cancelled"
     data = RunStore(isolated_runs_dir).load(info.run_id)
     assert data.problems == []
     # The record holds every event the user saw, up to and including the finish.

@@ -17,10 +17,14 @@ import time
 from pathlib import Path
 
 
-def session_log_path(runs_dir: Path | None) -> Path:
-    """``<runs_dir>/.logs/session-<UTC time>-<pid>.log``, or the temp dir."""
+def session_log_path(runs_dir: Path | str | None) -> Path:
+    """``<runs_dir>/.logs/session-<UTC time>-<pid>.log``, or the temp dir (a runs directory in a store too).
+
+    A session's native log is this host's: it is never written into a bucket.
+    """
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    for base in ([Path(runs_dir) / ".logs"] if runs_dir else []) + [Path(tempfile.gettempdir()) / "tpudash-logs"]:
+    local = [Path(runs_dir) / ".logs"] if isinstance(runs_dir, Path) else []
+    for base in local + [Path(tempfile.gettempdir()) / "tpudash-logs"]:
         try:
             base.mkdir(parents=True, exist_ok=True)
             return base / f"session-{stamp}-{os.getpid()}.log"

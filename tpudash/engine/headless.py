@@ -115,7 +115,7 @@ class InProcessJob:
         params: dict,
         runtime: Runtime,
         settings: Any,
-        runs_dir: Path,
+        runs_dir: Path | str,
         sinks: Iterable[Sink],
         name: str | None = None,
     ):

@@ -41,10 +41,10 @@ from tpudash.engine.protocol import (
     RuntimeFailed,
     RuntimeReady,
 )
-from tpudash.runs.layout import EVENTS_FILE, TELEMETRY_FILE, new_run_id
+from tpudash.runs.layout import TELEMETRY_STREAM, new_run_id
 from tpudash.runs.model import RunModel
+from tpudash.runs.segments import StreamTail
 from tpudash.runs.store import RunStore
-from tpudash.runs.tail import EventTail
 
 ENGINE_NONE = "none"
 ENGINE_STARTING = "starting"
@@ -71,8 +71,8 @@ class LiveRun:
     params: dict
     model: RunModel
     stage: str = STAGE_QUEUED
-    tail: EventTail | None = None
-    telemetry_tail: EventTail | None = None
+    tail: StreamTail | None = None
+    telemetry_tail: StreamTail | None = None
     """The run's telemetry.jsonl: what the dashboard sampled while the run was live."""
     cancel_requested_at: float | None = None
     """Monotonic time the user asked to cancel (None: not asked)."""
@@ -368,7 +368,7 @@ class Lane:
 
     def _end_unrecorded(self, live: LiveRun, status: str, error: str | None) -> None:
         """End a run whose end is not on disk: a run that never began leaves no record, as if still queued."""
-        if status == "cancelled" and (live.tail is None or not live.tail.path.exists()):
+        if status == "cancelled" and (live.tail is None or not self.store.files(live.run_id).exists()):
             self._end_queued(live, "cancelled")
             return
         write_error = self.store.finish_abandoned(live.run_id, live.job, live.spec.as_text(live.params), status, error)
@@ -499,8 +499,8 @@ class Lane:
         engine = self.engine if self.engine is not None else self._spawn()
         live = waiting[0]
         live.stage = STAGE_SENT
-        live.tail = EventTail(self.store.root / live.run_id / EVENTS_FILE)
-        live.telemetry_tail = EventTail(self.store.root / live.run_id / TELEMETRY_FILE)
+        live.tail = self.store.stream(live.run_id)
+        live.telemetry_tail = self.store.stream(live.run_id, TELEMETRY_STREAM)
         if not engine.send(Launch(live.run_id, live.job, live.spec.as_text(live.params))):
             self._kill_engine("its control pipe closed")
         if self.engine_state == ENGINE_READY:

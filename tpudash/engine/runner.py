@@ -27,8 +27,8 @@ from typing import Any
 from jobs.base import LAUNCHED_FROM_COMMAND_LINE, JobCancelled, JobContext, JobSpec
 from jobs.events import Event, RunFinished, RunStarted, to_jsonable
 from tpudash.runs.layout import new_run_id
-from tpudash.runs.recorder import RunRecorder, cannot_write
-from tpudash.runs.store import RunStore
+from tpudash.runs.recorder import cannot_write
+from tpudash.runs.store import Recorder, RunStore
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ class Runner:
         return self.execute(self.submit(spec, params, sinks))
 
     def _run_on_lane(self, run: QueuedRun) -> None:
-        recorder: RunRecorder | None = None
+        recorder: Recorder | None = None
         context: JobContext | None = None
         status, error, trace = "done", None, None
         try:
@@ -207,7 +207,7 @@ class Runner:
                     )
                 except OSError as create_error:
                     run.write_error = create_error
-                    run.run_dir = self.store.root / run.run_id
+                    run.run_dir = None
                     raise RunNotWritable(create_error) from None
                 run.run_dir = recorder.run_dir
             else:
@@ -258,7 +258,7 @@ class Runner:
         run.state, run.error, run.traceback = status, error, trace
         self._fan_out(run, finished)
 
-    def _dispatch(self, run: QueuedRun, recorder: RunRecorder | None, event: Event) -> None:
+    def _dispatch(self, run: QueuedRun, recorder: Recorder | None, event: Event) -> None:
         """Record ``event``, then give it to the sinks; once the record cannot be written, stop the job."""
         if recorder is not None:
             if run.write_error is None:

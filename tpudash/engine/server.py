@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import IO, Any
 
 from tpudash.accel.startup import TensorFlowMissing
@@ -110,7 +109,7 @@ class EngineServer:
         # The engine runs what a dashboard's forms launch.
         self.runner = Runner(
             self._runtime_for_lane,
-            RunStore(Path(settings.runs_dir)),
+            RunStore(settings.runs_dir),
             settings,
             sinks=[self._report],
             launched_from=LAUNCHED_FROM_DASHBOARD,

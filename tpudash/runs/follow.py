@@ -19,21 +19,24 @@ from pathlib import Path
 
 from jobs.events import Event
 from tpudash.runs.layout import (
-    EVENTS_FILE,
     RUN_FILE,
     SOURCE_CALLBACK,
     SOURCE_JOB,
     SOURCE_RECORD,
     STATUS_INTERRUPTED,
     STATUS_RUNNING,
-    TELEMETRY_FILE,
-    files_key,
+    STATUS_STALE,
+    TELEMETRY_STREAM,
 )
+from tpudash.runs.liveness import HEARTBEAT_INTERVAL_SECONDS
 from tpudash.runs.model import RunModel
-from tpudash.runs.store import RunInfo, RunStore
-from tpudash.runs.tail import EventTail
+from tpudash.runs.store import RunInfo, RunStore, run_id_of
 
 WRITER_CHECK_SECONDS = 1.0
+# In a store a writer's liveness is its heartbeat, which changes this often: looking more often costs requests.
+STORE_WRITER_CHECK_SECONDS = HEARTBEAT_INTERVAL_SECONDS
+STORE_SCAN_SECONDS = 5.0
+"""How often the runs of a store are listed again for new and live runs (a local directory: at every scan)."""
 CATCH_UP_BYTES = 1 << 20
 """What ``catch_up`` reads at a time: opening a long run holds this much of its file, not all of it."""
 # How often ``tpudash watch`` reads the file: what a person following a run perceives as at once.
@@ -50,15 +53,18 @@ class RunFollower:
     """One run's events read incrementally into a model; see the module docstring."""
 
     def __init__(self, store: RunStore, run_id: str, clock: Callable[[], float] = time.monotonic):
-        self.run_dir: Path = store.find(run_id)
+        self.store = store
+        self.run_dir: Path | str = store.find(run_id)
+        """Where the run is: its directory, or its URL in a store."""
         self.info: RunInfo = store.info(self.run_dir)
         info = self.info
         self.model = RunModel(run_id=info.run_id, job=info.job, params=info.params, status=STATUS_RUNNING)
         self.model.started = info.started
         self.model.problems = list(info.problems)
-        self.tail = EventTail(self.run_dir / EVENTS_FILE)
-        self.telemetry_tail = EventTail(self.run_dir / TELEMETRY_FILE)
+        self.tail = store.stream(run_id_of(self.run_dir))
+        self.telemetry_tail = store.stream(run_id_of(self.run_dir), TELEMETRY_STREAM)
         """What observers sampled beside the run; read into the model, not returned by ``poll``."""
+        self._writer_check_seconds = WRITER_CHECK_SECONDS if store.local else STORE_WRITER_CHECK_SECONDS
         self._clock = clock
         self._writer_checked = clock()
         self.ended = False
@@ -105,7 +111,7 @@ class RunFollower:
                 return
 
     def _writer_gone(self) -> bool:
-        if self._clock() - self._writer_checked < WRITER_CHECK_SECONDS:
+        if self._clock() - self._writer_checked < self._writer_check_seconds:
             return False
         self._writer_checked = self._clock()
         return self.info.writer_alive() is False
@@ -119,9 +125,12 @@ class RunFollower:
         return events
 
     def _unfinished(self) -> None:
-        """No run_finished in the events: the record's status wins (interrupted when the writer died)."""
+        """No run_finished in the events: the record's status wins (interrupted when the writer died, stale in a store)."""
         model, info = self.model, self.info
-        model.status = STATUS_INTERRUPTED if info.status == STATUS_RUNNING else info.status
+        if info.status == STATUS_RUNNING:
+            model.status = STATUS_INTERRUPTED if self.store.local else STATUS_STALE
+        else:
+            model.status = info.status
         model.error = model.error or info.error
         model.summary = model.summary or dict(info.summary)
         model.finished = model.finished or info.finished or time.time()
@@ -174,30 +183,38 @@ class RunsDirectoryWatch:
     runs costs one ``scandir`` a look.
     """
 
-    def __init__(self, store: RunStore):
+    def __init__(self, store: RunStore, clock: Callable[[], float] = time.monotonic):
         self.store = store
+        self._clock = clock
         self._known: set[str] = set()
         self._live: dict[str, tuple] = {}
         self._seen_live: set[str] = set()
         self._unsettled: set[str] = set()
+        self._interval = 0.0 if store.local else STORE_SCAN_SECONDS
+        self._next_scan = 0.0
+        self._last = RunsScan(changed=False)
 
     def scan(self) -> RunsScan:
-        names = {path.name for path in self.store.run_dirs()}
+        if self._clock() < self._next_scan:
+            return RunsScan(changed=False, live=list(self._last.live))
+        self._next_scan = self._clock() + self._interval
+        names = set(self.store.run_ids())
         appeared, vanished = names - self._known, self._known - names
         self._known = names
         changed = bool(appeared or vanished)
         live: dict[str, tuple] = {}
         result = RunsScan(changed=False)
         for name in sorted(appeared | ((set(self._live) | self._unsettled) & names)):
-            info = self.store.info(self.store.root / name)
+            info = self.store.info(name)
+            files = self.store.files(name)
             # Caught between its directory and its run.json: look again next time.
-            if info.problems and not (info.path / RUN_FILE).exists():
+            if info.problems and files.key(RUN_FILE) is None:
                 self._unsettled.add(name)
             else:
                 self._unsettled.discard(name)
             if info.live:
                 result.live.append(info)
-                live[name] = (info.status, files_key(info.path))
+                live[name] = (info.status, self.store.record_key(files))
                 if name not in self._seen_live:
                     self._seen_live.add(name)
                     result.appeared_live.append(info)
@@ -205,4 +222,5 @@ class RunsDirectoryWatch:
         self._live = live
         result.changed = changed
         result.live.sort(key=lambda info: (info.started or 0.0, info.run_id), reverse=True)
+        self._last = result
         return result

@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime, timezone
@@ -23,6 +24,9 @@ from typing import Any, BinaryIO
 
 from jobs.events import MAX_NAME_CHARS
 
+# A run's two streams: appended to ``<stream>.jsonl`` locally, in segments ``<stream>/…`` in a store.
+EVENTS_STREAM = "events"
+TELEMETRY_STREAM = "telemetry"
 EVENTS_FILE = "events.jsonl"
 RUN_FILE = "run.json"
 # Samples of the accelerator and host taken while the run was live, written
@@ -30,6 +34,9 @@ RUN_FILE = "run.json"
 TELEMETRY_FILE = "telemetry.jsonl"
 STATUS_RUNNING = "running"
 STATUS_INTERRUPTED = "interrupted"
+# A run in a store whose writers stopped beating (``liveness.store_writers_alive``): it may be
+# dead, or cut off from the store; it turns ``running`` again if a heartbeat comes back.
+STATUS_STALE = "stale"
 # Who wrote a run: a tpudash job, the user's model.fit with TpudashCallback,
 # or the user's own loop through tpudash.record.
 SOURCE_JOB = "job"
@@ -110,6 +117,11 @@ def read_run_file(run_dir: Path) -> Any:
         data = handle.read(MAX_RUN_FILE_BYTES + 1)
     if len(data) > MAX_RUN_FILE_BYTES:
         raise RefusedFile(errno.EFBIG, f"{RUN_FILE}: larger than {size_words(MAX_RUN_FILE_BYTES)}")
+    return parse_run_file(data)
+
+
+def parse_run_file(data: bytes) -> Any:
+    """run.json's bytes as JSON (any value); ValueError when they are not JSON."""
     try:
         return json.loads(data.decode("utf-8"))
     except RecursionError:
@@ -150,30 +162,29 @@ def readable_run_name(job: str, params: Mapping[str, Any]) -> str:
     return " ".join([job, *(str(value) for value in values)])[:MAX_NAME_CHARS]
 
 
+def record_bytes(payload: dict[str, Any]) -> bytes:
+    """run.json's bytes, as every writer writes them (to a disk or a store)."""
+    return json.dumps(payload, indent=2, sort_keys=True).encode("utf-8")
+
+
 def write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    """run.json (or any record) written whole: see ``write_bytes_atomically``."""
+    write_bytes_atomically(path, record_bytes(payload))
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
     """Write to a temp file beside ``path``, fsync, then os.replace it.
 
     A write that fails (a full disk) leaves ``path`` as it was and removes
     the half-written temp file.
     """
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, sort_keys=True)
+        with open(temporary, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-
-
-def files_key(run_dir: Path) -> tuple[str, int, int] | None:
-    """What changes when a run's record changes: run.json's (else events.jsonl's) mtime and size."""
-    for name in (RUN_FILE, EVENTS_FILE):
-        try:
-            status = os.lstat(run_dir / name)  # a link is not followed here either
-        except OSError:
-            continue
-        return name, status.st_mtime_ns, status.st_size
-    return None

@@ -37,8 +37,13 @@ from pathlib import Path
 import psutil
 
 from jobs.events import is_finite_number
+from tpudash.runs.backends import RunFiles
 from tpudash.runs.layout import open_regular_fd
 
+WRITERS_FOLDER = "writers"
+"""In a run in a store: one heartbeat per writer, ``writers/<writer>.json``, replaced whole on its interval."""
+# A run has one writer (or one per worker): more heartbeats than this are not read.
+MAX_WRITERS_READ = 256
 WRITER_FILE = "writer.lock"
 """In a run directory: flock'd by the run's writer while it writes; holds its heartbeat."""
 HEARTBEAT_INTERVAL_SECONDS = 5.0
@@ -157,6 +162,11 @@ def heartbeat_fresh(run_dir: Path, now: float | None = None) -> bool | None:
         return None
     finally:
         os.close(fd)
+    return beat_is_fresh(data, now)
+
+
+def beat_is_fresh(data: bytes, now: float | None = None) -> bool | None:
+    """Whether one heartbeat (its JSON) is younger than ``STALE_AFTER_INTERVALS`` of its intervals; None: not one."""
     try:
         payload = json.loads(data) if len(data) <= MAX_HEARTBEAT_BYTES else None
     except ValueError:
@@ -173,6 +183,23 @@ def heartbeat_fresh(run_dir: Path, now: float | None = None) -> bool | None:
     age = (time.time() if now is None else now) - float(beat)
     # A heartbeat from the future (a clock ahead of ours) counts as fresh.
     return age <= STALE_AFTER_INTERVALS * interval
+
+
+def store_writers_alive(files: RunFiles, now: float | None = None) -> bool | None:
+    """In a store: whether any writer of the run beat recently (``writers/*.json``); None when none ever beat.
+
+    A store has no locks and its writers may be on any host, so the
+    heartbeat alone tells; a run whose writers all stopped beating is stale.
+    """
+    judged: list[bool | None] = []
+    for name in files.list(WRITERS_FOLDER)[:MAX_WRITERS_READ]:
+        try:
+            judged.append(beat_is_fresh(files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES), now))
+        except OSError:
+            continue
+    if any(judged):
+        return True
+    return False if False in judged else None
 
 
 def writer_alive(run_dir: Path, on_this_host: bool) -> bool | None:

@@ -28,23 +28,30 @@ from jobs.events import (
     json_size,
 )
 from tpudash.runs import liveness
+from tpudash.runs.backends import LocalRoot, LocalRunFiles, RunFiles, runs_root
 from tpudash.runs.export import export_run
 from tpudash.runs.layout import (
     EVENTS_FILE,
+    EVENTS_STREAM,
+    MAX_RUN_FILE_BYTES,
     RUN_FILE,
     RUN_ID_RULE,
     SOURCE_JOB,
     STATUS_INTERRUPTED,
     STATUS_RUNNING,
-    TELEMETRY_FILE,
+    STATUS_STALE,
+    TELEMETRY_STREAM,
     RefusedFile,
-    files_key,
     is_run_id,
-    read_run_file,
+    parse_run_file,
     readable_run_name,
 )
 from tpudash.runs.recorder import RunRecorder
+from tpudash.runs.segments import StreamTail
 from tpudash.runs.tail import fold_events, read_events
+from tpudash.runs.uploader import StoreRecorder, local_run_dir
+
+Recorder = RunRecorder | StoreRecorder
 
 # A pid as Linux gives them (pid_max is at most 2**22): anything else in run.json is not a process to look at.
 MAX_PID = 2**22
@@ -101,7 +108,8 @@ class RunInfo:
     """What the History screen and ``tpudash runs`` show of one run."""
 
     run_id: str
-    path: Path
+    path: str
+    """Where the run is: its directory, or its URL in a store."""
     job: str = "?"
     name: str = ""
     """What the user reads to tell runs apart (``train mnist mnist-cnn``, or the ``--name`` given): ``layout.readable_run_name``."""
@@ -122,16 +130,24 @@ class RunInfo:
     """The same, as runs written by older versions stored it (``pid_start``: clock ticks since boot)."""
     host: str | None = None
     live: bool = False
-    """Running, and its writer process is alive on this host: the run is still growing."""
+    """Running, and its writer is alive (its lock on this host, its heartbeat in a store): the run is still growing."""
+    files: RunFiles | None = field(default=None, repr=False, compare=False)
 
     def writer_alive(self) -> bool | None:
         """Whether the run's writer is still writing it (None: it cannot be told, such as an old run of another host).
 
-        Its lock on this host, its heartbeat from another (``liveness.writer_alive``);
-        runs written before the lock existed are judged by their pid on this host.
+        In a store, its writers' heartbeats (``liveness.store_writers_alive``;
+        None when the store cannot be asked). Locally, its lock on this host,
+        its heartbeat from another (``liveness.writer_alive``); runs written
+        before the lock existed are judged by their pid on this host.
         """
+        if self.files is not None and not isinstance(self.files, LocalRunFiles):
+            try:
+                return liveness.store_writers_alive(self.files)
+            except Exception:  # noqa: BLE001 - the store is unreachable: nothing can be told
+                return None
         on_this_host = self.host is not None and self.host == socket.gethostname()
-        judged = liveness.writer_alive(self.path, on_this_host)
+        judged = liveness.writer_alive(Path(self.path), on_this_host)
         if judged is not None or not on_this_host:
             return judged
         return isinstance(self.pid, int) and liveness.process_alive(
@@ -147,7 +163,7 @@ class RunInfo:
     def to_dict(self) -> dict:
         return {
             "run_id": self.run_id,
-            "path": str(self.path),
+            "path": self.path,
             "job": self.job,
             "name": self.name,
             "status": self.status,
@@ -174,12 +190,9 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _links_to_dir(entry: os.DirEntry) -> bool:
-    """A symbolic link to a directory: listed so the user sees it, never read through."""
-    try:
-        return entry.is_symlink() and entry.is_dir()
-    except OSError:
-        return False
+def run_id_of(run: str | Path) -> str:
+    """The run id in a run's location (its directory or URL), or the id itself."""
+    return str(run).rstrip("/").rsplit("/", 1)[-1]
 
 
 @dataclass
@@ -197,11 +210,45 @@ class RunData:
 
 
 class RunStore:
-    """The runs directory: create runs, list them, load and export one."""
+    """The runs directory (a local directory or a store URL): create runs, list them, load and export one.
 
-    def __init__(self, root: Path):
-        self.root = Path(root)
-        self._infos: dict[str, tuple[tuple, RunInfo]] = {}
+    ``root`` is a local directory (a Path) or a store's URL (``gs://bucket/runs``, see
+    ``tpudash.runs.location``); ``spill_root`` is where a store's writers keep what the
+    store has not taken yet (``uploader.default_spill_dir`` by default).
+    """
+
+    def __init__(self, root: Path | str, *, spill_root: Path | None = None):
+        self.backend = runs_root(root)
+        self.root: Path | str = self.backend.path if isinstance(self.backend, LocalRoot) else self.backend.url
+        self.where = self.backend.where
+        """The runs directory as a user reads it."""
+        self.local = self.backend.local
+        self.spill_root = spill_root
+        self._recorded: dict[str, tuple[tuple | None, RunInfo]] = {}
+        """run.json as read, by run id, with the key (mtime and size, generation, ETag) it was read at."""
+        self._ended: dict[str, tuple[tuple | None, RunInfo]] = {}
+        """Runs judged ended: History lists the runs every second, and thousands of old ones must cost nothing."""
+
+    def files(self, run_id: str) -> RunFiles:
+        return self.backend.files(run_id)
+
+    def location(self, run_id: str) -> str:
+        """Where a run is, as a user reads it: its directory or its URL."""
+        return self.files(run_id).where
+
+    def local_dir(self, run_id: str) -> Path:
+        """Where this host writes a run's files: its directory, or for a store run its local directory
+        (``uploader.local_run_dir``: telemetry and TensorBoard logs there go up at the run's finish)."""
+        files = self.files(run_id)
+        return files.run_dir if isinstance(files, LocalRunFiles) else local_run_dir(self.spill_root, run_id)
+
+    def stream(self, run_id: str, stream: str = EVENTS_STREAM) -> StreamTail:
+        """A reader of a run's events (or ``telemetry``) in either layout (``segments.StreamTail``)."""
+        return StreamTail(self.files(run_id), stream, appends=self.local)
+
+    def prepare(self) -> None:
+        """Create the runs directory if it is local (a store's prefix needs nothing)."""
+        self.backend.prepare()
 
     def create(
         self,
@@ -213,13 +260,11 @@ class RunStore:
         source: str = SOURCE_JOB,
         flush_interval: float = 0.0,
         name: str | None = None,
-    ) -> RunRecorder:
-        """A new run directory and its recorder (``flush_interval``: see ``RunRecorder``).
+    ) -> Recorder:
+        """A new run and its recorder (``flush_interval``: see ``RunRecorder``; a store's recorder always buffers).
 
         ``name``: what the user called the run; by default one made from the job and its params.
         """
-        run_dir = self.root / run_id
-        run_dir.mkdir(parents=True, exist_ok=False)
         meta = {
             "source": source,
             "run_id": run_id,
@@ -234,20 +279,28 @@ class RunStore:
             "pid_start_time": liveness.process_start_time(os.getpid()),
             "host": socket.gethostname(),
         }
-        return RunRecorder(run_dir, meta, flush_interval=flush_interval)
+        return self._recorder(run_id, meta, new=True, flush_interval=flush_interval)
+
+    def _recorder(self, run_id: str, meta: dict, *, new: bool = False, flush_interval: float = 0.0) -> Recorder:
+        files = self.files(run_id)
+        if isinstance(files, LocalRunFiles):
+            if new:
+                files.run_dir.mkdir(parents=True, exist_ok=False)
+            return RunRecorder(files.run_dir, meta, flush_interval=flush_interval)
+        return StoreRecorder(files, meta, spill_root=self.spill_root)
 
     def finish_abandoned(self, run_id: str, job: str, params: dict, status: str, error: str | None) -> OSError | None:
-        """End a run whose writer died (a killed engine): append RunFinished and update run.json.
+        """End a run whose writer died (a killed engine): record RunFinished and update run.json.
 
         Everything the run reported stays; its final metrics are read back
-        from its events. RunFinished starts on a line of its own, after a
-        last line the writer left cut short (that line reads as one event
-        that could not be read). A run the writer never created is created
-        here, so even a job that died before it started has a record. A run
-        that already ended is left as it is. Returns the error that kept the
-        end off the disk (a full disk), or None; it never raises one.
+        from its events. Locally RunFinished starts on a line of its own,
+        after a last line the writer left cut short (that line reads as one
+        event that could not be read); in a store it is a segment of its own.
+        A run the writer never created is created here, so even a job that
+        died before it started has a record. A run that already ended is left
+        as it is. Returns the error that kept the end from being written (a
+        full disk, a store away), or None; it never raises one.
         """
-        run_dir = self.root / run_id
         latest: dict[str, Metric] = {}  # per metric, its last point: what run.json's final_metrics keeps
         ended, events_seen = False, 0
 
@@ -258,11 +311,12 @@ class RunStore:
             if isinstance(event, Metric):
                 latest[event.final_name] = event
 
-        fold_events(run_dir / EVENTS_FILE, visit)  # in bounded memory, whatever the file holds
+        fold_events(self.stream(run_id), visit)  # in bounded memory, whatever the run holds
         if ended:
             return None
         try:
-            meta = read_run_file(run_dir)  # a regular file only, capped: never a FIFO that would block the lane
+            # A regular file only, capped: never a FIFO that would block the lane.
+            meta = parse_run_file(self.files(run_id).read(RUN_FILE, MAX_RUN_FILE_BYTES))
         except (OSError, ValueError):
             meta = None
         try:
@@ -281,13 +335,10 @@ class RunStore:
         metrics: list[Metric],
         meta: Any,
     ) -> OSError | None:
-        run_dir = self.root / run_id
         if not isinstance(meta, dict):
-            recorder = (
-                self.create(run_id, job, params, {})
-                if not run_dir.exists()
-                else RunRecorder(
-                    run_dir,
+            if self.files(run_id).exists():
+                recorder = self._recorder(
+                    run_id,
                     {
                         "run_id": run_id,
                         "job": job,
@@ -297,55 +348,65 @@ class RunStore:
                         "host": socket.gethostname(),
                     },
                 )
-            )
+            else:
+                recorder = self.create(run_id, job, params, {})
             if not events_seen:
                 recorder.record(RunStarted(run_id, job, params, {}, time.time()))
         else:
-            recorder = RunRecorder(run_dir, meta)
+            recorder = self._recorder(run_id, meta)
         for metric in metrics:
             recorder.remember_metric(metric)
         recorder.record(RunFinished(status=status, summary={}, error=error, traceback=None))
         return recorder.write_error
 
-    def run_dirs(self) -> list[Path]:
-        """Every run directory, by name; a symbolic link to a directory is listed (``info`` says it is not read)."""
-        try:
-            with os.scandir(self.root) as scan:
-                entries = [
-                    Path(entry.path)
-                    for entry in scan
-                    if is_run_id(entry.name) and (entry.is_dir(follow_symlinks=False) or _links_to_dir(entry))
-                ]
-        except OSError:
-            return []
-        return sorted(entries, key=lambda entry: entry.name)
+    def run_ids(self) -> list[str]:
+        """Every run's id, by name (locally a symbolic link to a directory is listed; ``info`` says it is not read)."""
+        return self.backend.run_ids()
 
-    def info(self, run_dir: Path) -> RunInfo:
-        """run.json of one run, falling back to its events when run.json is unusable.
+    def record_key(self, files: RunFiles) -> tuple | None:
+        """What changes when a run's record changes: run.json's (else the appended events') key."""
+        return files.key(RUN_FILE) or files.key(EVENTS_FILE)
 
-        An ended run is read once while its files stay as they are: the
-        History screen lists the directory every second to show new and live
-        runs, and thousands of old runs must not be read again each time.
+    def info(self, run: str | Path, prefetched: bytes | Exception | None = None) -> RunInfo:
+        """One run's record (``run`` is its id or location), falling back to its events when run.json is unusable.
+
+        Ended runs are read once: locally while run.json's mtime and size stay
+        the same, in a store for good (only a run's writer replaces its
+        run.json, and an ended run's writer is done). A running run's
+        run.json is read again only when its key changes (its generation or
+        ETag in a store); its writer's liveness is judged at every call.
+        ``prefetched``: run.json's bytes (or the error reading them), from a
+        batch read of many runs.
         """
-        key = files_key(run_dir)
-        cached = self._infos.get(run_dir.name)
-        if cached is not None and key is not None and cached[0] == key and cached[1].status != STATUS_RUNNING:
-            info = cached[1]
-        else:
-            info = self._read_info(run_dir)
-            if key is not None:
-                self._infos[run_dir.name] = (key, info)
-        return dataclasses.replace(info, problems=list(info.problems))
+        run_id = run_id_of(run)
+        files = self.files(run_id)
+        ended = self._ended.get(run_id)
+        if ended is not None and (not self.local or ended[0] == self.record_key(files)):
+            return _copy(ended[1])
+        key = None if prefetched is not None else self.record_key(files)
+        recorded = self._recorded.get(run_id)
+        if recorded is None or key is None or recorded[0] != key:
+            recorded = (key, self._read_record(run_id, files, prefetched))
+            self._recorded[run_id] = recorded
+        info = self._judged(_copy(recorded[1]))
+        # A stale run may come back (its writer was cut off from the store): it is judged again each time.
+        if info.status not in (STATUS_RUNNING, STATUS_STALE) and (key is not None or not self.local):
+            self._ended[run_id] = (key, info)
+            self._recorded.pop(run_id, None)
+        return _copy(info)
 
-    def _read_info(self, run_dir: Path) -> RunInfo:
+    def _read_record(self, run_id: str, files: RunFiles, prefetched: bytes | Exception | None) -> RunInfo:
         """run.json read with every field checked: a field that breaks its rule is left out and named."""
-        info = RunInfo(run_id=run_dir.name, path=run_dir)
-        if run_dir.is_symlink():
-            info.problems.append(f"{run_dir.name}: a symbolic link, not followed")
+        info = RunInfo(run_id=run_id, path=files.where, files=files)
+        if isinstance(files, LocalRunFiles) and files.run_dir.is_symlink():
+            info.problems.append(f"{run_id}: a symbolic link, not followed")
             return info
         meta: Any = None
         try:
-            meta = read_run_file(run_dir)
+            if isinstance(prefetched, Exception):
+                raise prefetched
+            data = prefetched if prefetched is not None else files.read(RUN_FILE, MAX_RUN_FILE_BYTES)
+            meta = parse_run_file(data)
             if not isinstance(meta, dict):
                 raise ValueError("not a JSON object")
         except FileNotFoundError:
@@ -377,12 +438,21 @@ class RunStore:
         info.pid_start_ticks = checked_field(meta, "pid_start", problems)
         info.host = checked_field(meta, "host", problems)
         info.name = info.name or readable_run_name(info.job, info.params)
-        if info.status == STATUS_RUNNING:
-            alive = info.writer_alive()
-            if alive is False:
+        return info
+
+    def _judged(self, info: RunInfo) -> RunInfo:
+        """A run recorded as running, judged by its writer: live, interrupted (its writer is gone) or stale."""
+        if info.status != STATUS_RUNNING:
+            return info
+        alive = info.writer_alive()
+        if alive is False:
+            if self.local:
                 info.status = STATUS_INTERRUPTED
                 self._refresh_from_events(info)
-            info.live = bool(alive)
+            else:
+                # Its writers stopped beating: dead, or cut off from the store (then it comes back).
+                info.status = STATUS_STALE
+        info.live = bool(alive)
         return info
 
     def _info_from_events(self, info: RunInfo) -> None:
@@ -399,7 +469,7 @@ class RunStore:
             elif isinstance(event, Metric):
                 info.final_metrics[event.final_name] = event.value
 
-        info.problems.extend(fold_events(info.path / EVENTS_FILE, visit))
+        info.problems.extend(fold_events(self.stream(info.run_id), visit))
         info.name = readable_run_name(info.job, info.params)
 
     def _refresh_from_events(self, info: RunInfo) -> None:
@@ -411,50 +481,69 @@ class RunStore:
             if stamp is not None:
                 info.finished = stamp
 
-        fold_events(info.path / EVENTS_FILE, visit)
+        fold_events(self.stream(info.run_id), visit)
 
     def list_runs(self) -> list[RunInfo]:
-        """Every run, oldest first. A run that cannot be read at all still lists, with what went wrong."""
+        """Every run, oldest first. A run that cannot be read at all still lists, with what went wrong.
+
+        In a store, the run.json of every run not read before is fetched in
+        one concurrent batch (a bucket of a thousand runs opens in about a
+        second against an emulator), and ended runs are never fetched again.
+        """
+        run_ids = self.run_ids()
+        prefetched: dict[str, bytes | Exception] = {}
+        if not self.local:
+            unread = [run_id for run_id in run_ids if run_id not in self._ended and run_id not in self._recorded]
+            prefetched = self.backend.read_many(unread, RUN_FILE, MAX_RUN_FILE_BYTES)
         infos = []
-        for run_dir in self.run_dirs():
+        for run_id in run_ids:
             try:
-                infos.append(self.info(run_dir))
+                infos.append(self.info(run_id, prefetched.get(run_id)))
             except Exception as error:  # noqa: BLE001 - one bad run must never stop a scan of the others
                 infos.append(
                     RunInfo(
-                        run_id=run_dir.name, path=run_dir, problems=[f"cannot read: {type(error).__name__}: {error}"]
+                        run_id=run_id,
+                        path=self.location(run_id),
+                        problems=[f"cannot read: {type(error).__name__}: {error}"],
                     )
                 )
         return infos
 
-    def find(self, run_id: str) -> Path:
-        """The directory of ``run_id`` (a unique prefix is enough); KeyError if none, or not a run id."""
+    def find(self, run_id: str) -> Path | str:
+        """The location of ``run_id`` (a unique prefix is enough): a directory, or a URL; KeyError if none."""
         if not isinstance(run_id, str) or not is_run_id(run_id):
             raise KeyError(f"{run_id!r} is not a run id: {RUN_ID_RULE}")
-        exact = self.root / run_id
-        if exact.is_dir() and not exact.is_symlink():
-            return exact
-        matches = [path for path in self.run_dirs() if path.name.startswith(run_id)]
+        exact = self.files(run_id)
+        if isinstance(exact, LocalRunFiles) and exact.exists():
+            return exact.run_dir
+        run_ids = self.run_ids()
+        matches = [run_id] if run_id in run_ids else [name for name in run_ids if name.startswith(run_id)]
         if len(matches) == 1:
-            if matches[0].is_symlink():
-                raise KeyError(f"run {matches[0].name}: a symbolic link to a directory, not followed")
-            return matches[0]
+            files = self.files(matches[0])
+            if isinstance(files, LocalRunFiles):
+                if files.run_dir.is_symlink():
+                    raise KeyError(f"run {matches[0]}: a symbolic link to a directory, not followed")
+                return files.run_dir
+            return files.where
         if not matches:
-            raise KeyError(f"no run {run_id!r} in {self.root}")
-        raise KeyError(f"run id {run_id!r} is ambiguous: {', '.join(path.name for path in matches[:5])}")
+            raise KeyError(f"no run {run_id!r} in {self.where}")
+        raise KeyError(f"run id {run_id!r} is ambiguous: {', '.join(matches[:5])}")
 
     def load(self, run_id: str) -> RunData:
-        run_dir = self.find(run_id)
-        info = self.info(run_dir)
-        events, problems = read_events(run_dir / EVENTS_FILE)
+        found = run_id_of(self.find(run_id))
+        info = self.info(found)
+        events, problems = read_events(self.stream(found))
         info.problems.extend(problems)
-        telemetry: list[tuple[float | None, Event]] = []
-        if (run_dir / TELEMETRY_FILE).exists():
-            telemetry, problems = read_events(run_dir / TELEMETRY_FILE)
-            info.problems.extend(problems)
+        telemetry, problems = read_events(self.stream(found, TELEMETRY_STREAM))
+        info.problems.extend(problems)
         return RunData(info=info, events=events, problems=info.problems, telemetry=telemetry)
 
     def export(self, run_id: str, fmt: str = "csv") -> str:
         """A run's metrics as CSV (one row per metric point) or JSON, with its telemetry (see ``tpudash.runs.export``)."""
         data = self.load(run_id)
         return export_run(data.info.to_dict(), data.metrics(), data.telemetry, fmt)
+
+
+def _copy(info: RunInfo) -> RunInfo:
+    """A copy a caller may change (its problems are its own)."""
+    return dataclasses.replace(info, problems=list(info.problems))

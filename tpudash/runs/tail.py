@@ -12,8 +12,8 @@ what it could not read; ``read_events`` reads a whole file that way.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import BinaryIO
+from pathlib import Path, PurePath
+from typing import BinaryIO, Protocol
 
 from jobs.events import Event, RunFinished, decode_event_line
 from tpudash.runs.layout import RefusedFile, open_regular, size_words
@@ -38,12 +38,15 @@ class LineTail:
 
     def __init__(
         self,
-        path: Path,
+        path: PurePath,
         limit: int | None = None,
         max_line_bytes: int = MAX_LINE_BYTES,
         chunk_bytes: int = READ_CHUNK_BYTES,
+        opener: Callable[[], BinaryIO] | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.path = path if isinstance(path, PurePath) else Path(path)
+        self.opener = opener or (lambda: open_regular(Path(self.path)))
+        """Opens the file: ``open_regular`` on a local path, or a run's ``RunFiles.open`` (an object in a store)."""
         self.limit = limit
         self.max_line_bytes = max_line_bytes
         self.chunk_bytes = chunk_bytes
@@ -98,7 +101,7 @@ class LineTail:
                 raise RefusedFile(self.refused)
             return False
         try:
-            self._handle = open_regular(self.path)
+            self._handle = self.opener()
         except RefusedFile as error:
             self.refused = str(error)
             if final:
@@ -149,29 +152,43 @@ class LineTail:
             self._handle = None
 
 
-def fold_events(path: Path, visit: Callable[[float | None, Event], None]) -> list[str]:
-    """Hand each event of a whole file to ``visit`` as it is read, in chunks; what could not be read.
+class EventSource(Protocol):
+    """What a run's events are read from: an ``EventTail`` (one file) or a ``segments.StreamTail`` (both layouts)."""
+
+    @property
+    def path(self) -> PurePath: ...
+
+    def read_all(self) -> Iterator[tuple[float | None, Event]]: ...
+
+    def report(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+def fold_events(source: EventSource | Path, visit: Callable[[float | None, Event], None]) -> list[str]:
+    """Hand each event of ``source`` (a source, or a local file) to ``visit`` as it is read; what could not be read.
 
     Memory is bounded by a chunk, not by the file: a run of a million events
     is folded (its final metrics, its last time) without holding its events.
     """
-    tail = EventTail(path)
+    if isinstance(source, Path):
+        source = EventTail(source)
     try:
-        for stamp, event in tail.read_all():
+        for stamp, event in source.read_all():
             visit(stamp, event)
     except RefusedFile as error:
         return [str(error)]
     except OSError as error:
-        return [f"{path.name}: cannot read ({error.strerror or error})"]
+        return [f"{source.path.name}: cannot read ({error.strerror or error})"]
     finally:
-        tail.close()
-    return tail.report()
+        source.close()
+    return source.report()
 
 
-def read_events(path: Path) -> tuple[list[tuple[float | None, Event]], list[str]]:
+def read_events(source: EventSource | Path) -> tuple[list[tuple[float | None, Event]], list[str]]:
     """Every event that parses, with its timestamp, plus what could not be read (``EventTail.report``)."""
     events: list[tuple[float | None, Event]] = []
-    problems = fold_events(path, lambda stamp, event: events.append((stamp, event)))
+    problems = fold_events(source, lambda stamp, event: events.append((stamp, event)))
     return events, problems
 
 
@@ -186,15 +203,15 @@ class EventTail:
     not a regular one is never read, and named.
     """
 
-    def __init__(self, path: Path) -> None:
-        self.lines = LineTail(path)
+    def __init__(self, path: PurePath, opener: Callable[[], BinaryIO] | None = None) -> None:
+        self.lines = LineTail(path, opener=opener)
         self.problems: list[str] = []
         self.problem_count = 0
         self.finished = False
         """True once a RunFinished was read: nothing more will come."""
 
     @property
-    def path(self) -> Path:
+    def path(self) -> PurePath:
         return self.lines.path
 
     def read_all(self) -> Iterator[tuple[float | None, Event]]:
@@ -225,7 +242,7 @@ class EventTail:
             numbered = self.lines.read_numbered(final, max_bytes)
         finally:
             if self.lines.refused is not None and refused_before is None:
-                self._problem(self.lines.refused)
+                self.note_problem(self.lines.refused)
         events: list[tuple[float | None, Event]] = []
         for number, line in numbered:
             while self.lines.long_lines and self.lines.long_lines[0] < number:
@@ -235,7 +252,7 @@ class EventTail:
             try:
                 stamp, event = decode_event_line(line)
             except ValueError as error:
-                self._problem(f"{self.path.name} line {number}: {error}")
+                self.note_problem(f"{self.path.name} line {number}: {error}")
                 continue
             events.append((stamp, event))
             if isinstance(event, RunFinished):
@@ -245,9 +262,10 @@ class EventTail:
         return events
 
     def _long_line(self, number: int) -> None:
-        self._problem(f"{self.path.name} line {number}: longer than {size_words(self.lines.max_line_bytes)}")
+        self.note_problem(f"{self.path.name} line {number}: longer than {size_words(self.lines.max_line_bytes)}")
 
-    def _problem(self, text: str) -> None:
+    def note_problem(self, text: str) -> None:
+        """Count a line (or a file) that could not be read, and keep its reason among the first hundred."""
         self.problem_count += 1
         if len(self.problems) < MAX_PROBLEMS_KEPT:
             self.problems.append(text)

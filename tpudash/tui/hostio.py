@@ -33,7 +33,7 @@ class HostIO:
         """The ``NativeStderr`` holding fd 2 while the app runs (None when not redirected)."""
         self._signals_installed: list[int] = []
 
-    def redirect(self, runs_dir: Path) -> None:
+    def redirect(self, runs_dir: Path | str) -> None:
         """Point fd 2 at a new session log (before Textual's driver exists: it draws on a private copy)."""
         if self.redirect_stderr:
             from tpudash.accel.nativelog import NativeStderr, session_log_path

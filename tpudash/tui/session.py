@@ -138,10 +138,11 @@ class DashboardSession(LaneObserver):
 
     # -- wiring ---------------------------------------------------------------------------------
     @property
-    def runs_dir(self) -> Path:
+    def runs_dir(self) -> Path | str:
+        """The runs directory: a local Path, or a store's URL."""
         from tpudash.config import default_runs_dir
 
-        return Path(self.settings.runs_dir or default_runs_dir(os.environ))
+        return self.settings.runs_dir or default_runs_dir(os.environ)
 
     @property
     def store(self) -> RunStore:
@@ -215,7 +216,7 @@ class DashboardSession(LaneObserver):
         from tpudash.accel.nativelog import session_log_path
         from tpudash.engine.handle import EngineProcess
 
-        self.store.root.mkdir(parents=True, exist_ok=True)
+        self.store.prepare()
         return EngineProcess(listener, self.settings, self.engine_log_path or session_log_path(self.runs_dir))
 
     def _wake_for_lane(self) -> None:
@@ -579,12 +580,18 @@ class DashboardSession(LaneObserver):
         self.view.telemetry = (stamp, sample)
 
     def _aim_telemetry(self) -> None:
-        """Which runs are live now (this session's and any other process's on this host), and whose memory to show."""
-        run_dirs = [self.store.root / info.run_id for info in self.live_on_disk]
+        """Which runs are live now (this session's and any other process's on this host), and whose memory to show.
+
+        In a store, samples are kept with this session's own runs only (in the
+        run's local directory, uploaded at its finish): runs of other writers
+        may be on other hosts, and no lock there keeps each sample once.
+        """
+        store_runs = self.live_on_disk if self.store.local else []
+        run_dirs = [self.store.local_dir(info.run_id) for info in store_runs]
         processes: dict[str, int] = {}
         current = self.current_live_run
         if current is not None:
-            run_dirs.append(self.store.root / current.run_id)
+            run_dirs.append(self.store.local_dir(current.run_id))
         if self.engine_pid is not None:
             processes["engine"] = self.engine_pid
         writers = [info.pid for info in self.live_on_disk if info.pid is not None and info.pid != self.engine_pid]

@@ -1,0 +1,262 @@
+"""The runs directory's files, wherever they are: a local directory, or an object store through fsspec.
+
+``runs_root(runs_dir)`` gives a ``LocalRoot`` or a ``BucketRoot``; both list
+run ids and hand out a ``RunFiles`` per run: open a file, list a folder's
+files, read a capped file, replace a file whole, and a key that changes
+when a file does. Everything above (``store``, ``follow``, ``segments``)
+is written against these, so a run reads the same from a disk or a bucket.
+
+Locally only regular files are opened and links are never followed
+(``layout.open_regular``). In a store there are no links or devices; sizes
+are still capped, and an object's generation (GCS) or ETag (S3) is its key.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
+
+from tpudash.runs.layout import RefusedFile, is_run_id, open_regular, size_words, write_bytes_atomically
+from tpudash.runs.location import is_store_url, open_filesystem
+
+# How many objects a store is asked for at once when many small files are read (History's first look).
+STORE_READ_CONCURRENCY = 64
+
+
+class RunFiles(Protocol):
+    """One run's files; names are relative to the run (``run.json``, ``events/w-00000001.jsonl``)."""
+
+    where: str
+    """The run's location as a user reads it: a directory, or a URL."""
+
+    def open(self, name: str) -> BinaryIO: ...
+
+    def list(self, folder: str) -> list[str]: ...
+
+    def read(self, name: str, max_bytes: int) -> bytes: ...
+
+    def write(self, name: str, data: bytes) -> None: ...
+
+    def key(self, name: str) -> tuple | None: ...
+
+    def exists(self) -> bool: ...
+
+
+class RunsRoot(Protocol):
+    """A runs directory: its runs by id, and each run's files."""
+
+    where: str
+    local: bool
+
+    def run_ids(self) -> list[str]: ...
+
+    def files(self, run_id: str) -> RunFiles: ...
+
+    def read_many(self, run_ids: Iterable[str], name: str, max_bytes: int) -> dict[str, bytes | Exception]: ...
+
+    def prepare(self) -> None: ...
+
+
+def too_large(name: str, max_bytes: int) -> RefusedFile:
+    return RefusedFile(errno.EFBIG, f"{Path(name).name}: larger than {size_words(max_bytes)}")
+
+
+class LocalRunFiles:
+    """A run directory on this host's disk."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.where = str(run_dir)
+
+    def open(self, name: str) -> BinaryIO:
+        return open_regular(self.run_dir / name)
+
+    def list(self, folder: str) -> list[str]:
+        """The regular files in ``folder``, by name (links and anything else are left out); [] when absent."""
+        try:
+            with os.scandir(self.run_dir / folder) as scan:
+                return sorted(entry.name for entry in scan if entry.is_file(follow_symlinks=False))
+        except OSError:
+            return []
+
+    def read(self, name: str, max_bytes: int) -> bytes:
+        with open_regular(self.run_dir / name, max_bytes) as handle:
+            # One byte past the cap: a file that grew after the fstat is still refused.
+            data = handle.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise too_large(name, max_bytes)
+        return data
+
+    def write(self, name: str, data: bytes) -> None:
+        path = self.run_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomically(path, data)
+
+    def key(self, name: str) -> tuple | None:
+        try:
+            status = os.lstat(self.run_dir / name)  # a link is not followed here either
+        except OSError:
+            return None
+        return name, status.st_mtime_ns, status.st_size
+
+    def exists(self) -> bool:
+        return self.run_dir.is_dir() and not self.run_dir.is_symlink()
+
+
+class LocalRoot:
+    """A runs directory on this host."""
+
+    local = True
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.where = str(self.path)
+
+    def run_ids(self) -> list[str]:
+        """Every run directory's name; a symbolic link to a directory is listed (the store says it is not read)."""
+        try:
+            with os.scandir(self.path) as scan:
+                names = [
+                    entry.name
+                    for entry in scan
+                    if is_run_id(entry.name) and (entry.is_dir(follow_symlinks=False) or _links_to_dir(entry))
+                ]
+        except OSError:
+            return []
+        return sorted(names)
+
+    def files(self, run_id: str) -> LocalRunFiles:
+        return LocalRunFiles(self.path / run_id)
+
+    def read_many(self, run_ids: Iterable[str], name: str, max_bytes: int) -> dict[str, bytes | Exception]:
+        found: dict[str, bytes | Exception] = {}
+        for run_id in run_ids:
+            try:
+                found[run_id] = self.files(run_id).read(name, max_bytes)
+            except OSError as error:
+                found[run_id] = error
+        return found
+
+    def prepare(self) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+
+
+def _links_to_dir(entry: os.DirEntry) -> bool:
+    """A symbolic link to a directory: listed so the user sees it, never read through."""
+    try:
+        return entry.is_symlink() and entry.is_dir()
+    except OSError:
+        return False
+
+
+def object_key(info: dict[str, Any]) -> tuple:
+    """What changes when an object does: its generation (GCS), ETag (S3), else its time, with its size."""
+    for field in ("generation", "ETag", "etag", "mtime", "LastModified", "updated", "created"):
+        if info.get(field) is not None:
+            return field, str(info[field]), info.get("size")
+    return "size", None, info.get("size")
+
+
+class BucketRunFiles:
+    """A run's prefix in an object store."""
+
+    def __init__(self, filesystem: Any, prefix: str, url: str) -> None:
+        self.filesystem = filesystem
+        self.prefix = prefix
+        self.where = url
+
+    def _path(self, name: str) -> str:
+        return f"{self.prefix}/{name}"
+
+    def open(self, name: str) -> BinaryIO:
+        info = self.filesystem.info(self._path(name), refresh=True)  # FileNotFoundError when absent
+        if info.get("type") != "file":
+            raise RefusedFile(errno.EINVAL, f"{Path(name).name}: not a file")
+        return io.BufferedReader(self.filesystem.open(self._path(name), "rb"))
+
+    def list(self, folder: str) -> list[str]:
+        """The objects directly in ``folder``, by name; [] when there are none."""
+        try:
+            entries = self.filesystem.ls(self._path(folder), detail=True, refresh=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        names = (entry["name"].rsplit("/", 1)[-1] for entry in entries if entry.get("type") == "file")
+        return sorted(name for name in names if name and not name.startswith("."))
+
+    def read(self, name: str, max_bytes: int) -> bytes:
+        data = self.filesystem.cat_file(self._path(name), start=0, end=max_bytes + 1)
+        if len(data) > max_bytes:
+            raise too_large(name, max_bytes)
+        return bytes(data)
+
+    def write(self, name: str, data: bytes) -> None:
+        # An object is replaced whole by one upload: a reader sees the old or the new one, never half.
+        self.filesystem.pipe_file(self._path(name), data)
+
+    def key(self, name: str) -> tuple | None:
+        try:
+            return object_key(self.filesystem.info(self._path(name), refresh=True))
+        except FileNotFoundError:
+            return None
+
+    def exists(self) -> bool:
+        try:
+            return bool(self.filesystem.ls(self.prefix, detail=False, refresh=True))
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+
+class BucketRoot:
+    """A runs directory in an object store (``gs://``, ``s3://``, ``memory://``)."""
+
+    local = False
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.where = url
+        self.filesystem, self.root = open_filesystem(url)
+
+    def run_ids(self) -> list[str]:
+        """Every run prefix (one listing, paged by the library), by name."""
+        try:
+            entries = self.filesystem.ls(self.root, detail=True, refresh=True)
+        except FileNotFoundError:
+            return []
+        names = (entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.get("type") == "directory")
+        return sorted(name for name in names if is_run_id(name))
+
+    def files(self, run_id: str) -> BucketRunFiles:
+        return BucketRunFiles(self.filesystem, f"{self.root}/{run_id}", f"{self.url}/{run_id}")
+
+    def read_many(self, run_ids: Iterable[str], name: str, max_bytes: int) -> dict[str, bytes | Exception]:
+        """One file of many runs, fetched concurrently (fsspec batches them): History's first look at a bucket."""
+        paths = {f"{self.root}/{run_id}/{name}": run_id for run_id in run_ids}
+        if not paths:
+            return {}
+        found: dict[str, bytes | Exception] = {}
+        results = self.filesystem.cat(list(paths), on_error="return", batch_size=STORE_READ_CONCURRENCY)
+        for path, data in results.items():
+            run_id = paths.get(path) or paths.get(path.lstrip("/")) or paths.get("/" + path)
+            if run_id is None:
+                continue
+            if isinstance(data, Exception):
+                found[run_id] = data
+            elif len(data) > max_bytes:
+                found[run_id] = too_large(name, max_bytes)
+            else:
+                found[run_id] = bytes(data)
+        return found
+
+    def prepare(self) -> None:
+        """Nothing to create: a prefix exists once an object is written under it."""
+
+
+def runs_root(runs_dir: Path | str) -> LocalRoot | BucketRoot:
+    """The root of ``runs_dir``: a store URL (see ``tpudash.runs.location``) or a local directory."""
+    if is_store_url(runs_dir):
+        return BucketRoot(str(runs_dir))
+    return LocalRoot(Path(runs_dir))

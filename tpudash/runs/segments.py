@@ -1,0 +1,202 @@
+"""A run's stream of events (or telemetry) in either layout: one appended file, or immutable segments.
+
+A local writer appends to ``events.jsonl``. An object store has no append,
+so a writer there puts its events in segments it never touches again,
+``events/<writer>-<seq>.jsonl`` (``telemetry/…`` likewise): ``writer`` is
+unique to one writer of one run (host, pid and a random token), ``seq``
+counts from 1 with no gaps, so two writers never overwrite each other and
+an upload retried after a failure writes the same object again. A run may
+have both (a local run copied into a bucket keeps its ``events.jsonl``).
+
+``StreamTail`` reads both: the appended file incrementally, then each new
+segment whole, in order per writer. It lists the segments at most once a
+``list_every`` seconds, and less often (doubling, up to ``MAX_LIST_SECONDS``)
+while nothing new appears, so following a quiet run costs a store a few
+requests a minute.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import PurePosixPath
+
+from jobs.events import Event
+from tpudash.runs.backends import RunFiles
+from tpudash.runs.layout import EVENTS_STREAM, RefusedFile
+from tpudash.runs.tail import MAX_PROBLEMS_KEPT, EventTail
+
+LIST_SECONDS = 1.0
+MAX_LIST_SECONDS = 8.0
+SEGMENT_PATTERN = re.compile(r"^(?P<writer>[A-Za-z0-9_.-]{1,96})-(?P<seq>[0-9]{8})\.jsonl$")
+
+
+def new_writer_id() -> str:
+    """``tpu-vm-0-4242-1a2b3c``: this host, this process and a token, in characters every store allows."""
+    import os
+
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:48] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def segment_name(writer: str, seq: int) -> str:
+    """The file name of a writer's ``seq``-th segment (from 1)."""
+    return f"{writer}-{seq:08d}.jsonl"
+
+
+def segment_order(name: str) -> tuple[str, int]:
+    """How segments are read: by writer, then by sequence number."""
+    match = SEGMENT_PATTERN.match(name)
+    assert match is not None
+    return match["writer"], int(match["seq"])
+
+
+class StreamTail:
+    """A run's ``events`` (or ``telemetry``) in both layouts, read as they grow; see the module docstring.
+
+    Behaves as an ``EventTail``: ``read_new``, ``read_all``, ``at_end``,
+    ``finished``, ``report`` and ``close``.
+    """
+
+    def __init__(
+        self,
+        files: RunFiles,
+        stream: str = EVENTS_STREAM,
+        *,
+        appends: bool = True,
+        list_every: float = LIST_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.files = files
+        self.stream = stream
+        self.appends = appends
+        """Whether a writer may still append to ``<stream>.jsonl`` (a local run); in a store that file is complete."""
+        self.list_every = list_every
+        self._clock = clock
+        appended_name = f"{stream}.jsonl"
+        self.appended = EventTail(PurePosixPath(appended_name), opener=lambda: files.open(appended_name))
+        self._appended_checked = False
+        self._segment_tails: list[EventTail] = []
+        """Segments read that had problems: their reasons go into ``report``."""
+        self._seen: set[str] = set()
+        self._pending: list[str] = []
+        self._next_listing = 0.0
+        self._quiet = 0
+        self.listings = 0
+        """How many times the segments were listed: a store's requests, for the benchmark."""
+        self.segments_read = 0
+        self.finished = False
+        """True once a RunFinished was read: nothing more will come."""
+        self.at_end = False
+        self.unreachable: str | None = None
+        """Why the last listing failed (the store is unreachable), or None."""
+
+    @property
+    def path(self) -> PurePosixPath:
+        return PurePosixPath(self.stream)
+
+    def read_all(self) -> Iterator[tuple[float | None, Event]]:
+        """Everything written so far, in bounded pieces (see ``EventTail.read_all``)."""
+        while True:
+            yield from self.read_new(final=True, max_bytes=1 << 20)
+            if self.at_end:
+                return
+
+    def read_new(self, final: bool = False, max_bytes: int | None = None) -> list[tuple[float | None, Event]]:
+        """The events completed since the last call, from the appended file and then from new segments.
+
+        ``final``: the writer is gone (read a last line without its newline,
+        and list the segments now, whatever the schedule).
+        """
+        events: list[tuple[float | None, Event]] = []
+        if self.appends or not self._appended_checked:
+            try:
+                events += self.appended.read_new(final or not self.appends, max_bytes)
+                self._appended_checked = True
+            except OSError:
+                self.appended.lines.at_end = True  # absent (a run in segments only), or refused and named
+                self._appended_checked = True
+            except Exception as error:  # noqa: BLE001 - a store that does not answer: asked again next time
+                self.unreachable = f"{type(error).__name__}: {error}"
+                self.appended.lines.at_end = False
+        if final or self._clock() >= self._next_listing:
+            self._list_segments()
+        if self.appended.at_end:  # the appended file's events come first
+            while self._pending:
+                read = self._read_segment(self._pending[0])
+                if read is None:
+                    break  # the store did not answer: this segment is read again at the next call
+                self._pending.pop(0)
+                events += read
+                if max_bytes is not None:
+                    break  # one segment a call when reading in bounded pieces
+        self.at_end = self.appended.at_end and not self._pending
+        self.finished = self.finished or self.appended.finished
+        return events
+
+    def _list_segments(self) -> None:
+        self.listings += 1
+        try:
+            listed = self.files.list(self.stream)
+        except Exception as error:  # noqa: BLE001 - a store's client raises its own types when unreachable
+            self.unreachable = f"{type(error).__name__}: {error}"
+            self._next_listing = self._clock() + MAX_LIST_SECONDS
+            return
+        self.unreachable = None
+        names = [name for name in listed if name not in self._seen]
+        new = sorted((name for name in names if SEGMENT_PATTERN.match(name)), key=segment_order)
+        self._seen.update(names)
+        self._pending.extend(new)
+        # Nothing new: look less often, up to MAX_LIST_SECONDS; something new: back to every list_every.
+        self._quiet = 0 if new else self._quiet + 1
+        interval = min(MAX_LIST_SECONDS, self.list_every * (2 ** min(self._quiet, 8)))
+        self._next_listing = self._clock() + (self.list_every if new else interval)
+
+    def _read_segment(self, name: str) -> list[tuple[float | None, Event]] | None:
+        """A segment's events, read whole; None when the store failed to answer (it is read again later)."""
+        relative = f"{self.stream}/{name}"
+        tail = EventTail(PurePosixPath(relative), opener=lambda: self.files.open(relative))
+        events: list[tuple[float | None, Event]] = []
+        try:
+            for item in tail.read_all():  # a segment is complete: read to its end, in chunks
+                events.append(item)
+        except FileNotFoundError:
+            return []  # listed, then removed (a spill directory emptied by its upload)
+        except RefusedFile:
+            pass  # named in the tail's problems: never read
+        except Exception as error:  # noqa: BLE001 - a store's client raises its own types when unreachable
+            self.unreachable = f"{type(error).__name__}: {error}"
+            return None  # nothing of it is kept, so a later read never repeats an event
+        finally:
+            tail.close()
+        self.segments_read += 1
+        self.finished = self.finished or tail.finished
+        if tail.problem_count:
+            self._segment_tails.append(tail)
+        return events
+
+    @property
+    def problem_count(self) -> int:
+        return self.appended.problem_count + sum(tail.problem_count for tail in self._segment_tails)
+
+    @property
+    def problems(self) -> list[str]:
+        kept = list(self.appended.problems)
+        for tail in self._segment_tails:
+            kept += tail.problems
+        return kept[:MAX_PROBLEMS_KEPT]
+
+    def report(self) -> list[str]:
+        """What could not be read, as a run shows it: ``N events could not be read: <the first reason>``."""
+        count = self.problem_count
+        if not count:
+            return []
+        if count == self.appended.problem_count:
+            return self.appended.report()
+        return [f"{count} event{'' if count == 1 else 's'} could not be read: {self.problems[0]}"]
+
+    def close(self) -> None:
+        self.appended.close()
