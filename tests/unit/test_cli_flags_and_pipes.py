@@ -31,7 +31,11 @@ FLAG_VALUES = {
     "cancel_grace": "3",
 }
 # What each command needs after its name to parse.
-COMMAND_ARGUMENTS = {"export": ["20260101-000000-matmul-abcdef"], "run": ["matmul"]}
+COMMAND_ARGUMENTS = {
+    "export": ["20260101-000000-matmul-abcdef"],
+    "run": ["matmul"],
+    "copy": ["20260101-000000-matmul-abcdef", "/tmp/copies"],
+}
 
 
 def test_every_global_flag_has_a_value_here():

@@ -28,20 +28,70 @@ if TYPE_CHECKING:
     from jobs.base import JobSpec
     from jobs.events import Telemetry
     from tpudash.accel.description import Runtime
+    from tpudash.cli.sinks import ConsoleSink, JsonLinesSink
     from tpudash.config import Settings
+    from tpudash.runs.follow import RunFollower
 
 # What ``--once`` measures CPU over (psutil compares two readings).
 ONCE_CPU_WINDOW_SECONDS = 0.25
 
 
-def readable_runs_dir(settings: Settings) -> Path:
-    """The runs directory for listing and export: missing is fine (no runs yet), a file is not."""
+def readable_runs_dir(settings: Settings) -> Path | str:
+    """The runs directory for listing, watching and export: missing is fine (no runs yet), a file is not.
+
+    A store URL is returned as it is, once the library that reads it is
+    importable (else BadInput with the one line that installs it).
+    """
     from tpudash.config import default_runs_dir
 
-    runs_dir = Path(settings.runs_dir or default_runs_dir(os.environ))
+    runs_dir = settings.runs_dir or default_runs_dir(os.environ)
+    if isinstance(runs_dir, str):
+        return checked_store(runs_dir, "--runs-dir / TPUDASH_RUNS_DIR")
+    runs_dir = Path(runs_dir)
     if runs_dir.exists() and not runs_dir.is_dir():
         raise BadInput(f"--runs-dir / TPUDASH_RUNS_DIR: {runs_dir} is not a directory")
     return runs_dir
+
+
+def checked_store(url: str, named: str) -> str:
+    """``url`` when its filesystem library is installed; else BadInput naming ``named`` and the install line."""
+    from tpudash.runs.location import missing_library
+
+    missing = missing_library(url)
+    if missing is not None:
+        raise BadInput(f"{named}: {missing}")
+    return url
+
+
+class StoreUnreachable(Exception):
+    """A store that did not answer (or refused): one line, exit 1, no traceback (``tpudash.cli.main``)."""
+
+
+@contextmanager
+def reaching(runs_dir: Path | str, doing: str = "") -> Iterator[None]:
+    """Turn what a store's client raises into ``StoreUnreachable``: one line naming the store, not a traceback.
+
+    A local runs directory is left alone: its errors are this host's, and
+    the commands say them as before. ``doing``: what was under way, said after.
+    """
+    from tpudash.runs.location import is_store_url
+
+    if not is_store_url(runs_dir):
+        yield
+        return
+    try:
+        yield
+    except (BadInput, StoreUnreachable, BrokenPipeError):
+        raise
+    except Exception as error:  # noqa: BLE001 - each store's client (aiohttp, botocore, …) raises its own types
+        raise StoreUnreachable(f"cannot reach {runs_dir}: {one_line(error)}{doing}") from None
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """An error as one line a user reads: its type and its text, cut at ``limit`` characters."""
+    text = " ".join(str(error).split()) or "no details"
+    line = f"{type(error).__name__}: {text}"
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def runs_dir_source(args: argparse.Namespace) -> str:
@@ -186,7 +236,7 @@ def execute_headless(
     params: dict,
     runtime: Runtime,
     settings: Settings,
-    runs_dir: Path,
+    runs_dir: Path | str,
     as_json: bool,
     name: str | None = None,
 ) -> int:
@@ -242,13 +292,14 @@ def command_runs(args: argparse.Namespace, settings: Settings) -> int:
     from tpudash.runs.store import RunStore
 
     runs_dir = readable_runs_dir(settings)
-    if not runs_dir.exists():
+    if isinstance(runs_dir, Path) and not runs_dir.exists():
         raise BadInput(
             f"{runs_dir_source(args)}: {runs_dir} does not exist, so it holds no runs; "
             "choose the runs directory with --runs-dir DIR or TPUDASH_RUNS_DIR "
             "(default $XDG_DATA_HOME/tpudash/runs; a run creates it)"
         )
-    runs = RunStore(runs_dir).list_runs()
+    with reaching(runs_dir):
+        runs = RunStore(runs_dir).list_runs()
     if args.json:
         print(json.dumps([run.to_dict() for run in runs], indent=2, default=str))
     else:
@@ -258,28 +309,26 @@ def command_runs(args: argparse.Namespace, settings: Settings) -> int:
 
 def command_watch(args: argparse.Namespace, settings: Settings) -> int:
     """Print a run's events as they are written; the exit code of how it ended."""
-    from rich.text import Text
-
     from tpudash.cli.sinks import ConsoleSink, JsonLinesSink
-    from tpudash.format import status_text
-    from tpudash.runs.follow import POLL_SECONDS, RunFollower, newest_live_run
-    from tpudash.runs.store import STATUS_INTERRUPTED, STATUS_RUNNING, RunStore
-    from tpudash.telemetry.recorder import RecordingTelemetry
+    from tpudash.runs.follow import RunFollower, newest_live_run
+    from tpudash.runs.store import RunStore
 
-    store = RunStore(readable_runs_dir(settings))
-    run_id = args.run_id
-    if run_id is None:
-        newest = newest_live_run(store)
-        if newest is None:
-            raise BadInput(
-                f"RUN: no run is live in {store.root}; name one (`tpudash runs` lists them), or start "
-                "your training with TpudashCallback first"
-            )
-        run_id = newest.run_id
-    try:
-        follower = RunFollower(store, run_id)
-    except KeyError as error:
-        raise BadInput(f"RUN: {error.args[0]}") from None
+    runs_dir = readable_runs_dir(settings)
+    with reaching(runs_dir):
+        store = RunStore(runs_dir)
+        run_id = args.run_id
+        if run_id is None:
+            newest = newest_live_run(store)
+            if newest is None:
+                raise BadInput(
+                    f"RUN: no run is live in {store.where}; name one (`tpudash runs` lists them), or start "
+                    "your training with TpudashCallback first"
+                )
+            run_id = newest.run_id
+        try:
+            follower = RunFollower(store, run_id)
+        except KeyError as error:
+            raise BadInput(f"RUN: {error.args[0]}") from None
     stop_watching = threading.Event()
 
     def on_output_closed() -> None:
@@ -287,36 +336,67 @@ def command_watch(args: argparse.Namespace, settings: Settings) -> int:
 
     sink: JsonLinesSink | ConsoleSink
     sink = JsonLinesSink(sys.stdout, on_output_closed) if args.json else ConsoleSink(on_output_closed=on_output_closed)
+    with reaching(runs_dir, f"; stopped watching {follower.info.run_id}"):
+        code = _follow(follower, sink, settings, stop_watching)
+    if code is not None:
+        return code
+    _say_how_it_ended(follower, sink)
+    return EXIT_BY_STATUS.get(follower.model.status, EXIT_FAILED)
+
+
+def _follow(
+    follower: RunFollower, sink: JsonLinesSink | ConsoleSink, settings: Settings, stop: threading.Event
+) -> int | None:
+    """Print the run's events until it ends (None), or the exit code when the watching stopped first."""
+    from tpudash.runs.follow import POLL_SECONDS
+    from tpudash.runs.store import STATUS_RUNNING
+    from tpudash.telemetry.recorder import RecordingTelemetry
+
     telemetry = RecordingTelemetry(settings, {"writer": follower.info.pid} if follower.info.pid else {})
-    # A run that has already ended gets no samples of a time it was not live.
-    telemetry.run_dir = follower.run_dir if follower.info.status == STATUS_RUNNING else None
+    # A run that has already ended gets no samples of a time it was not live; a run in a store gets none
+    # from here (its telemetry is kept only with the runs this session writes itself).
+    live_here = follower.info.status == STATUS_RUNNING and follower.store.local
+    telemetry.run_dir = follower.run_dir if live_here and isinstance(follower.run_dir, Path) else None
     try:
         with telemetry:
-            while not stop_watching.is_set():
+            while not stop.is_set():
                 for stamp, event in follower.poll():
                     sink(None, event, stamp)
                 if follower.ended:
                     break
-                stop_watching.wait(POLL_SECONDS)
+                stop.wait(POLL_SECONDS)
     except KeyboardInterrupt:
         sink.notice(f"stopped watching {follower.info.run_id}; the run itself goes on")
         return EXIT_CANCELLED
     finally:
         sink.close()
-    if stop_watching.is_set():
-        return EXIT_CANCELLED
-    model = follower.model
-    if model.status == STATUS_INTERRUPTED:
+    return EXIT_CANCELLED if stop.is_set() else None
+
+
+def _say_how_it_ended(follower: RunFollower, sink: JsonLinesSink | ConsoleSink) -> None:
+    """A run that ended without its finish: why, as the ending line `run` prints (interrupted, or stale in a store)."""
+    from rich.text import Text
+
+    from tpudash.cli.sinks import JsonLinesSink
+    from tpudash.format import status_text
+    from tpudash.runs.liveness import HEARTBEAT_INTERVAL_SECONDS, STALE_AFTER_INTERVALS
+    from tpudash.runs.store import STATUS_INTERRUPTED, STATUS_STALE
+
+    status, run_id = follower.model.status, follower.info.run_id
+    if status == STATUS_INTERRUPTED:
         writer = f"pid {follower.info.pid}" if follower.info.pid is not None else "its process"
-        if isinstance(sink, JsonLinesSink):
-            sink.notice(f"{follower.info.run_id}: {writer} ended without finishing the run: interrupted")
-        else:  # the ending line `run` prints, with why
-            sink.console.print(
-                Text.assemble(
-                    status_text(STATUS_INTERRUPTED), f": {writer} ended without finishing {follower.info.run_id}"
-                )
-            )
-    return EXIT_BY_STATUS.get(model.status, EXIT_FAILED)
+        short = f"{writer} ended without finishing the run"
+        why = f"{writer} ended without finishing {run_id}"
+    elif status == STATUS_STALE:
+        limit = STALE_AFTER_INTERVALS * HEARTBEAT_INTERVAL_SECONDS
+        short = f"no heartbeat from its writer in {limit:g} s and no finish (dead, or cut off from the store)"
+        why = f"no heartbeat from the writer of {run_id} in {limit:g} s and no finish (dead, or cut off from the store)"
+    else:
+        return
+    if isinstance(sink, JsonLinesSink):
+        sink.notice(f"{run_id}: {short}: {status}")
+    else:
+        sink.console.print(Text.assemble(status_text(status), f": {why}"))
 
 
 def command_telemetry(args: argparse.Namespace, settings: Settings) -> int:
@@ -364,11 +444,13 @@ def command_telemetry(args: argparse.Namespace, settings: Settings) -> int:
 def command_export(args: argparse.Namespace, settings: Settings) -> int:
     from tpudash.runs.store import RunStore
 
-    store = RunStore(readable_runs_dir(settings))
-    try:
-        text = store.export(args.run_id, args.format)
-    except KeyError as error:
-        raise BadInput(error.args[0]) from None
+    runs_dir = readable_runs_dir(settings)
+    with reaching(runs_dir):
+        store = RunStore(runs_dir)
+        try:
+            text = store.export(args.run_id, args.format)
+        except KeyError as error:
+            raise BadInput(error.args[0]) from None
     if args.output:
         try:
             Path(args.output).write_text(text, encoding="utf-8")

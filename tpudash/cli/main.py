@@ -2,15 +2,19 @@
 
 ``tpudash`` alone starts the TUI, in a terminal only: without one (a pipe, a
 file, a notebook cell) it exits 2 at once and points to the headless commands.
-``devices``, ``jobs``, ``run``, ``runs``, ``watch``, ``telemetry`` and
-``export`` work headless for notebooks, scripts and CI. Global flags
+``devices``, ``jobs``, ``run``, ``runs``, ``watch``, ``telemetry``,
+``export`` and ``copy`` work headless for notebooks, scripts and CI; every
+command that takes a runs directory also takes a store URL (gs://, s3://). Global flags
 (``--tpu``, ``--cpu-devices``, ``--data-dir``, ``--runs-dir``,
 ``--tpu-metrics``, ``--telemetry-interval``, and the dashboard's
 ``--release-after`` and ``--cancel-grace``) are accepted before or after
 the subcommand, and each also comes from a TPUDASH_* variable.
-``run`` and ``watch`` record telemetry with the run while it is live.
+``run`` and ``watch`` record telemetry with the run while it is live
+(``watch``: only into a runs directory on this host).
 Exit codes: 0 done, 1 job failed, 2 bad input (also: no terminal for the
-dashboard, a runs directory that does not exist for ``runs``), 130 cancelled.
+dashboard, a runs directory that does not exist for ``runs``, a store URL
+whose library is not installed), 130 cancelled; a store that does not
+answer is one line and 1.
 A reader that stops reading (``tpudash jobs | head``) ends any command
 quietly with 0, as it ends any other Unix tool (``run`` and ``watch`` also
 stop their run or their watching then).
@@ -27,8 +31,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from tpudash.cli import commands
-from tpudash.cli.exits import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_DONE, BadInput
+from tpudash.cli import commands, copying
+from tpudash.cli.exits import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_DONE, EXIT_FAILED, BadInput
 from tpudash.version import __version__
 
 if TYPE_CHECKING:
@@ -48,6 +52,7 @@ COMMANDS = {
     "watch": ("tpudash watch [RUN]", "follow a run as it grows (default: the newest live run)"),
     "telemetry": ("tpudash telemetry", "TPU duty cycle and HBM, host CPU and memory, every interval"),
     "export": ("tpudash export RUN", "export a run's metrics and telemetry"),
+    "copy": ("tpudash copy RUN DEST", "copy runs to another runs directory or a bucket (gs://, s3://)"),
     "serve": ("tpudash serve", "the dashboard in a web browser (one dashboard per tab)"),
 }
 # Set in every Colab runtime (CPU, GPU and TPU): cheap to read, no import needed.
@@ -96,8 +101,9 @@ def _global_flags() -> _Parser:
     group.add_argument(
         "--runs-dir",
         default=argparse.SUPPRESS,
-        metavar="DIR",
-        help="where runs are kept (default $XDG_DATA_HOME/tpudash/runs) [TPUDASH_RUNS_DIR]",
+        metavar="DIR|URL",
+        help="where runs are kept: a directory, gs://BUCKET/PATH or s3://BUCKET/PATH "
+        "(default $XDG_DATA_HOME/tpudash/runs) [TPUDASH_RUNS_DIR]",
     )
     group.add_argument(
         "--tpu-metrics",
@@ -251,6 +257,24 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("run_id", metavar="RUN", help="run id (a unique prefix is enough)")
     export.add_argument("--format", choices=("csv", "json"), default="csv", help="output format (default csv)")
     export.add_argument("-o", "--output", metavar="FILE", help="write here instead of standard output")
+
+    copy = commands.add_parser(
+        "copy",
+        parents=[flags],
+        help=COMMANDS["copy"][1],
+        description="Copy runs into another runs directory: from this host's into a bucket (gs://BUCKET/PATH, "
+        "s3://BUCKET/PATH) and back, or between buckets. Each file goes once: running the same copy again "
+        "(after a network failure, or when a copied run has ended) copies only what is new. Also uploads what a "
+        "store did not take (`tpudash copy ~/.cache/tpudash/unsent/RUN gs://BUCKET/PATH`).",
+    )
+    copy.add_argument(
+        "runs",
+        nargs="*",
+        metavar="RUN",
+        help="a run id in the runs directory (a unique prefix is enough), or the path or URL of one run directory",
+    )
+    copy.add_argument("dest", metavar="DEST", help="the runs directory to copy into: a path, gs://… or s3://…")
+    copy.add_argument("--all", action="store_true", help="copy every run of the runs directory (--runs-dir)")
     return parser
 
 
@@ -348,11 +372,15 @@ def _parse_and_dispatch(argv: Sequence[str] | None) -> int:
             "watch": commands.command_watch,
             "telemetry": commands.command_telemetry,
             "serve": commands.command_serve,
+            "copy": copying.command_copy,
         }[args.command]
         return handler(args, settings)
     except BadInput as error:
         print(f"tpudash: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except commands.StoreUnreachable as error:
+        print(f"tpudash: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("tpudash: interrupted", file=sys.stderr)
         return EXIT_CANCELLED

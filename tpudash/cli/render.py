@@ -214,7 +214,7 @@ def render_job(spec: JobSpec, console: Console) -> None:
     console.print(params)
 
 
-def render_runs(runs: Sequence[RunInfo], runs_dir: Path, console: Console | None = None) -> None:
+def render_runs(runs: Sequence[RunInfo], runs_dir: Path | str, console: Console | None = None) -> None:
     """The runs as a table sized to the terminal; into a pipe or a file, one line per run, however long."""
     console = console or Console()
     if not runs:
@@ -270,7 +270,7 @@ def aligned_lines(rows: Sequence[Sequence[Text | str]]) -> list[Text]:
     return lines
 
 
-def runs_table(runs: Sequence[RunInfo], runs_dir: Path, leave_out: Iterable[str] = ()) -> RichTable:
+def runs_table(runs: Sequence[RunInfo], runs_dir: Path | str, leave_out: Iterable[str] = ()) -> RichTable:
     """The runs as a table whose run ids are never cut: ``tpudash export`` and ``watch`` need them whole."""
     all_columns, rows = runs_cells(runs)
     columns = [column for column in all_columns if column not in leave_out]
