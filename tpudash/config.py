@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from tpudash.runs.location import install_line, parse_runs_dir
+from tpudash.runs.location import missing_library, parse_runs_dir
 from tpudash.telemetry.sources import DEFAULT_TPU_METRICS_ADDRESS, AddressError, parse_metrics_address
 
 DEFAULT_CPU_DEVICES = 8
@@ -94,11 +94,9 @@ class Settings:
         """Create the runs directory if needed; SettingsError if it cannot be written (or read: a store's library)."""
         runs_dir = self.runs_dir or default_runs_dir(os.environ)
         if isinstance(runs_dir, str):
-            missing = install_line(runs_dir)
+            missing = missing_library(runs_dir)
             if missing is not None:
-                raise SettingsError(
-                    f"--runs-dir / TPUDASH_RUNS_DIR: {runs_dir} needs a library not installed: {missing}"
-                )
+                raise SettingsError(f"--runs-dir / TPUDASH_RUNS_DIR: {missing}")
             return runs_dir
         try:
             runs_dir.mkdir(parents=True, exist_ok=True)

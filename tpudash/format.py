@@ -42,6 +42,8 @@ STATUS_GLYPHS = {
     "failed": ("✗", "bold red"),
     "cancelled": ("■", "bold magenta"),
     "interrupted": ("!", "bold bright_blue"),
+    # A run in a store whose writer stopped beating: dead, or cut off from the store.
+    "stale": ("?", "bold yellow"),
 }
 UNKNOWN_STATUS_GLYPH = ("?", "")
 

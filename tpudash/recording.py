@@ -72,7 +72,7 @@ def runs_directory(runs_dir: str | os.PathLike | None = None) -> Path | str:
     that installs it.
     """
     from tpudash.config import ENV_PREFIX, default_runs_dir
-    from tpudash.runs.location import ALLOWED, install_line, parse_runs_dir
+    from tpudash.runs.location import ALLOWED, missing_library, parse_runs_dir
 
     # Not Settings.load: it checks every TPUDASH_* variable, and a malformed
     # one that has nothing to do with recording must not stop the user's training.
@@ -87,9 +87,9 @@ def runs_directory(runs_dir: str | os.PathLike | None = None) -> Path | str:
         location = parse_runs_dir(str(text))
     except ValueError as error:
         raise RecordingError(f"{where}: {error}") from None
-    missing = install_line(location) if isinstance(location, str) else None
+    missing = missing_library(location) if isinstance(location, str) else None
     if missing is not None:
-        raise RecordingError(f"{where}: {location} needs a library not installed: {missing}")
+        raise RecordingError(f"{where}: {missing}")
     return location
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -44,6 +45,8 @@ class RunFiles(Protocol):
     def key(self, name: str) -> tuple | None: ...
 
     def exists(self) -> bool: ...
+
+    def walk(self) -> dict[str, int]: ...
 
 
 class RunsRoot(Protocol):
@@ -105,6 +108,21 @@ class LocalRunFiles:
 
     def exists(self) -> bool:
         return self.run_dir.is_dir() and not self.run_dir.is_symlink()
+
+    def walk(self) -> dict[str, int]:
+        """Every regular file of the run at any depth, by name relative to it, with its size (links never followed)."""
+        found: dict[str, int] = {}
+        for folder, folders, names in os.walk(self.run_dir):  # os.walk follows no links to directories
+            folders[:] = [name for name in folders if not name.startswith(".")]
+            for name in names:
+                path = Path(folder, name)
+                try:
+                    status = path.lstat()
+                except OSError:
+                    continue  # gone since the listing
+                if stat.S_ISREG(status.st_mode):
+                    found[path.relative_to(self.run_dir).as_posix()] = status.st_size
+        return found
 
 
 class LocalRoot:
@@ -208,6 +226,20 @@ class BucketRunFiles:
             return bool(self.filesystem.ls(self.prefix, detail=False, refresh=True))
         except (FileNotFoundError, NotADirectoryError):
             return False
+
+    def walk(self) -> dict[str, int]:
+        """Every object under the run's prefix, by name relative to it, with its size (one paged listing)."""
+        self.filesystem.invalidate_cache(self.prefix)  # what another process wrote since this one last listed
+        try:
+            listed = self.filesystem.find(self.prefix, detail=True)
+        except FileNotFoundError:
+            return {}
+        base = self.prefix.strip("/") + "/"
+        return {
+            path.strip("/")[len(base) :]: int(info.get("size") or 0)
+            for path, info in listed.items()
+            if info.get("type", "file") == "file" and path.strip("/").startswith(base)
+        }
 
 
 class BucketRoot:

@@ -185,21 +185,21 @@ def beat_is_fresh(data: bytes, now: float | None = None) -> bool | None:
     return age <= STALE_AFTER_INTERVALS * interval
 
 
-def store_writers_alive(files: RunFiles, now: float | None = None) -> bool | None:
-    """In a store: whether any writer of the run beat recently (``writers/*.json``); None when none ever beat.
+def store_writers_alive(files: RunFiles, now: float | None = None) -> bool:
+    """In a store: whether any writer of the run beat recently (``writers/*.json``).
 
     A store has no locks and its writers may be on any host, so the
-    heartbeat alone tells; a run whose writers all stopped beating is stale.
+    heartbeat alone tells: a run whose writers all stopped beating, or that
+    never had one (a copy of a run that was still being written), is stale.
+    Raises what the store raises when it cannot be asked.
     """
-    judged: list[bool | None] = []
     for name in files.list(WRITERS_FOLDER)[:MAX_WRITERS_READ]:
         try:
-            judged.append(beat_is_fresh(files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES), now))
-        except OSError:
-            continue
-    if any(judged):
-        return True
-    return False if False in judged else None
+            if beat_is_fresh(files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES), now):
+                return True
+        except FileNotFoundError:
+            continue  # removed since the listing
+    return False
 
 
 def writer_alive(run_dir: Path, on_this_host: bool) -> bool | None:

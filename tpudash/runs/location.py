@@ -76,6 +76,12 @@ def install_line(url: str) -> str | None:
     return f"pip install 'tpudash[{extra}]'"
 
 
+def missing_library(url: str) -> str | None:
+    """``gs://b/runs needs a library not installed here: pip install 'tpudash[gcs]'``, or None when it is installed."""
+    missing = install_line(url)
+    return None if missing is None else f"{url} needs a library not installed here: {missing}"
+
+
 def open_filesystem(url: str) -> tuple[Any, str]:
     """The fsspec filesystem of ``url`` and the root path within it; StoreUnavailable when not installed."""
     missing = install_line(url)

@@ -353,6 +353,7 @@ class StoreRecorder:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._spill = LocalRunFiles(self.run_dir)
         self._lock = threading.Lock()
+        self._record_lock = threading.Lock()
         self._final_metrics: dict[str, float] = {}
         self._meta_due = True
         self._closed = False
@@ -432,11 +433,18 @@ class StoreRecorder:
                         self.beat()  # before the first run.json: a reader that finds the run finds it live
                         next_beat = time.monotonic() + HEARTBEAT_INTERVAL_SECONDS
                     if meta is not None:
-                        self.files.write(RUN_FILE, record_bytes(to_jsonable(meta)))
+                        self._write_record(meta, unless_ended=True)
                 except Exception:  # noqa: BLE001 - the store is away: the events' writer notices and says so
                     if meta is not None:
                         self._meta_due = True
             self._side_stop.wait(TICK_SECONDS)
+
+    def _write_record(self, meta: dict[str, Any], unless_ended: bool = False) -> None:
+        """Replace run.json; one upload at a time, so an epoch's record never lands after the finish's."""
+        with self._record_lock:
+            if unless_ended and self._side_stop.is_set():
+                return  # the run is ending: the finish writes the last record
+            self.files.write(RUN_FILE, record_bytes(to_jsonable(meta)))
 
     def beat(self) -> None:
         """Write this writer's heartbeat now."""
@@ -463,7 +471,7 @@ class StoreRecorder:
 
         def upload_rest() -> None:
             try:
-                outcome["complete"] = self._upload_rest(deadline, meta if finished else None)
+                outcome["complete"] = self._upload_rest(deadline, meta, finished)
             except Exception as error:  # noqa: BLE001 - the store went away at the last moment
                 self.events.last_error = describe(error)
             finally:
@@ -485,12 +493,16 @@ class StoreRecorder:
             f"(`tpudash copy {self.run_dir} {self.files.where.rsplit('/', 1)[0]}` uploads them)"
         )
 
-    def _upload_rest(self, deadline: float, meta: dict[str, Any] | None) -> bool:
-        """The last segments, then run.json (``meta``: a finish), then the job's files; whether the store took all."""
+    def _upload_rest(self, deadline: float, meta: dict[str, Any], finished: bool) -> bool:
+        """The last segments, then run.json, then the job's files; whether the store took all.
+
+        Closed without a finish, the run stays ``running`` in its record and
+        its heartbeat is left to age: it reads as stale, as a killed writer's.
+        """
         if not self.events.finish(deadline):
             return False
-        if meta is not None:
-            self.files.write(RUN_FILE, record_bytes(to_jsonable(meta)))
+        self._write_record(meta)
+        if finished:
             self.beat()
         self._upload_artifacts()
         if self._abandoned:
