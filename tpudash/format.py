@@ -43,7 +43,7 @@ STATUS_GLYPHS = {
     "cancelled": ("■", "bold magenta"),
     "interrupted": ("!", "bold bright_blue"),
     # A run in a store whose writer stopped beating: dead, or cut off from the store.
-    "stale": ("?", "bold yellow"),
+    "stale": ("…", "bold bright_black"),
 }
 UNKNOWN_STATUS_GLYPH = ("?", "")
 

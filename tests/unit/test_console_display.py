@@ -18,7 +18,7 @@ from tpudash.format import STATUS_GLYPHS, short_device_names
 from tpudash.runs.store import RunInfo
 from tpudash.tui.runview import status_text as dashboard_status_text
 
-EVERY_STATUS = ("queued", "running", "live", "done", "failed", "cancelled", "interrupted")
+EVERY_STATUS = ("queued", "running", "live", "done", "failed", "cancelled", "interrupted", "stale")
 LOCAL_CPUS = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(8)]
 # Two hosts of a TPU pod slice: core 0 exists on both tasks.
 POD_CORES = [f"/job:worker/replica:0/task:{task}/device:TPU:{core}" for task in range(2) for core in range(4)]

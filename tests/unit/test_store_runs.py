@@ -211,6 +211,7 @@ def test_a_run_whose_writer_stopped_beating_is_stale_and_running_again_when_a_he
     bucket.files(run_id).write(heartbeat, old)
     info = bucket.info(run_id)
     assert (info.status, info.live) == ("stale", False)
+    assert info.final_metrics == {"loss": 1.0}  # its last metrics, though it had no epoch
     assert losses(bucket, run_id) == [0]  # what it wrote stays readable
     recorder.beat()  # the writer was only cut off: its next heartbeat makes it live again
     assert bucket.info(run_id).live

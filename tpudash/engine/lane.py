@@ -499,8 +499,8 @@ class Lane:
         engine = self.engine if self.engine is not None else self._spawn()
         live = waiting[0]
         live.stage = STAGE_SENT
-        live.tail = self.store.stream(live.run_id)
-        live.telemetry_tail = self.store.stream(live.run_id, TELEMETRY_STREAM)
+        live.tail = self.store.stream(live.run_id, follow=True)
+        live.telemetry_tail = self.store.stream(live.run_id, TELEMETRY_STREAM, follow=True)
         if not engine.send(Launch(live.run_id, live.job, live.spec.as_text(live.params))):
             self._kill_engine("its control pipe closed")
         if self.engine_state == ENGINE_READY:

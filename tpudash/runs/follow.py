@@ -12,6 +12,7 @@ imports no TensorFlow.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,10 +62,12 @@ class RunFollower:
         self.model = RunModel(run_id=info.run_id, job=info.job, params=info.params, status=STATUS_RUNNING)
         self.model.started = info.started
         self.model.problems = list(info.problems)
-        self.tail = store.stream(run_id_of(self.run_dir))
-        self.telemetry_tail = store.stream(run_id_of(self.run_dir), TELEMETRY_STREAM)
+        self.tail = store.stream(run_id_of(self.run_dir), follow=True)
+        self.telemetry_tail = store.stream(run_id_of(self.run_dir), TELEMETRY_STREAM, follow=True)
         """What observers sampled beside the run; read into the model, not returned by ``poll``."""
         self._writer_check_seconds = WRITER_CHECK_SECONDS if store.local else STORE_WRITER_CHECK_SECONDS
+        self._writer_answer: bool | None = None
+        self._writer_asking: threading.Thread | None = None
         self._clock = clock
         self._writer_checked = clock()
         self.ended = False
@@ -105,16 +108,26 @@ class RunFollower:
         caps (its series are decimated, its log is the last lines), not by
         the size of its file: no list of all its events is ever made.
         """
-        while not self.ended:
-            self.poll(max_bytes=CATCH_UP_BYTES)
-            if self.tail.at_end and self.telemetry_tail.at_end:
-                return
+        with self.tail.here(), self.telemetry_tail.here():  # on the caller's thread, which waits for it
+            while not self.ended:
+                self.poll(max_bytes=CATCH_UP_BYTES)
+                if self.tail.at_end and self.telemetry_tail.at_end:
+                    return
 
     def _writer_gone(self) -> bool:
         if self._clock() - self._writer_checked < self._writer_check_seconds:
             return False
         self._writer_checked = self._clock()
-        return self.info.writer_alive() is False
+        if self.store.local:
+            return self.info.writer_alive() is False
+        # In a store that is requests: asked on a thread, and its answer used from the next look on.
+        if self._writer_asking is None or not self._writer_asking.is_alive():
+            self._writer_asking = threading.Thread(target=self._ask_writer, daemon=True)
+            self._writer_asking.start()
+        return self._writer_answer is False
+
+    def _ask_writer(self) -> None:
+        self._writer_answer = self.info.writer_alive()
 
     def _read_rest(self) -> list[tuple[float | None, Event]]:
         try:

@@ -20,16 +20,20 @@ from __future__ import annotations
 import re
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import PurePosixPath
 
-from jobs.events import Event
+from jobs.events import Event, RunFinished
 from tpudash.runs.backends import RunFiles
 from tpudash.runs.layout import EVENTS_STREAM, RefusedFile
 from tpudash.runs.tail import MAX_PROBLEMS_KEPT, EventTail
 
 LIST_SECONDS = 1.0
+TICK_SECONDS = 0.1
+"""How often a prefetching tail looks whether its next listing is due."""
 MAX_LIST_SECONDS = 8.0
 SEGMENT_PATTERN = re.compile(r"^(?P<writer>[A-Za-z0-9_.-]{1,96})-(?P<seq>[0-9]{8})\.jsonl$")
 
@@ -67,10 +71,19 @@ class StreamTail:
         stream: str = EVENTS_STREAM,
         *,
         appends: bool = True,
+        prefetch: bool = False,
         list_every: float = LIST_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.files = files
+        self.prefetch = prefetch
+        """Read on a thread of its own (a follower of a run in a store): ``read_new`` then never waits for the network."""
+        self._prefetcher: threading.Thread | None = None
+        self._prefetch_stop = threading.Event()
+        self._prefetch_lock = threading.Lock()
+        self._ready: list[tuple[float | None, Event]] = []
+        self._leftover: list[tuple[float | None, Event]] = []
+        self._prefetched_at_end = False
         self.stream = stream
         self.appends = appends
         """Whether a writer may still append to ``<stream>.jsonl`` (a local run); in a store that file is complete."""
@@ -91,6 +104,8 @@ class StreamTail:
         self.finished = False
         """True once a RunFinished was read: nothing more will come."""
         self.at_end = False
+        self._read_at_end = False
+        self._read_finished = False
         self.unreachable: str | None = None
         """Why the last listing failed (the store is unreachable), or None."""
 
@@ -109,9 +124,60 @@ class StreamTail:
         """The events completed since the last call, from the appended file and then from new segments.
 
         ``final``: the writer is gone (read a last line without its newline,
-        and list the segments now, whatever the schedule).
+        and list the segments now, whatever the schedule). With ``prefetch``,
+        a call that is not final hands over what the reading thread has read
+        since, at once; a final one stops that thread and reads the rest here.
         """
-        events: list[tuple[float | None, Event]] = []
+        if self.prefetch and not final:
+            return self._take_prefetched()
+        self._stop_prefetching()
+        events = self._read(final, max_bytes)
+        self.at_end, self.finished = self._read_at_end, self._read_finished
+        return events
+
+    @contextmanager
+    def here(self) -> Iterator[None]:
+        """Read on the caller's thread meanwhile, whatever ``prefetch`` says (a worker catching up on a run)."""
+        prefetch, self.prefetch = self.prefetch, False
+        try:
+            yield
+        finally:
+            self.prefetch = prefetch
+
+    def _take_prefetched(self) -> list[tuple[float | None, Event]]:
+        if self._prefetcher is None:
+            self._prefetcher = threading.Thread(
+                target=self._prefetch_forever, name=f"tpudash-follow-{self.files.where}", daemon=True
+            )
+            self._prefetcher.start()
+        with self._prefetch_lock:
+            events, self._ready = self._ready, []
+            self.at_end = self._prefetched_at_end and not events
+        self.finished = self.finished or any(isinstance(event, RunFinished) for _, event in events)
+        return events
+
+    def _prefetch_forever(self) -> None:
+        while not self._prefetch_stop.is_set():
+            events = self._read(final=False, max_bytes=None)
+            with self._prefetch_lock:
+                self._ready += events
+                self._prefetched_at_end = self._read_at_end
+            # Until the next listing is due (it backs off while nothing changes), or a stop.
+            self._prefetch_stop.wait(max(TICK_SECONDS, self._next_listing - self._clock()))
+
+    def _stop_prefetching(self) -> None:
+        """Stop the reading thread (after its current request) and take what it read, so nothing is read twice."""
+        thread, self._prefetcher = self._prefetcher, None
+        if thread is None:
+            return
+        self._prefetch_stop.set()
+        thread.join()
+        with self._prefetch_lock:
+            self._leftover, self._ready = self._ready, []
+
+    def _read(self, final: bool, max_bytes: int | None) -> list[tuple[float | None, Event]]:
+        events: list[tuple[float | None, Event]] = list(self._leftover)
+        self._leftover = []
         if self.appends or not self._appended_checked:
             try:
                 events += self.appended.read_new(final or not self.appends, max_bytes)
@@ -133,8 +199,9 @@ class StreamTail:
                 events += read
                 if max_bytes is not None:
                     break  # one segment a call when reading in bounded pieces
-        self.at_end = self.appended.at_end and not self._pending
-        self.finished = self.finished or self.appended.finished
+        # Kept apart from ``at_end`` and ``finished``: with prefetching, those say what the caller has taken.
+        self._read_at_end = self.appended.at_end and not self._pending
+        self._read_finished = self._read_finished or self.appended.finished
         return events
 
     def _list_segments(self) -> None:
@@ -173,7 +240,7 @@ class StreamTail:
         finally:
             tail.close()
         self.segments_read += 1
-        self.finished = self.finished or tail.finished
+        self._read_finished = self._read_finished or tail.finished
         if tail.problem_count:
             self._segment_tails.append(tail)
         return events
@@ -199,4 +266,5 @@ class StreamTail:
         return [f"{count} event{'' if count == 1 else 's'} could not be read: {self.problems[0]}"]
 
     def close(self) -> None:
+        self._prefetch_stop.set()  # the thread ends after its current request; nothing waits for it here
         self.appended.close()

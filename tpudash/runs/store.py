@@ -242,9 +242,13 @@ class RunStore:
         files = self.files(run_id)
         return files.run_dir if isinstance(files, LocalRunFiles) else local_run_dir(self.spill_root, run_id)
 
-    def stream(self, run_id: str, stream: str = EVENTS_STREAM) -> StreamTail:
-        """A reader of a run's events (or ``telemetry``) in either layout (``segments.StreamTail``)."""
-        return StreamTail(self.files(run_id), stream, appends=self.local)
+    def stream(self, run_id: str, stream: str = EVENTS_STREAM, *, follow: bool = False) -> StreamTail:
+        """A reader of a run's events (or ``telemetry``) in either layout (``segments.StreamTail``).
+
+        ``follow``: for a reader polled from a UI's thread (the dashboard's lane, a run view): in a
+        store its requests are made on a thread of its own, so a poll never waits for the network.
+        """
+        return StreamTail(self.files(run_id), stream, appends=self.local, prefetch=follow and not self.local)
 
     def prepare(self) -> None:
         """Create the runs directory if it is local (a store's prefix needs nothing)."""

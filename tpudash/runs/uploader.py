@@ -422,18 +422,27 @@ class StoreRecorder:
 
     # -- run.json and the heartbeat, on a thread of their own -----------------------------------
     def _keep_up(self) -> None:
+        """The heartbeat every interval; run.json when due (an epoch), and at a beat when the metrics moved.
+
+        So a run without epochs (a loop with ``tpudash.record``) that goes stale still lists its last metrics.
+        """
         next_beat = 0.0
+        metrics_written: dict[str, float] = {}
         while not self._side_stop.is_set():
             if self.events.unreachable_since is None:
+                beat_due = time.monotonic() >= next_beat
                 with self._lock:
+                    if beat_due and self._final_metrics != metrics_written:
+                        self._meta_due = True
                     meta = self._meta_snapshot() if self._meta_due else None
                     self._meta_due = False
                 try:
-                    if time.monotonic() >= next_beat:
+                    if beat_due:
                         self.beat()  # before the first run.json: a reader that finds the run finds it live
                         next_beat = time.monotonic() + HEARTBEAT_INTERVAL_SECONDS
                     if meta is not None:
                         self._write_record(meta, unless_ended=True)
+                        metrics_written = meta["final_metrics"]
                 except Exception:  # noqa: BLE001 - the store is away: the events' writer notices and says so
                     if meta is not None:
                         self._meta_due = True
