@@ -333,7 +333,7 @@ class Lane:
         elif isinstance(message, (JobFinished, LaunchRefused)):
             live = self._find(message.run_id)
             if live is not None:
-                self._read_events(live)
+                self._read_events(live, final=True)
             if live is not None and live.stage == STAGE_SENT:
                 # Nothing on disk says it ended: refused (a version skew), failed
                 # before its record existed (no runtime), or cancelled before it began.
@@ -426,22 +426,24 @@ class Lane:
     def _find(self, run_id: Any) -> LiveRun | None:
         return next((live for live in self.runs if live.run_id == run_id), None)
 
-    def _read_events(self, live: LiveRun) -> bool:
+    def _read_events(self, live: LiveRun, final: bool = False) -> bool:
         """Apply the run's new events to its model; True only when the run started or ended.
 
         Metrics, logs and progress reach the model here and the screens draw
         them on their own beat; reporting each batch as a lane change would
         redraw every list of runs ten times a second, on CPU training needs.
+        ``final``: the engine says the run is over, so everything it wrote is
+        read now (in a store, a follower otherwise reads on its own schedule).
         """
         if live.tail is None or live.stage == STAGE_ENDED:
             # Its end was read and its files closed: a closed tail reopens at the file's start, so
             # reading on (the engine's JobFinished after the tick read the end) would fold it in twice.
             return False
-        events = live.tail.read_new()
+        events = live.tail.read_new(final=final)
         if events:
             live.model.apply_all(events)
         if live.telemetry_tail is not None:
-            live.model.apply_all(live.telemetry_tail.read_new())
+            live.model.apply_all(live.telemetry_tail.read_new(final=final))
         if live.tail.finished and live.stage == STAGE_SENT:
             live.stage = STAGE_ENDED
             live.tail.close()
