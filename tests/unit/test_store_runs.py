@@ -16,7 +16,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from jobs.events import Log, Metric, Progress, RunFinished, RunStarted
+from jobs.events import Log, Metric, Progress, RunFinished, RunStarted, Telemetry
 from tpudash.config import Settings, SettingsError
 from tpudash.runs.backends import BucketRunFiles
 from tpudash.runs.follow import RunFollower
@@ -26,6 +26,7 @@ from tpudash.runs.location import parse_runs_dir
 from tpudash.runs.segments import MAX_LIST_SECONDS, StreamTail
 from tpudash.runs.store import RunStore
 from tpudash.runs.uploader import StoreRecorder
+from tpudash.telemetry.recorder import StoreRun, TelemetryRecorder
 
 DEADLINE_SECONDS = 20.0
 
@@ -215,6 +216,20 @@ def test_a_run_whose_writer_stopped_beating_is_stale_and_running_again_when_a_he
     assert losses(bucket, run_id) == [0]  # what it wrote stays readable
     recorder.beat()  # the writer was only cut off: its next heartbeat makes it live again
     assert bucket.info(run_id).live
+
+
+def test_telemetry_of_a_run_in_a_store_goes_up_as_segments_of_its_own_and_reads_back_with_the_run(bucket):
+    run_id, recorder = start_run(bucket)
+    telemetry = TelemetryRecorder()
+    for second in range(5):
+        telemetry.record(
+            1000.0 + second, Telemetry(chips=[], host={"cpu_pct": [float(second)]}), [StoreRun(bucket, run_id)]
+        )
+    telemetry.close()  # the run is no longer live: its last segment goes up
+    recorder.record(RunFinished("done", {}))
+    assert bucket.files(run_id).list("telemetry")  # segments, beside the events' own
+    samples = bucket.load(run_id).telemetry
+    assert [sample.host["cpu_pct"] for _, sample in samples] == [[0.0], [1.0], [2.0], [3.0], [4.0]]
 
 
 def test_following_a_quiet_run_lists_its_segments_ever_less_often(bucket):

@@ -251,7 +251,9 @@ def execute_headless(
         job.cancel()
 
     sink = JsonLinesSink(sys.stdout, on_output_closed) if as_json else ConsoleSink(on_output_closed=on_output_closed)
-    telemetry = RecordingTelemetry(settings, {"tpudash_run": os.getpid()})
+    from tpudash.runs.store import RunStore
+
+    telemetry = RecordingTelemetry(settings, {"tpudash_run": os.getpid()}, store=RunStore(runs_dir))
     job = InProcessJob(spec, params, runtime, settings, runs_dir, sinks=[sink, telemetry], name=name)
     interrupts = []
 

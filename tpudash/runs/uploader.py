@@ -42,7 +42,7 @@ from typing import Any
 
 from jobs.events import Event, Log, Metric, Progress, RunFinished, RunStarted, dumps, is_sane_timestamp, to_jsonable
 from tpudash.runs.backends import LocalRunFiles, RunFiles
-from tpudash.runs.layout import RUN_FILE, record_bytes
+from tpudash.runs.layout import EVENTS_STREAM, RUN_FILE, TELEMETRY_STREAM, record_bytes
 from tpudash.runs.liveness import HEARTBEAT_INTERVAL_SECONDS, WRITERS_FOLDER
 from tpudash.runs.segments import new_writer_id, segment_name
 
@@ -56,9 +56,9 @@ RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 30.0
 FINISH_WAIT_SECONDS = 10.0
 TICK_SECONDS = 0.25
-# What in a run's local directory is the recorder's own (spilled segments and record), not the job's files
-# (TensorBoard logs, and telemetry.jsonl, which observers on this host append to as for a local run).
-SPILLED = ("events", RUN_FILE, WRITERS_FOLDER)
+# What in a run's local directory is the writers' own (spilled segments, the record), not the job's files
+# (TensorBoard logs): the telemetry's segments are its writer's (``tpudash.telemetry.recorder``).
+SPILLED = (EVENTS_STREAM, TELEMETRY_STREAM, RUN_FILE, WRITERS_FOLDER)
 
 
 def default_spill_dir(environ: dict[str, str] | None = None) -> Path:

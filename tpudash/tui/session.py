@@ -586,12 +586,14 @@ class DashboardSession(LaneObserver):
         run's local directory, uploaded at its finish): runs of other writers
         may be on other hosts, and no lock there keeps each sample once.
         """
-        store_runs = self.live_on_disk if self.store.local else []
-        run_dirs = [self.store.local_dir(info.run_id) for info in store_runs]
+        from tpudash.telemetry.recorder import StoreRun, Target
+
+        store = self.store
+        run_dirs: list[Target] = [store.local_dir(info.run_id) for info in self.live_on_disk] if store.local else []
         processes: dict[str, int] = {}
         current = self.current_live_run
         if current is not None:
-            run_dirs.append(self.store.local_dir(current.run_id))
+            run_dirs.append(store.local_dir(current.run_id) if store.local else StoreRun(store, current.run_id))
         if self.engine_pid is not None:
             processes["engine"] = self.engine_pid
         writers = [info.pid for info in self.live_on_disk if info.pid is not None and info.pid != self.engine_pid]

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # telemetry loads when sampling starts, after the first frame
     from tpudash.config import Settings
+    from tpudash.telemetry.recorder import Target
     from tpudash.telemetry.sampling import SamplingLoop, TelemetrySampler
 
 
@@ -37,10 +37,10 @@ class TelemetryFeed:
         self.loop: SamplingLoop | None = None
         """The loop (None until the thread has made it)."""
         self._stopped = False
-        self.targets: tuple[tuple[Path, ...], dict[str, int]] = ((), {})
+        self.targets: tuple[tuple[Target, ...], dict[str, int]] = ((), {})
         """(the live runs' directories that get each sample, {label: pid} whose memory each sample includes)."""
 
-    def aim(self, run_dirs: list[Path], processes: dict[str, int]) -> None:
+    def aim(self, run_dirs: list[Target], processes: dict[str, int]) -> None:
         # One tuple, replaced whole: the sampling thread reads it without a lock.
         self.targets = (tuple(dict.fromkeys(run_dirs)), processes)
 
