@@ -24,21 +24,16 @@ BATCH = 32
 
 def main() -> None:
     import keras
+    import tensorflow as tf
 
+    from tests.fit_process import separable_model
     from tpudash.callbacks import TpudashCallback
 
     url = sys.argv[1]
     generator = np.random.default_rng(0)
     features = generator.normal(size=(EXAMPLES, 8)).astype("float32")
     labels = (features[:, 0] + features[:, 1] > 0).astype("int32")
-    model = keras.Sequential(
-        [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)], name="bucket-fit"
-    )
-    model.compile(
-        keras.optimizers.Adam(0.02),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"],
-    )
+    model = separable_model(tf.distribute.get_strategy())  # the default strategy: one device, no scope needed
     recorder = TpudashCallback(name="bucket-fit", runs_dir=url, every_n_batches=1)
 
     class HoldAfterFirstEpoch(keras.callbacks.Callback):

@@ -15,20 +15,13 @@ import os
 import signal
 
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
+from tests.functional.test_app_engine import LONG_SYNTHETIC_TRAIN
+from tests.functional.test_app_engine import SEED_FIGURE as GRADIENT_DESCENT_FIGURE
 from tpudash.config import Settings
 from tpudash.runs.store import RunStore
 from tpudash.tui.app import TpudashApp
 
 pytest_plugins = ["tests.object_stores"]  # gcs_store: a loopback GCS emulator
-
-GRADIENT_DESCENT_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
-LONG_SYNTHETIC_TRAIN = {
-    "source": "synthetic",
-    "epochs": "50",
-    "batch_per_replica": "8",
-    "limit_train": "2048",
-    "limit_test": "128",
-}
 
 
 async def test_the_dashboards_jobs_land_in_the_bucket_and_a_killed_engines_run_is_ended_there(gcs_store, tmp_path):
