@@ -88,6 +88,9 @@ class RunFollower:
         events = self.tail.read_new(max_bytes=max_bytes)
         if events:
             self.model.apply_all(events)
+            if not self.store.local:
+                # A segment just came: its writer was alive seconds ago, no need to ask its heartbeat now.
+                self._writer_checked = self._clock()
         self.model.apply_all(self.telemetry_tail.read_new(max_bytes=max_bytes))
         if self.tail.finished:
             self._end()
