@@ -60,6 +60,15 @@ class StoreSamples:
 Target = Path | StoreRun
 
 
+def target_of(store: RunStore, run_id: str) -> Target:
+    """Where a run's samples go: its directory, or for a run in a store its own ``telemetry`` segments.
+
+    In a store only the session that runs a run records it: no lock spans
+    hosts to keep each sample once.
+    """
+    return store.local_dir(run_id) if store.local else StoreRun(store, run_id)
+
+
 class TelemetryRecorder:
     """Appends samples to the telemetry.jsonl of each live run.
 
@@ -164,8 +173,7 @@ class RecordingTelemetry:
         A run in a store (``store``) gets its samples as segments of its own.
         """
         if isinstance(event, RunStarted) and run is not None and run.run_dir is not None:
-            store = self.store
-            self.run_dir = StoreRun(store, run.run_id) if store is not None and not store.local else run.run_dir
+            self.run_dir = target_of(self.store, run.run_id) if self.store is not None else run.run_dir
             if self.loop is not None:
                 self.loop.wake()
 

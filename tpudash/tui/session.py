@@ -582,18 +582,14 @@ class DashboardSession(LaneObserver):
     def _aim_telemetry(self) -> None:
         """Which runs are live now (this session's and any other process's on this host), and whose memory to show.
 
-        In a store, samples are kept with this session's own runs only (in the
-        run's local directory, uploaded at its finish): runs of other writers
-        may be on other hosts, and no lock there keeps each sample once.
+        In a store only this session's own run gets samples: other writers' may be on other hosts.
         """
-        from tpudash.telemetry.recorder import StoreRun, Target
+        from tpudash.telemetry.recorder import target_of
 
-        store = self.store
-        run_dirs: list[Target] = [store.local_dir(info.run_id) for info in self.live_on_disk] if store.local else []
+        store, current = self.store, self.current_live_run
+        others = [info.run_id for info in self.live_on_disk] if store.local else []
+        run_dirs = [target_of(store, run_id) for run_id in others + ([current.run_id] if current is not None else [])]
         processes: dict[str, int] = {}
-        current = self.current_live_run
-        if current is not None:
-            run_dirs.append(store.local_dir(current.run_id) if store.local else StoreRun(store, current.run_id))
         if self.engine_pid is not None:
             processes["engine"] = self.engine_pid
         writers = [info.pid for info in self.live_on_disk if info.pid is not None and info.pid != self.engine_pid]
