@@ -17,7 +17,7 @@ import fsspec
 import pytest
 
 from jobs.events import Log, Metric, Progress, RunFinished, RunStarted, Telemetry
-from tpudash.config import Settings, SettingsError
+from tpudash.config import Settings, SettingsError, settings_environment
 from tpudash.runs.backends import BucketRunFiles
 from tpudash.runs.follow import RunFollower
 from tpudash.runs.layout import new_run_id
@@ -304,6 +304,14 @@ def test_a_bad_runs_directory_url_names_the_setting_and_what_is_allowed(text, re
         Settings.load({"runs_dir": text}, environ={})
     message = str(raised.value)
     assert message.startswith("--runs-dir: ") and reason in message and "gs://BUCKET/PATH" in message
+
+
+def test_a_store_url_reaches_the_engine_and_the_served_dashboards_as_it_was_given():
+    """The engine and ``tpudash serve``'s dashboards are children loading Settings from the environment."""
+    settings = Settings.load({"runs_dir": "gs://bucket/tpudash/runs/"}, environ={})
+    environment = settings_environment(settings, {})
+    assert environment["TPUDASH_RUNS_DIR"] == "gs://bucket/tpudash/runs"
+    assert Settings.load({}, environ=environment).runs_dir == "gs://bucket/tpudash/runs"
 
 
 def test_a_store_url_whose_library_is_missing_says_the_one_line_that_installs_it(monkeypatch):
