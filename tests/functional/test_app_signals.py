@@ -103,6 +103,10 @@ class ScreenGrid:
     def line(self, row: int) -> str:
         return "".join(char for char, _ in self.cells[row])
 
+    def text(self) -> str:
+        """What the screen shows now, line by line."""
+        return "\n".join(self.line(row) for row in range(ROWS))
+
     def field(self, name: str, names: Sequence[str]) -> tuple[str, bool] | None:
         """Field ``name``'s shown value, and whether it has focus (its name is drawn unlike the names of
         the other fields in ``names``). A form's line is the job list's border, its name, its value."""
@@ -245,8 +249,14 @@ def launch_an_endless_descent(session: TerminalSession, runs_dir: Path) -> Path:
     session.wait_for_text("replicas")  # the session bar shows the detected runtime
     mark = session.type(CONTROL_P)
     session.wait_for_text("Search for commands", since=mark)
-    mark = session.type(b"form gradient")
-    session.wait_for_text(f"{get_job('gradient-descent').title}: set params, then enter to launch", since=mark)
+    session.type(b"form gradient")
+    # The palette searches as each key comes: enter only once its list is down to this one form
+    # (an earlier list, with other jobs' forms first, would take enter to one of those).
+    form_hit, any_form_hit = f"{get_job('gradient-descent').title}: set params, then enter to launch", "set params,"
+    session.wait_for(
+        lambda: form_hit in session.screen.text() and session.screen.text().count(any_form_hit) == 1,
+        "the palette's list down to the gradient-descent form",
+    )
     mark = session.type(ENTER)
     session.wait_for_text("learning_rate", since=mark)
     # The form opens with the cursor in its first field; one stop per field

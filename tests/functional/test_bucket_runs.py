@@ -148,10 +148,9 @@ def log_of(runs: RunStore, run_id: str) -> list[str]:
 # -- Show: `tpudash run` and `tpudash runs` with the runs directory in a bucket -------------------------
 
 
-@pytest.mark.parametrize("store_name", ["gcs_store", "s3_store"])
-def test_tpudash_run_into_a_bucket_prints_the_figure_and_tpudash_runs_lists_it_done(store_name, request, tmp_path):
-    store = request.getfixturevalue(store_name)
-    url = store.url("tpudash/runs")
+def test_tpudash_run_into_a_bucket_prints_the_figure_and_tpudash_runs_lists_it_done(gcs_store, tmp_path):
+    # s3:// is the same code under another client: the outage and two-writer tests below run it against moto.
+    url = gcs_store.url("tpudash/runs")
 
     ran = tpudash_child("run", "gradient-descent", "--runs-dir", url, stderr_file=tmp_path / "run.err")
     assert ran.returncode == 0, (tmp_path / "run.err").read_text()
