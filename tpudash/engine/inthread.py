@@ -57,9 +57,11 @@ class EngineThread(EngineHandle):
             return self._server
 
         def run_engine() -> None:
+            # Closed in reverse order: the commands' end before the replies', so once the reader sees the
+            # replies end (the engine's exit), a command sent fails, as one sent to an exited process does.
             with (
-                os.fdopen(command_read, "r", encoding="utf-8") as commands,
                 os.fdopen(reply_write, "w", encoding="utf-8", buffering=1) as reply_stream,
+                os.fdopen(command_read, "r", encoding="utf-8") as commands,
             ):
                 serve(commands, reply_stream, make_server)
 
