@@ -83,6 +83,8 @@ class StreamTail:
         self._prefetch_lock = threading.Lock()
         self._ready: list[tuple[float | None, Event]] = []
         self._leftover: list[tuple[float | None, Event]] = []
+        self.news = threading.Event()
+        """Set when the reading thread has read new events (``prefetch``); whoever takes them may clear it."""
         self._prefetched_at_end = False
         self.stream = stream
         self.appends = appends
@@ -162,6 +164,8 @@ class StreamTail:
             with self._prefetch_lock:
                 self._ready += events
                 self._prefetched_at_end = self._read_at_end
+            if events:
+                self.news.set()
             # Until the next listing is due (it backs off while nothing changes), or a stop.
             self._prefetch_stop.wait(max(TICK_SECONDS, self._next_listing - self._clock()))
 

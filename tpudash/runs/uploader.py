@@ -134,8 +134,8 @@ class SegmentWriter:
         self.unreachable_since: float | None = None
         self.last_error: str | None = None
         self._held_in_outage = 0
+        self._outage_on_disk = False
         self._retry_delay = RETRY_SECONDS
-        self._seal_now = False
         self._stopping = False
         self.keeping_all = False
         """Set by ``keep_rest``: the local directory holds the whole run from then on, uploads or not."""
@@ -153,16 +153,32 @@ class SegmentWriter:
             self._line_bytes += len(line)
             self.pending += 1
 
-    def wake(self) -> None:
-        """Close the open segment at the next tick rather than when it is due."""
-        self._seal_now = True
+    def seal_now(self) -> None:
+        """Close the open segment now, on the caller's thread (no network: its upload is the uploader's)."""
+        self._seal(force=True)
+
+    def wait_uploaded(self, timeout: float) -> bool:
+        """Close the open segment and wait until the store has every line written so far; whether it has."""
+        self.seal_now()
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._queue:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+        return True
+
+    def wait_for_outage(self, timeout: float) -> bool:
+        """Wait until the writer counts the store as away (its segments are on local disk from then on)."""
+        with self._lock:
+            return self._changed.wait_for(lambda: self._outage_on_disk, timeout)
 
     # -- the sealing thread -------------------------------------------------------------------
     def _seal_periodically(self) -> None:
         while not self._stopping:
             time.sleep(TICK_SECONDS)  # a schedule, not a wait for another thread
-            force, self._seal_now = self._seal_now, False
-            self._seal(force)
+            self._seal()
             self._watch_for_stall()
 
     def _seal(self, force: bool = False) -> None:
@@ -247,11 +263,12 @@ class SegmentWriter:
             outage_over = self.unreachable_since is not None and not self._queue
             if self.unreachable_since is not None:
                 self._held_in_outage += segment.lines
-            self._changed.notify_all()
         self._retry_delay = RETRY_SECONDS
         self._forget_spilled(relative)
         if outage_over:
-            self._came_back()
+            self._came_back()  # before waiters hear the queue is empty: its log line is then in the run
+        with self._lock:
+            self._changed.notify_all()
 
     def _forget_spilled(self, relative: str) -> None:
         if self.keeping_all:
@@ -264,11 +281,14 @@ class SegmentWriter:
     # -- outages ------------------------------------------------------------------------------
     def _went_away(self, reason: str) -> None:
         """The store stopped taking segments: from now on every closed segment is on disk too."""
-        self.unreachable_since = time.time()
         self.last_error = self.last_error or reason
         with self._lock:
             in_memory = [segment for segment in self._queue if segment.data is not None]
+            self.unreachable_since = time.time()  # segments closed from now on are spilled as they close
         self._spill_segments(in_memory)
+        with self._lock:
+            self._outage_on_disk = True
+            self._changed.notify_all()  # ``wait_for_outage``: the queue is on disk now
         line = self.status_line() or ""
         self.notify(f"{self.files.where}: {line}")
         self.on_outage(line)
@@ -276,6 +296,7 @@ class SegmentWriter:
     def _came_back(self) -> None:
         since, held = self.unreachable_since or time.time(), self._held_in_outage
         self.unreachable_since, self._held_in_outage, self.last_error = None, 0, None
+        self._outage_on_disk = False
         line = (
             f"the store answered again after {time.time() - since:.0f} s; the {held} events held meanwhile are uploaded"
         )
@@ -362,6 +383,8 @@ class StoreRecorder:
             files, self._spill, seal_seconds=seal_seconds, on_outage=self._log_outage, notify=self._say
         )
         self.writer = self.events.writer
+        self.record_uploaded = threading.Event()
+        """Set once run.json is in the store (after the first heartbeat): a reader then finds the run live."""
         self._side_stop = threading.Event()
         self._side = threading.Thread(target=self._keep_up, name=f"tpudash-record-{run_id}", daemon=True)
         self._side.start()
@@ -403,8 +426,12 @@ class StoreRecorder:
             self._end(finished=True)
 
     def flush(self) -> None:
-        """Close the open segment now (its upload follows on the writer's thread)."""
-        self.events.wake()
+        """Close the open segment now (its upload follows on the writer's thread: no waiting for the store)."""
+        self.events.seal_now()
+
+    def wait_uploaded(self, timeout: float) -> bool:
+        """Wait until the store has every event recorded so far and the run's record; whether it has."""
+        return self.events.wait_uploaded(timeout) and self.record_uploaded.wait(timeout)
 
     def close(self) -> None:
         """Upload what is buffered and stop, without a finish: the run turns stale, as a killed writer's does."""
@@ -454,6 +481,7 @@ class StoreRecorder:
             if unless_ended and self._side_stop.is_set():
                 return  # the run is ending: the finish writes the last record
             self.files.write(RUN_FILE, record_bytes(to_jsonable(meta)))
+            self.record_uploaded.set()
 
     def beat(self) -> None:
         """Write this writer's heartbeat now."""
