@@ -434,16 +434,14 @@ def follow_for(follower: Any, seconds: float, seen: list[tuple[float, float | No
 
 def measure_follow(server: Any, setup: BucketSetup) -> list[Result]:
     from tpudash.runs.follow import RunFollower
-    from tpudash.runs.layout import RUN_FILE, new_run_id
+    from tpudash.runs.layout import new_run_id
     from tpudash.runs.store import RunStore
 
     store_url = f"gs://{new_bucket(server)}/runs"
     writer_store = RunStore(store_url, spill_root=Path(tempfile.mkdtemp(prefix="tpudash-bench-bucket-spill-")))
     run_id = new_run_id("train")
     writer = Writer(writer_store, run_id)
-    deadline = time.monotonic() + 20
-    while writer_store.files(run_id).key(RUN_FILE) is None and time.monotonic() < deadline:
-        threading.Event().wait(0.05)  # run.json goes up on the recorder's own thread
+    writer.recorder.record_uploaded.wait(20)  # run.json goes up on the recorder's own thread
     writer_http = HttpCounter().install(writer_store.backend.filesystem)
     writer.start()
 

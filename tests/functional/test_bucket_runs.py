@@ -45,7 +45,7 @@ from tpudash.cli import main as cli
 from tpudash.config import Settings
 from tpudash.engine.inthread import EngineThread
 from tpudash.runs import liveness
-from tpudash.runs.layout import RUN_FILE, new_run_id
+from tpudash.runs.layout import new_run_id
 from tpudash.runs.segments import segment_order
 from tpudash.runs.store import RunStore
 from tpudash.runs.uploader import SEAL_SECONDS, StoreRecorder, default_spill_dir
@@ -120,7 +120,8 @@ def end_child(process: subprocess.Popen) -> None:
 
 
 def wait_until(condition, what: str, timeout: float = STORE_TIMEOUT) -> None:
-    """Poll ``condition`` (another process or thread does the work) until it holds, for at most ``timeout`` s."""
+    """Read the store until ``condition`` holds, for at most ``timeout`` s: for a writer in another process,
+    whose only trace here is what it put in the store (as for any reader of a bucket)."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -272,7 +273,8 @@ def test_a_store_that_goes_away_mid_run_never_holds_training_and_gets_every_even
     store = request.getfixturevalue(store_name)
     url = store.url("runs")
     run = tpudash.record("outage", runs_dir=url)
-    runs = RunStore(url)
+    writer = run._recorder  # the store's writer under tpudash.record: its own signals say when it got there
+    assert isinstance(writer, StoreRecorder)
     record_seconds: list[float] = []
     stop_training = threading.Event()
 
@@ -288,14 +290,13 @@ def test_a_store_that_goes_away_mid_run_never_holds_training_and_gets_every_even
     trainer = threading.Thread(target=train, name="training", daemon=True)
     trainer.start()
     try:
-        wait_until(lambda: runs.files(run.run_id).list("events"), "the run's first segment in the store")
+        assert writer.wait_uploaded(STORE_TIMEOUT), "the run's first segment never reached the store"
         store.stop()
-        wait_until(lambda: spilled_segments(run.run_dir), "the writer keeping its segments on local disk")
+        assert writer.events.wait_for_outage(STORE_TIMEOUT), "the writer did not notice the store was gone"
+        assert spilled_segments(run.run_dir)  # it keeps what the store did not take on this host's disk
         store.restart()
-        wait_until(
-            lambda: any(text.startswith("the store answered again") for text in log_of(RunStore(url), run.run_id)),
-            "the run's log saying the store answered again",
-        )
+        # Every segment held meanwhile is in the store again (the line saying so is in the run's log by then).
+        assert writer.events.wait_uploaded(STORE_TIMEOUT), "the held segments did not go up after the restart"
     finally:
         stop_training.set()
         trainer.join(STORE_TIMEOUT)
@@ -409,12 +410,7 @@ def test_a_finish_with_the_store_away_returns_in_time_keeps_the_run_and_tpudash_
     recorder.record(RunStarted(run_id, "kept", {}, {}, time.time()))
     for step in range(50):
         recorder.record(Metric("loss", 1.0 / (step + 1), step))
-    recorder.flush()
-    files = RunStore(url).files(run_id)
-    wait_until(
-        lambda: files.list("events") and files.key(RUN_FILE) is not None,
-        "the run's record and first segment in the store",
-    )
+    assert recorder.wait_uploaded(STORE_TIMEOUT), "the run's record and first segment never reached the store"
 
     gcs_store.stop()
     for step in range(50, 100):

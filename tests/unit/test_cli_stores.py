@@ -185,10 +185,7 @@ def test_watch_ends_a_store_run_whose_writer_stopped_beating_as_stale_exit_1(tmp
     assert isinstance(recorder, StoreRecorder)
     recorder.record(RunStarted(run_id, "fit", {}, {}, time.time()))
     recorder.record(Metric("loss", 0.25, step=0))
-    deadline = time.monotonic() + 10
-    while store.files(run_id).key("run.json") is None:  # its record is up (the recorder's thread puts it)
-        assert time.monotonic() < deadline, "run.json never reached the store"
-        time.sleep(0.01)
+    assert recorder.record_uploaded.wait(10), "run.json never reached the store"
     recorder.close()  # no finish: its process went away
     long_ago = {"heartbeat": time.time() - 3600, "interval": 5.0, "writer": recorder.writer}
     store.files(run_id).write(f"{WRITERS_FOLDER}/{recorder.writer}.json", json.dumps(long_ago).encode())

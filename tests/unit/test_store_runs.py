@@ -68,13 +68,14 @@ def bucket(flaky, tmp_path):
     return store
 
 
-def wait_until(condition, what: str) -> None:
-    """Poll ``condition`` until it holds, for at most DEADLINE_SECONDS (a writer's thread does the work)."""
+def follow_until(follower: RunFollower, condition, what: str) -> None:
+    """Poll ``follower`` each time its reading thread has read something new, until ``condition`` holds."""
     deadline = time.monotonic() + DEADLINE_SECONDS
+    follower.poll()
     while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {DEADLINE_SECONDS:g} s: {what}")
-        threading.Event().wait(0.02)
+        assert follower.tail.news.wait(max(0.0, deadline - time.monotonic())), f"not within the deadline: {what}"
+        follower.tail.news.clear()
+        follower.poll()
 
 
 def start_run(store: RunStore, **options) -> tuple[str, StoreRecorder]:
@@ -134,18 +135,18 @@ def test_a_store_that_goes_away_and_comes_back_gets_every_event_once_and_the_log
     said: list[str] = []
     run_id, recorder = start_run(bucket, seal_seconds=0.05, notify=said.append)
     recorder.record(Metric("loss", 1.0, 0))
-    wait_until(lambda: recorder.events.pending == 0, "the first event uploaded")
+    assert recorder.events.wait_uploaded(DEADLINE_SECONDS), "the first event never reached the store"
     flaky.down = True
     for step in range(1, 500):
         recorder.record(Metric("loss", 1.0, step))
-    wait_until(lambda: recorder.events.unreachable_since is not None, "the outage noticed")
-    wait_until(lambda: list((recorder.run_dir / "events").glob("*.jsonl")), "segments spilled to disk")
+    assert recorder.events.wait_for_outage(DEADLINE_SECONDS), "the outage was not noticed"
+    assert list((recorder.run_dir / "events").glob("*.jsonl"))  # what the store did not take is on disk
     assert "store unreachable since" in said[0] and "pending" in said[0] and str(recorder.run_dir) in said[0]
     status = recorder.events.status_line()
     assert status is not None and "events pending" in status
     recorder.events._retry_delay = 0.05  # the test does not wait out a long backoff
     flaky.down = False
-    wait_until(lambda: recorder.events.pending == 0, "the held events uploaded after the store came back")
+    assert recorder.events.wait_uploaded(DEADLINE_SECONDS), "the held events did not go up when the store came back"
     assert "the store answered again after" in said[-1]
     recorder.record(RunFinished("done", {}))
     assert losses(bucket, run_id) == list(range(500))  # every event, once, in order
@@ -204,7 +205,7 @@ def test_two_writers_on_one_run_id_never_overwrite_each_other(bucket):
 def test_a_run_whose_writer_stopped_beating_is_stale_and_running_again_when_a_heartbeat_returns(bucket):
     run_id, recorder = start_run(bucket)
     recorder.record(Metric("loss", 1.0, 0))
-    wait_until(lambda: bucket.files(run_id).list(WRITERS_FOLDER), "the first heartbeat")
+    assert recorder.record_uploaded.wait(DEADLINE_SECONDS)  # after the first heartbeat
     assert bucket.info(run_id).live
     recorder.close()  # the writer stops without a finish, as a killed process does
     heartbeat = f"{WRITERS_FOLDER}/{recorder.writer}.json"
@@ -251,13 +252,13 @@ def test_following_a_quiet_run_lists_its_segments_ever_less_often(bucket):
 
 def test_following_a_live_run_in_a_store_sees_new_events_and_its_end(bucket):
     run_id, recorder = start_run(bucket, seal_seconds=0.05)
-    wait_until(lambda: run_id in bucket.run_ids(), "the run's first upload")
+    assert recorder.record_uploaded.wait(DEADLINE_SECONDS)
     follower = RunFollower(bucket, run_id)
     for step in range(20):
         recorder.record(Metric("loss", 1.0, step))
-    wait_until(lambda: [follower.poll(), follower.model.final_metrics][1], "the first points")
+    follow_until(follower, lambda: follower.model.final_metrics, "the first points")
     recorder.record(RunFinished("done", {}))
-    wait_until(lambda: [follower.poll(), follower.ended][1], "the run's end")
+    follow_until(follower, lambda: follower.ended, "the run's end")
     assert follower.model.status == "done"
 
 

@@ -118,13 +118,6 @@ def lines_in_segments(files: RunFiles) -> int:
     return sum(files.read(f"events/{name}", 1 << 20).count(b"\n") for name in files.list("events"))
 
 
-def wait_until(condition, limit: float = 10.0) -> None:
-    deadline = time.monotonic() + limit
-    while not condition():
-        assert time.monotonic() < deadline, "not reached in time"
-        time.sleep(0.01)  # polling a condition, bounded by the deadline
-
-
 def test_what_a_store_did_not_take_merges_into_its_run_each_event_once(tmp_path):
     url, spill_root = memory_url(), tmp_path / "unsent"
     bucket = RunStore(url)
@@ -138,7 +131,8 @@ def test_what_a_store_did_not_take_merges_into_its_run_each_event_once(tmp_path)
     recorder.record(RunStarted(run_id, "fit", {}, {}, time.time()))
     for step in range(10):
         recorder.record(Metric("loss", float(step), step=step))
-    wait_until(lambda: lines_in_segments(bucket.files(run_id)) == 11)  # the first segments are in the store
+    assert recorder.events.wait_uploaded(10)  # the first segments are in the store
+    assert lines_in_segments(bucket.files(run_id)) == 11
     store_files.down = True
     for step in range(10, 20):
         recorder.record(Metric("loss", float(step), step=step))
