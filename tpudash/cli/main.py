@@ -31,7 +31,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from tpudash.cli import commands, copying
+from tpudash.cli import commands, copying, hosts
 from tpudash.cli.exits import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_DONE, EXIT_FAILED, BadInput
 from tpudash.version import __version__
 
@@ -54,6 +54,7 @@ COMMANDS = {
     "export": ("tpudash export RUN", "export a run's metrics and telemetry"),
     "copy": ("tpudash copy RUN DEST", "copy runs to another runs directory or a bucket (gs://, s3://)"),
     "serve": ("tpudash serve", "the dashboard in a web browser (one dashboard per tab)"),
+    **hosts.COMMANDS,
 }
 # Set in every Colab runtime (CPU, GPU and TPU): cheap to read, no import needed.
 COLAB_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_TPU_ADDR")
@@ -176,6 +177,29 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. 'train mnist mnist-cnn')",
     )
     run.add_argument("--json", action="store_true", help="print one JSON event per line instead of the live display")
+    cluster = run.add_argument_group(
+        "many workers (MultiWorkerMirroredStrategy; a job with a workers param, e.g. train)",
+        "--workers N starts N workers on this machine, one run. On a cluster, every host runs the same "
+        "command with its own --worker-index and the same --cluster (or the TF_CONFIG it is given).",
+    )
+    cluster.add_argument(
+        "--workers", metavar="N", help="train on N workers started on this machine (1 to 64; = --set workers=N)"
+    )
+    cluster.add_argument(
+        "--worker-index",
+        metavar="I",
+        help="this process is worker I of --cluster (0 is the chief, which writes the run); needs --cluster",
+    )
+    cluster.add_argument(
+        "--cluster",
+        metavar="HOST:PORT,…",
+        help="every worker's address, worker 0 first (sets TF_CONFIG; without these flags an exported TF_CONFIG is used)",
+    )
+    cluster.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="record into this run id (every worker of a cluster gives the same; default: a new id, the chief's)",
+    )
     run.set_defaults(run_parser=run)  # for its usage line in errors and help
 
     runs = commands.add_parser(
@@ -275,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     copy.add_argument("dest", metavar="DEST", help="the runs directory to copy into: a path, gs://… or s3://…")
     copy.add_argument("--all", action="store_true", help="copy every run of the runs directory (--runs-dir)")
+    hosts.add_hosts_parsers(commands, flags)
     return parser
 
 
@@ -373,6 +398,8 @@ def _parse_and_dispatch(argv: Sequence[str] | None) -> int:
             "telemetry": commands.command_telemetry,
             "serve": commands.command_serve,
             "copy": copying.command_copy,
+            "hosts": hosts.command_hosts,
+            "agent": hosts.command_agent,
         }[args.command]
         return handler(args, settings)
     except BadInput as error:

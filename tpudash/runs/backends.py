@@ -26,6 +26,14 @@ from tpudash.runs.location import is_store_url, open_filesystem
 
 # How many objects a store is asked for at once when many small files are read (History's first look).
 STORE_READ_CONCURRENCY = 64
+# Folders of a runs directory that are not runs: ``hosts/`` holds each host agent's stream (``tpudash.runs.hosts``).
+HOSTS_FOLDER = "hosts"
+RESERVED_FOLDERS = frozenset({HOSTS_FOLDER})
+
+
+def is_listed_run_id(name: str) -> bool:
+    """Whether a runs directory's entry named ``name`` is listed as a run: a run id, and no reserved folder."""
+    return is_run_id(name) and name not in RESERVED_FOLDERS
 
 
 class RunFiles(Protocol):
@@ -141,7 +149,7 @@ class LocalRoot:
                 names = [
                     entry.name
                     for entry in scan
-                    if is_run_id(entry.name) and (entry.is_dir(follow_symlinks=False) or _links_to_dir(entry))
+                    if is_listed_run_id(entry.name) and (entry.is_dir(follow_symlinks=False) or _links_to_dir(entry))
                 ]
         except OSError:
             return []
@@ -259,7 +267,7 @@ class BucketRoot:
         except FileNotFoundError:
             return []
         names = (entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.get("type") == "directory")
-        return sorted(name for name in names if is_run_id(name))
+        return sorted(name for name in names if is_listed_run_id(name))
 
     def files(self, run_id: str) -> BucketRunFiles:
         return BucketRunFiles(self.filesystem, f"{self.root}/{run_id}", f"{self.url}/{run_id}")
