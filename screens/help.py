@@ -24,6 +24,11 @@ SCREEN_KEYS = (
         "c cancel the running job · tabs: Plots, Replicas, Results, Log",
     ),
     (
+        "Hosts",
+        "↑/↓ move through the hosts (the table scrolls past what fits) · read every 2 s · a host whose agent "
+        "has not written a heartbeat for 3 of its intervals shows as stale",
+    ),
+    (
         "History",
         "enter open (a live run keeps growing) · space mark · o overlay two marked runs' loss · "
         "e export CSV · f5 reload · new runs appear by themselves",
@@ -89,5 +94,7 @@ class HelpScreen(DashScreen):
             f"metrics service at {self.dashboard.settings.tpu_metrics}, host CPU and memory, sampled every "
             f"{self.dashboard.settings.telemetry_interval:g} s without TensorFlow; recorded with every live run "
             "(telemetry.jsonl). A missing value says why.\n",
+            "Hosts (n): every host where `tpudash agent --runs-dir` points at this runs directory or bucket "
+            "writes a heartbeat and its latest sample under hosts/ in it; the agent needs no inbound port.\n",
             f"TensorFlow's native log for this session (the engine's stderr): {log}\n",
         )

@@ -45,6 +45,8 @@ BENCHMARKS = {
     "callback": "tests.benchmarks.bench_callback",
     "bucket": "tests.benchmarks.bench_bucket",
     "telemetry": "tests.benchmarks.bench_telemetry",
+    "hosts": "tests.benchmarks.bench_hosts",
+    "agent": "tests.benchmarks.bench_agent",
     "overhead": "tests.benchmarks.bench_overhead",
 }
 

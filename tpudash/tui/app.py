@@ -75,6 +75,8 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         Binding("h", "show('history')", "History", id="tpudash.history",
                 tooltip="past runs: open one, overlay two, export CSV"),
         Binding("v", "show('run')", "Run", id="tpudash.run", tooltip="the live view of this session's runs"),
+        Binding("n", "show('hosts')", "Hosts", id="tpudash.hosts",
+                tooltip="every host running tpudash agent: its chips, CPU, memory and heartbeat"),
         Binding("m", "launch_job('matmul')", "Matmul", id="tpudash.matmul",
                 tooltip="run the matmul check on every device (default params)"),
         Binding("r", "launch_job('replica-matmul')", "Replicas", id="tpudash.replica_matmul",

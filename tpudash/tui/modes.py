@@ -20,6 +20,7 @@ MODE_SCREENS = {
     "jobs": ("screens.jobs", "JobsScreen", "Jobs", "every job with its parameter form"),
     "run": ("screens.run", "RunScreen", "Run view", "the live view of this session's runs"),
     "history": ("screens.history", "HistoryScreen", "History", "past runs: open, overlay, export"),
+    "hosts": ("screens.hosts", "HostsScreen", "Hosts", "every host's chips, CPU, memory and heartbeat"),
     "log": ("screens.log", "SessionLogScreen", "Session log", "TensorFlow's native log and notifications"),
     "help": ("screens.help", "HelpScreen", "Help", "keys and what tpudash keeps"),
 }
