@@ -2,7 +2,8 @@
 
 The run on show is drawn by ``tpudash.tui.runview.RunView``; this screen picks
 which run that is (the newest, or the one chosen in the lane list) and
-redraws it on the app's ``DisplayTick``.
+redraws it on the app's ``DisplayTick``; a run of several workers also lists
+them (``RunView.follow_workers``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class RunScreen(DashScreen):
             return  # a signal or quit arrived while this screen was mounting: its widgets are going away
         live = self.dashboard.session.live_runs.get(run_id) if run_id else None
         self.view.show(live.model if live else None)
+        # A run of several workers (``tpudash run --workers N``) lists them; read on the display beat, off this thread.
+        store = self.dashboard.session.store
+        self.view.follow_workers(store.files(run_id) if live and run_id else None, local=store.local)
         self.refresh_lane()
 
     def on_display_tick(self, tick: DisplayTick) -> None:

@@ -54,6 +54,8 @@ class RunDetailScreen(ExportsRuns):
     def on_runs_loaded(self, message: RunsLoaded) -> None:
         self.follower = message.followers[0]
         self.view.show(self.follower.model)
+        store = self.dashboard.session.store
+        self.view.follow_workers(store.files(self.run_id), local=store.local)
         self._show_where_from()
         self.loaded = True
 

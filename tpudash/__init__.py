@@ -28,15 +28,19 @@ def record(
     *,
     runs_dir: str | os.PathLike | None = None,
     strategy: Any = None,
+    worker: Any = None,
+    run_id: str | None = None,
 ) -> RecordedRun:
     """Record a custom training loop as a tpudash run the dashboard can watch live.
 
     ``with tpudash.record("name", params={...}) as run:`` then ``run.metric``,
     ``run.progress`` and ``run.replica_values``; see ``tpudash.recording``.
+    ``worker`` (an index or a ``tpudash.runs.workers.WorkerIdentity``) and ``run_id``: the
+    processes of one cluster record one run (found from TF_CONFIG or JAX when not given).
     """
     from tpudash.recording import RecordedRun
 
-    return RecordedRun(name, params, runs_dir=runs_dir, strategy=strategy)
+    return RecordedRun(name, params, runs_dir=runs_dir, strategy=strategy, worker=worker, run_id=run_id)
 
 
 def __getattr__(name: str) -> ModuleType:

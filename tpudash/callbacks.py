@@ -19,6 +19,17 @@ model's train and test functions: an exception inside a step (a data
 error, out of memory, Ctrl-C) ends the run with its traceback and is raised
 on unchanged. One raised elsewhere in ``fit`` is recorded at the next
 ``fit`` or when the process exits. Imports neither textual nor screens.
+
+On a cluster (``MultiWorkerMirroredStrategy`` with ``TF_CONFIG``; Keras on
+JAX with a process per host) every worker runs the same script and records
+into one run: the chief creates it, the others join it with their own
+progress, step times and heartbeat (``tpudash.recording``). The run's id is
+then required, the same on every worker::
+
+    TpudashCallback(run_id="mnist-mwms-0601")   # or TPUDASH_RUN_ID set for every worker
+
+A second ``fit`` with the same callback records ``<run_id>-fit2``, and so on,
+on every worker alike.
 """
 
 from __future__ import annotations
@@ -35,8 +46,9 @@ import keras
 
 from jobs.batchmeans import BatchMeans
 from jobs.events import split_final_name, to_jsonable
-from tpudash.recording import RecordedRun, RecordingError, session_runtime
+from tpudash.recording import RecordedRun, RecordingError, find_recording_worker, session_runtime, shared_run_id
 from tpudash.runs.layout import SOURCE_CALLBACK
+from tpudash.runs.workers import WorkerIdentity
 
 # Without ``every_n_batches``, a batch point at most this often: what the
 # dashboard can show, at a cost training does not notice.
@@ -53,6 +65,9 @@ class TpudashCallback(keras.callbacks.Callback):
     directory, ``$TPUDASH_RUNS_DIR``. In a store, ``fit`` never waits for the network (``tpudash.runs.uploader``).
     ``every_n_batches``: a batch point every N batches (default: at most ten a second).
     ``batch_size``: the global batch, for examples/s (default: read from ``fit`` when Keras knows it).
+    ``worker``: which worker of a cluster this process is (a number, or a ``WorkerIdentity``); default:
+    found from TF_CONFIG, the model's distribute strategy or JAX (``tpudash.runs.workers.find_worker``).
+    ``run_id``: the run every worker records into (required with several workers, unless ``$TPUDASH_RUN_ID``).
     """
 
     def __init__(
@@ -61,6 +76,9 @@ class TpudashCallback(keras.callbacks.Callback):
         runs_dir: str | os.PathLike | None = None,
         every_n_batches: int | None = None,
         batch_size: int | None = None,
+        *,
+        worker: int | WorkerIdentity | None = None,
+        run_id: str | None = None,
     ):
         super().__init__()
         for field, value in (("every_n_batches", every_n_batches), ("batch_size", batch_size)):
@@ -70,6 +88,11 @@ class TpudashCallback(keras.callbacks.Callback):
             raise RecordingError(
                 f"name: {name!r} is not allowed; allowed: a non-empty text, or None for the model's name"
             )
+        # Before training starts: a cluster without a shared run id, or a malformed TF_CONFIG, is said now.
+        shared_run_id(run_id, find_recording_worker(worker))
+        self.worker = worker
+        self.run_id = run_id
+        self._fits = 0
         self.name = name
         self.runs_dir = runs_dir
         self.every_n_batches = every_n_batches
@@ -100,10 +123,23 @@ class TpudashCallback(keras.callbacks.Callback):
         params, layers = _describe_model(model, self.params or {}, self._fit_batch_size)
         runtime = session_runtime(getattr(model, "distribute_strategy", None))
         runtime["model_summary"] = layers
+        self._fits += 1
         try:
+            strategy = getattr(model, "distribute_strategy", None)
             self.run = RecordedRun(
-                self.name or model.name, params, runs_dir=self.runs_dir, runtime=runtime, source=SOURCE_CALLBACK
+                self.name or model.name,
+                params,
+                runs_dir=self.runs_dir,
+                runtime=runtime,
+                source=SOURCE_CALLBACK,
+                worker=find_recording_worker(self.worker, strategy),
+                run_id=self._fit_run_id(),
             )
+        except RecordingError as error:
+            # Only the strategy told that there are several workers (no TF_CONFIG): no run to share.
+            self.run = None
+            warnings.warn(f"tpudash: cannot record this fit ({error}); training goes on without a run", stacklevel=2)
+            return
         except OSError as error:
             # A full disk or an unwritable runs directory must not stop the user's training.
             self.run = None
@@ -118,6 +154,13 @@ class TpudashCallback(keras.callbacks.Callback):
         self._steps_before_epoch = self._steps_in_epoch = 0
         self._rates = []
         self._guard("train_function")
+
+    def _fit_run_id(self) -> str | None:
+        """The shared run id of this ``fit``: as given for the first, ``<id>-fit<n>`` for the n-th."""
+        shared = shared_run_id(self.run_id, None)
+        if shared is None or self._fits == 1:
+            return shared
+        return f"{shared}-fit{self._fits}"
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         run = self.run

@@ -21,6 +21,18 @@ and nothing raises, finishing included; ``RecordedRun.write_error`` says
 what could not be written. A run still open when the process exits is
 recorded as failed. Imports neither TensorFlow nor Textual; it
 describes TensorFlow's strategy only when the user's process has loaded it.
+
+Many workers, one run. A script started on every worker of a cluster
+(``TF_CONFIG``, a MultiWorkerMirroredStrategy, a JAX job on every host)
+records one run: the worker is found by ``tpudash.runs.workers.find_worker``
+(``worker=`` as given, TF_CONFIG's task, the strategy's cluster resolver, JAX's
+process index); the chief (worker 0) creates the run and its run.json, every
+other worker joins it with a stream and a heartbeat of its own. All of them
+must name the same run, and nothing they share tells them a name without
+talking to each other, so with several workers the run id is required: the
+same ``run_id=`` on every worker, or ``$TPUDASH_RUN_ID`` set for all of them
+(what a launcher does); without either, RecordingError says so before
+anything is written.
 """
 
 from __future__ import annotations
@@ -52,12 +64,15 @@ from jobs.events import (
     Table,
     to_jsonable,
 )
-from tpudash.runs.layout import SOURCE_RECORD, new_run_id
+from tpudash.runs.layout import RUN_ID_RULE, SOURCE_RECORD, is_run_id, new_run_id
 from tpudash.runs.store import Recorder, RunStore
+from tpudash.runs.workers import WorkerIdentity, find_worker
 
 # How often buffered events reach the file: the dashboard's redraw beat is
 # half a second, and a killed process loses at most this much.
 FLUSH_INTERVAL_SECONDS = 0.25
+RUN_ID_VARIABLE = "TPUDASH_RUN_ID"
+"""The run every worker of a cluster records into, when the script does not say ``run_id=``."""
 
 
 class RecordingError(ValueError):
@@ -173,6 +188,35 @@ def _run_id_word(name: str) -> str:
     return word[:40] or "run"
 
 
+def find_recording_worker(worker: int | WorkerIdentity | None, strategy: Any = None) -> WorkerIdentity | None:
+    """``workers.find_worker``, its ValueError (a malformed TF_CONFIG, a bad ``worker``) as a RecordingError."""
+    try:
+        return find_worker(worker, strategy=strategy)
+    except ValueError as error:
+        raise RecordingError(str(error)) from None
+
+
+def shared_run_id(run_id: str | None, worker: WorkerIdentity | None) -> str | None:
+    """The run id every worker agrees on: ``run_id``, else ``$TPUDASH_RUN_ID``; None: make a new one.
+
+    RecordingError when it is not a run id, or when several workers have none to share.
+    """
+    where = "run_id"
+    if run_id is None and os.environ.get(RUN_ID_VARIABLE, "").strip():
+        run_id, where = os.environ[RUN_ID_VARIABLE].strip(), RUN_ID_VARIABLE
+    if run_id is not None:
+        if not isinstance(run_id, str) or not is_run_id(run_id) or len(run_id) > 200:
+            raise RecordingError(f"{where}: {run_id!r} is not allowed; allowed: {RUN_ID_RULE}, at most 200 characters")
+        return run_id
+    if worker is not None and worker.count > 1:
+        raise RecordingError(
+            f"run_id: this process is {worker.task} {worker.index} of {worker.count} workers, and they record one "
+            f"run; allowed: the same run_id= on every worker (such as 'mnist-2024-06-01'), or {RUN_ID_VARIABLE} "
+            "set for all of them"
+        )
+    return None
+
+
 def _number(field: str, value: Any) -> float:
     plain = to_jsonable(value)
     if isinstance(plain, list) and len(plain) == 1:
@@ -203,7 +247,10 @@ class RecordedRun:
         strategy: Any = None,
         runtime: Mapping[str, Any] | None = None,
         source: str = SOURCE_RECORD,
+        worker: int | WorkerIdentity | None = None,
+        run_id: str | None = None,
     ):
+        """``worker`` and ``run_id``: which worker of a cluster this is and the run they share (module docstring)."""
         if not isinstance(name, str) or not name.strip():
             raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty text naming the run")
         if params is not None and not isinstance(params, Mapping):
@@ -211,14 +258,34 @@ class RecordedRun:
         self.name = name.strip()
         self.params = to_jsonable(dict(params or {}))
         self.runtime = dict(runtime) if runtime is not None else session_runtime(strategy)
+        self.worker = find_recording_worker(worker, strategy)
+        """Which worker of a cluster records (None: this process trains alone)."""
+        shared = shared_run_id(run_id, self.worker)
         store = RunStore(runs_directory(runs_dir))
         store.prepare()
-        self.run_id = new_run_id(_run_id_word(self.name))
+        self.run_id = shared or new_run_id(_run_id_word(self.name))
         self.location = store.location(self.run_id)
         """Where the run is written: its directory, or its URL in a store."""
-        self._recorder: Recorder = store.create(
-            self.run_id, self.name, self.params, self.runtime, source=source, flush_interval=FLUSH_INTERVAL_SECONDS
-        )
+        if self.worker is not None:
+            self.runtime["worker"] = {
+                "index": self.worker.index,
+                "count": self.worker.count,
+                "task": self.worker.task,
+                "host": self.worker.host,
+            }
+        self._recorder: Recorder
+        if self.worker is not None and not self.worker.is_chief:
+            self._recorder = store.join(self.run_id, self.name, self.params, self.runtime, worker=self.worker)
+        else:
+            self._recorder = store.create(
+                self.run_id,
+                self.name,
+                self.params,
+                self.runtime,
+                source=source,
+                flush_interval=FLUSH_INTERVAL_SECONDS,
+                worker=self.worker,
+            )
         self.status: str | None = None
         """None while running; then done, failed or cancelled."""
         self._steps: dict[tuple[str, str], int] = {}

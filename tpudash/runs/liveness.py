@@ -191,15 +191,28 @@ def store_writers_alive(files: RunFiles, now: float | None = None) -> bool:
     A store has no locks and its writers may be on any host, so the
     heartbeat alone tells: a run whose writers all stopped beating, or that
     never had one (a copy of a run that was still being written), is stale.
-    Raises what the store raises when it cannot be asked.
+    Raises what the store raises when it cannot be asked. A run written by
+    many workers is the chief's: another worker's heartbeat (``worker`` > 0,
+    ``tpudash.runs.workers``) does not keep it live.
     """
     for name in files.list(WRITERS_FOLDER)[:MAX_WRITERS_READ]:
         try:
-            if beat_is_fresh(files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES), now):
-                return True
+            data = files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES)
         except FileNotFoundError:
             continue  # removed since the listing
+        if not beats_for_another_worker(data) and beat_is_fresh(data, now):
+            return True
     return False
+
+
+def beats_for_another_worker(data: bytes) -> bool:
+    """Whether a heartbeat is a non-chief worker's (its ``worker`` index above 0)."""
+    try:
+        payload = json.loads(data) if len(data) <= MAX_HEARTBEAT_BYTES else None
+    except ValueError:
+        return False
+    worker = payload.get("worker") if isinstance(payload, dict) else None
+    return isinstance(worker, int) and not isinstance(worker, bool) and worker > 0
 
 
 def writer_alive(run_dir: Path, on_this_host: bool) -> bool | None:

@@ -5,7 +5,9 @@ process loses nothing it emitted, and fsynced at least every second and at
 every epoch and finish, so a dead machine loses at most a second. run.json
 is replaced atomically at the start, at epochs and at the finish. While it
 writes, the recorder holds the run's writer lock and refreshes its heartbeat
-(``tpudash.runs.liveness``), so readers know the run is still growing.
+(``tpudash.runs.liveness``), so readers know the run is still growing. The
+chief of a training cluster also keeps a worker's heartbeat,
+``writers/<writer>.json``, on a thread of its own (``worker_recorder``).
 
 A write that fails (a full disk, a quota, an I/O error, a file size limit)
 never raises out of ``record``, ``flush`` or ``close``: the first error is
@@ -25,8 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from jobs.events import Event, Metric, Progress, RunFinished, RunStarted, dumps, is_sane_timestamp, to_jsonable
+from tpudash.runs.backends import LocalRunFiles
 from tpudash.runs.layout import EVENTS_FILE, RUN_FILE, open_regular_fd, write_json_atomically
 from tpudash.runs.liveness import WriterLock
+from tpudash.runs.segments import new_writer_id
+from tpudash.runs.worker_recorder import WorkerHeartbeat
+from tpudash.runs.workers import WorkerIdentity
 
 FSYNC_INTERVAL_SECONDS = 1.0
 
@@ -51,7 +57,14 @@ class RunRecorder:
     later write errors are kept in ``write_error``.
     """
 
-    def __init__(self, run_dir: Path, meta: dict[str, Any], *, flush_interval: float = 0.0) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        meta: dict[str, Any],
+        *,
+        flush_interval: float = 0.0,
+        worker: WorkerIdentity | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.meta = dict(meta)
         self.flush_interval = flush_interval
@@ -77,6 +90,10 @@ class RunRecorder:
             self._writer_lock.release()
             raise
         self._writer_lock.start()
+        self.heartbeat: WorkerHeartbeat | None = None
+        """The chief's worker heartbeat (``writers/<writer>.json``), when it records for a cluster."""
+        if worker is not None:
+            self.heartbeat = WorkerHeartbeat(LocalRunFiles(run_dir), new_writer_id(), worker).start()
         self._writer: threading.Thread | None = None
         self._writer_stop = threading.Event()
         if flush_interval > 0:
@@ -100,6 +117,8 @@ class RunRecorder:
             if self._closed:
                 return
             self._pending.append(line)
+            if self.heartbeat is not None:
+                self.heartbeat.observe(event, timestamp)
             if isinstance(event, Metric):
                 self.remember_metric(event)
             epoch_boundary = isinstance(event, Progress) and event.unit == "epoch"
@@ -194,6 +213,9 @@ class RunRecorder:
 
     def _close_files(self) -> None:
         """Close events.jsonl and let go of the writer lock: readers now see the writer gone."""
+        if self.heartbeat is not None:
+            # A finish says how this worker ended; a close leaves its heartbeat to age, as a killed one's.
+            self.heartbeat.stop(self.meta.get("status") if self._finishing else None)
         with self._io_lock:
             fd, self._events_fd = self._events_fd, None
             if fd is not None:

@@ -50,8 +50,10 @@ from tpudash.runs.recorder import RunRecorder
 from tpudash.runs.segments import StreamTail
 from tpudash.runs.tail import fold_events, read_events
 from tpudash.runs.uploader import StoreRecorder, local_run_dir
+from tpudash.runs.worker_recorder import JoinedRecorder
+from tpudash.runs.workers import MAX_WORKERS, WorkerIdentity
 
-Recorder = RunRecorder | StoreRecorder
+Recorder = RunRecorder | StoreRecorder | JoinedRecorder
 
 # A pid as Linux gives them (pid_max is at most 2**22): anything else in run.json is not a process to look at.
 MAX_PID = 2**22
@@ -78,6 +80,11 @@ def _bounded_dict(value: Any) -> bool:
         return False
 
 
+def _workers_record(value: Any) -> bool:
+    count = value.get("count") if isinstance(value, dict) else None
+    return isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= MAX_WORKERS
+
+
 # What each field of run.json may hold, as errors say it, and the check.
 RUN_FIELD_RULES: dict[str, tuple[str, Any]] = {
     **{name: ("a unix time (1970 to 9999)", is_sane_timestamp) for name in ("started", "finished", "pid_start_time")},
@@ -100,6 +107,7 @@ RUN_FIELD_RULES: dict[str, tuple[str, Any]] = {
         name: (f"a JSON object of at most {MAX_RECORD_VALUES} values", _bounded_dict)
         for name in ("params", "summary", "final_metrics")
     },
+    "workers": (f'{{"count": N}} with N from 1 to {MAX_WORKERS}', _workers_record),
 }
 
 
@@ -129,6 +137,8 @@ class RunInfo:
     pid_start_ticks: str | None = None
     """The same, as runs written by older versions stored it (``pid_start``: clock ticks since boot)."""
     host: str | None = None
+    workers: int | None = None
+    """How many workers of a training cluster write the run (its chief wrote run.json); None: one writer."""
     live: bool = False
     """Running, and its writer is alive (its lock on this host, its heartbeat in a store): the run is still growing."""
     files: RunFiles | None = field(default=None, repr=False, compare=False)
@@ -178,6 +188,7 @@ class RunInfo:
             "source": self.source,
             "pid": self.pid,
             "host": self.host,
+            "workers": self.workers,
             "live": self.live,
         }
 
@@ -264,10 +275,15 @@ class RunStore:
         source: str = SOURCE_JOB,
         flush_interval: float = 0.0,
         name: str | None = None,
+        worker: WorkerIdentity | None = None,
     ) -> Recorder:
         """A new run and its recorder (``flush_interval``: see ``RunRecorder``; a store's recorder always buffers).
 
         ``name``: what the user called the run; by default one made from the job and its params.
+        ``worker``: the chief of a training cluster (``workers.find_worker``): run.json then says how many
+        workers write the run, and the chief's heartbeat carries its step stats as every worker's does.
+        The other workers ``join`` the run; one of them may have begun before the chief, so the run's
+        directory may exist already, but a run.json there is another run's (FileExistsError).
         """
         meta = {
             "source": source,
@@ -283,15 +299,43 @@ class RunStore:
             "pid_start_time": liveness.process_start_time(os.getpid()),
             "host": socket.gethostname(),
         }
-        return self._recorder(run_id, meta, new=True, flush_interval=flush_interval)
+        if worker is not None:
+            if not worker.is_chief:
+                raise ValueError(
+                    f"worker: {worker.index} is not the chief (0); the chief creates the run, others join it"
+                )
+            meta["workers"] = {"count": worker.count}
+            if self.files(run_id).key(RUN_FILE) is not None:
+                raise FileExistsError(f"run {run_id} exists already in {self.where}; give each run its own id")
+        return self._recorder(run_id, meta, new=True, flush_interval=flush_interval, worker=worker)
 
-    def _recorder(self, run_id: str, meta: dict, *, new: bool = False, flush_interval: float = 0.0) -> Recorder:
+    def join(self, run_id: str, job: str, params: dict, runtime: dict, *, worker: WorkerIdentity) -> JoinedRecorder:
+        """A non-chief worker's recorder of the run its chief creates (``worker_recorder.JoinedRecorder``).
+
+        It never writes run.json; its events go to the stream ``worker-<index>`` and its heartbeat to
+        ``writers/``, locally as in a store. ``job``, ``params`` and ``runtime`` go into its own RunStarted.
+        """
+        if worker.is_chief:
+            raise ValueError("worker: the chief (0) creates the run with create(); the other workers join it")
+        meta = {"run_id": run_id, "job": job, "params": params, "runtime": runtime, "worker": worker.index}
+        return JoinedRecorder(self.files(run_id), meta, worker=worker, spill_root=self.spill_root)
+
+    def _recorder(
+        self,
+        run_id: str,
+        meta: dict,
+        *,
+        new: bool = False,
+        flush_interval: float = 0.0,
+        worker: WorkerIdentity | None = None,
+    ) -> Recorder:
         files = self.files(run_id)
         if isinstance(files, LocalRunFiles):
             if new:
-                files.run_dir.mkdir(parents=True, exist_ok=False)
-            return RunRecorder(files.run_dir, meta, flush_interval=flush_interval)
-        return StoreRecorder(files, meta, spill_root=self.spill_root)
+                # A cluster's other workers may have made the directory first (their streams).
+                files.run_dir.mkdir(parents=True, exist_ok=worker is not None)
+            return RunRecorder(files.run_dir, meta, flush_interval=flush_interval, worker=worker)
+        return StoreRecorder(files, meta, spill_root=self.spill_root, worker=worker)
 
     def finish_abandoned(self, run_id: str, job: str, params: dict, status: str, error: str | None) -> OSError | None:
         """End a run whose writer died (a killed engine): record RunFinished and update run.json.
@@ -441,6 +485,8 @@ class RunStore:
         info.pid_start_time = _as_float(checked_field(meta, "pid_start_time", problems))
         info.pid_start_ticks = checked_field(meta, "pid_start", problems)
         info.host = checked_field(meta, "host", problems)
+        workers = checked_field(meta, "workers", problems)
+        info.workers = workers["count"] if workers is not None else None
         info.name = info.name or readable_run_name(info.job, info.params)
         return info
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -45,6 +44,7 @@ from tpudash.runs.backends import LocalRunFiles, RunFiles
 from tpudash.runs.layout import EVENTS_STREAM, RUN_FILE, TELEMETRY_STREAM, record_bytes
 from tpudash.runs.liveness import HEARTBEAT_INTERVAL_SECONDS, WRITERS_FOLDER
 from tpudash.runs.segments import new_writer_id, segment_name
+from tpudash.runs.workers import StepTimer, WorkerIdentity, heartbeat_payload, is_worker_stream
 
 SEAL_SECONDS = 2.0
 """A reader following a run in a store is at most this (plus its listing interval) behind the writer."""
@@ -57,8 +57,15 @@ MAX_RETRY_SECONDS = 30.0
 FINISH_WAIT_SECONDS = 10.0
 TICK_SECONDS = 0.25
 # What in a run's local directory is the writers' own (spilled segments, the record), not the job's files
-# (TensorBoard logs): the telemetry's segments are its writer's (``tpudash.telemetry.recorder``).
+# (TensorBoard logs): the telemetry's segments are its writer's (``tpudash.telemetry.recorder``), and
+# the ``worker-<index>`` streams other workers on this host spilled (``tpudash.runs.worker_recorder``).
 SPILLED = (EVENTS_STREAM, TELEMETRY_STREAM, RUN_FILE, WRITERS_FOLDER)
+
+
+def is_spilled(relative: str) -> bool:
+    """Whether a file of a run's local directory is a writer's own (a spilled segment, the record), not the job's."""
+    first = relative.split("/")[0]
+    return first in SPILLED or is_worker_stream(first)
 
 
 def default_spill_dir(environ: dict[str, str] | None = None) -> Path:
@@ -360,9 +367,14 @@ class StoreRecorder:
         seal_seconds: float = SEAL_SECONDS,
         finish_wait: float = FINISH_WAIT_SECONDS,
         notify: Callable[[str], None] | None = None,
+        worker: WorkerIdentity | None = None,
     ) -> None:
         self.files = files
         self.meta = dict(meta)
+        self.worker = worker
+        """The chief of a cluster (its heartbeat carries its step stats), or None: the run's only writer."""
+        self._step_timer = StepTimer()
+        self._status: str | None = None
         self.finish_wait = finish_wait
         self.notify = notify or say_on_stderr
         self.write_error: OSError | None = None
@@ -410,6 +422,8 @@ class StoreRecorder:
             if self._closed:
                 return
             self.events.write(dumps(event, timestamp) + "\n")
+            if self.worker is not None:
+                self._step_timer.observe(event, timestamp)
             if isinstance(event, Metric):
                 self.remember_metric(event)
             if isinstance(event, Progress) and event.unit == "epoch":
@@ -419,6 +433,7 @@ class StoreRecorder:
                 self._meta_due = True
             if finished is not None:
                 self._closed = True
+                self._status = finished.status
                 self.meta.update(
                     status=finished.status, finished=timestamp, summary=finished.summary, error=finished.error
                 )
@@ -484,14 +499,9 @@ class StoreRecorder:
             self.record_uploaded.set()
 
     def beat(self) -> None:
-        """Write this writer's heartbeat now."""
-        payload = {
-            "heartbeat": round(time.time(), 3),
-            "interval": HEARTBEAT_INTERVAL_SECONDS,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "writer": self.writer,
-        }
+        """Write this writer's heartbeat now (a chief's with its step stats: ``workers.heartbeat_payload``)."""
+        with self._lock:
+            payload = heartbeat_payload(self.writer, self.worker, self._step_timer, status=self._status or "running")
         self.files.write(f"{WRITERS_FOLDER}/{self.writer}.json", json.dumps(payload, sort_keys=True).encode())
 
     # -- the end --------------------------------------------------------------------------------
@@ -554,7 +564,7 @@ class StoreRecorder:
         """
         for path in sorted(self.run_dir.rglob("*")):
             relative = path.relative_to(self.run_dir).as_posix()
-            if not path.is_file() or path.is_symlink() or relative.split("/")[0] in SPILLED:
+            if not path.is_file() or path.is_symlink() or is_spilled(relative):
                 continue
             self.files.write(relative, path.read_bytes())
             path.unlink(missing_ok=True)

@@ -5,7 +5,9 @@ histories, the latest per-replica values, result tables, log lines, the
 telemetry sampled while the run was live); it knows nothing of Textual, so the
 History screen can feed it stored events and a benchmark can feed it a million
 points. ``RunView`` draws a model: the Run screen shows this session's runs in
-it, History a stored or followed one.
+it, History a stored or followed one. A run written by a training cluster
+also shows its workers (``follow_workers``): a line above the tabs and a
+Workers tab (``tpudash.tui.workers``), read off the UI thread.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, Me
 from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
 from tpudash.tui.runheader import RunHeader, clipped
+from tpudash.tui.workers import FollowsWorkers, WorkersFeed
 
 # A plot flatter than this shows little but its axes: plots then go side by side, even at
 # 80 columns, as long as each stays this wide.
@@ -90,7 +93,7 @@ class RunTabs(TabbedContent):
             self.user_chose = True
 
 
-class RunView(Vertical):
+class RunView(FollowsWorkers, Vertical):
     """Draws one RunModel: header, error, progress, and tabs of plots, replicas, results, log."""
 
     # A scoped rule is prefixed with "RunView", so one about the screen's height could never match.
@@ -99,6 +102,7 @@ class RunView(Vertical):
     RunView { height: 1fr; }
     RunView #run-progress { height: auto; padding: 0 1; }
     RunView #run-stage { height: auto; max-height: 2; padding: 0 1; color: $text-muted; display: none; }
+    RunView #run-workers { height: auto; max-height: 2; padding: 0 1; display: none; }
     RunView #run-tabs { height: 1fr; }
     RunView TabPane { padding: 0; }
     RunView #plots { height: 1fr; grid-gutter: 0 1; }
@@ -134,11 +138,14 @@ class RunView(Vertical):
         self._stage_shown: str | None = None
         self._ready = False
         self._plots_note: str | None = ""
+        self._workers_feed: WorkersFeed | None = None
+        self._workers_tab = False
 
     def compose(self) -> ComposeResult:
         yield RunHeader(id="run-header")
         yield Vertical(id="run-progress")
         yield Static("", id="run-stage", markup=False)
+        yield Static("", id="run-workers", markup=False)
         with RunTabs(id="run-tabs"):
             with TabPane("Plots", id="tab-plots"):
                 yield Static("", id="plots-empty")
@@ -213,6 +220,7 @@ class RunView(Vertical):
         """Bring every part up to date with the model, plots included, on the display beat."""
         if not self._ready:
             return
+        self._read_workers_when_due()
         model = self.model
         # Every repaint costs the training thread CPU: the clock, the bars,
         # the log, the tables and the plots move together, on the app's
