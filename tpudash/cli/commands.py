@@ -184,21 +184,40 @@ def command_run(args: argparse.Namespace, settings: Settings) -> int:
         return show_run_help(args.run_parser, spec)
     assert spec is not None  # a job is named unless --help was asked for
     try:
-        params = spec.resolve(parse_assignments(args.assignments))
+        assignments = parse_assignments(args.assignments)
+    except ParamError as error:
+        raise BadInput(str(error)) from None
+    from tpudash.cli.workerflags import checked_run_id, join_cluster, requested_workers
+
+    # TF_CONFIG is this process's before anything loads TensorFlow, which reads it once.
+    worker_count = join_cluster(args)
+    from tpudash.runs.workers import find_worker
+
+    try:
+        worker = find_worker()
+    except ValueError as error:
+        raise BadInput(f"TF_CONFIG: {error}") from None
+    workers = requested_workers(args, spec, assignments, worker.count if worker is not None else worker_count)
+    try:
+        params = spec.resolve(assignments)
     except ParamError as error:
         raise BadInput(str(error)) from None
     name = checked_run_name(args.name)
+    run_id = checked_run_id(args.run_id)
     try:
         runs_dir = settings.check_runs_dir()
     except SettingsError as error:
         raise BadInput(str(error)) from None
+    if worker is None and workers > 1:
+        # The workers detect the runtime, each in its own process; this one only starts and watches them.
+        return execute_headless(spec, params, None, settings, runs_dir, as_json=args.json, name=name, run_id=run_id)
     with runtime_in_this_process(args, settings) as runtime:
         if spec.check_runtime is not None:
             try:
                 spec.check_runtime(params, runtime)
             except ParamError as error:
                 raise BadInput(str(error)) from None
-        return execute_headless(spec, params, runtime, settings, runs_dir, as_json=args.json, name=name)
+        return execute_headless(spec, params, runtime, settings, runs_dir, as_json=args.json, name=name, run_id=run_id)
 
 
 def checked_run_name(name: str | None) -> str | None:
@@ -234,13 +253,18 @@ def show_run_help(run_parser: argparse.ArgumentParser, spec: JobSpec | None) -> 
 def execute_headless(
     spec: JobSpec,
     params: dict,
-    runtime: Runtime,
+    runtime: Runtime | None,
     settings: Settings,
     runs_dir: Path | str,
     as_json: bool,
     name: str | None = None,
+    run_id: str | None = None,
 ) -> int:
-    """Run on a job thread so Ctrl-C and SIGTERM become a clean, recorded cancel."""
+    """Run on a job thread so Ctrl-C and SIGTERM become a clean, recorded cancel.
+
+    ``runtime`` None: the run is launched on workers (``tpudash.engine.cluster``), which detect their own.
+    ``run_id``: record into this run (``--run-id``); None: a new one.
+    """
     from tpudash.cli.sinks import ConsoleSink, JsonLinesSink
     from tpudash.engine.headless import InProcessJob, native_log_path
     from tpudash.telemetry.recorder import RecordingTelemetry
@@ -254,7 +278,7 @@ def execute_headless(
     from tpudash.runs.store import RunStore
 
     telemetry = RecordingTelemetry(settings, {"tpudash_run": os.getpid()}, store=RunStore(runs_dir))
-    job = InProcessJob(spec, params, runtime, settings, runs_dir, sinks=[sink, telemetry], name=name)
+    job = InProcessJob(spec, params, runtime, settings, runs_dir, sinks=[sink, telemetry], name=name, run_id=run_id)
     interrupts = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

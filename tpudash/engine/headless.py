@@ -113,17 +113,19 @@ class InProcessJob:
         self,
         spec: JobSpec,
         params: dict,
-        runtime: Runtime,
+        runtime: Runtime | None,
         settings: Any,
         runs_dir: Path | str,
         sinks: Iterable[Sink],
         name: str | None = None,
+        run_id: str | None = None,
     ):
+        """``runtime`` None: the run is launched on workers that detect their own; ``run_id``: record into it."""
         from tpudash.engine.runner import Runner
         from tpudash.runs.store import RunStore
 
         self._runner = Runner(lambda: runtime, RunStore(runs_dir), settings, sinks=sinks)
-        self._queued = self._runner.submit(spec, params, name=name)
+        self._queued = self._runner.submit(spec, params, run_id=run_id, name=name)
         self._thread = threading.Thread(
             target=self._runner.execute, args=(self._queued,), name=f"tpudash-job-{spec.name}", daemon=True
         )

@@ -10,11 +10,22 @@ A record that cannot be written (a full disk, a quota, an I/O error) ends
 the run as failed, naming the OS error; the sinks still hear its end, so the
 engine reports it and ``tpudash run`` says it. This module never imports
 textual.
+
+Many workers: a process that is one worker of a training cluster
+(``tpudash.runs.workers.find_worker``: TF_CONFIG, set from ``tpudash run
+--worker-index/--cluster`` or exported by the user) records its run with
+``RunStore.create(worker=…)`` on the chief and ``RunStore.join`` on the
+others. A run whose params ask for several ``workers`` in a process that is
+no worker (the dashboard's engine, ``tpudash run --workers N``) is launched
+on this machine (``tpudash.engine.cluster``): the chief worker writes it
+under the same run id, its events reach this runner's sinks, and the runner
+keeps no record of its own but ends the run when the chief could not.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -29,6 +40,7 @@ from jobs.events import Event, RunFinished, RunStarted, to_jsonable
 from tpudash.runs.layout import new_run_id
 from tpudash.runs.recorder import cannot_write
 from tpudash.runs.store import Recorder, RunStore
+from tpudash.runs.workers import WorkerIdentity, find_worker
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +77,8 @@ class QueuedRun:
     sinks: list[Sink] = field(default_factory=list)
     name: str | None = None
     """What the user called the run (``tpudash run --name``); None: one made from its job and params."""
+    run_id_chosen: bool = False
+    """The caller chose the run id; otherwise the workers of a cluster agree on their chief's."""
     done_event: threading.Event = field(default_factory=threading.Event)
     failed_sinks: set = field(default_factory=set)
     write_error: OSError | None = None
@@ -104,6 +118,8 @@ class Runner:
         self._condition = threading.Condition()
         self._waiting: list[QueuedRun] = []
         self._current: QueuedRun | None = None
+        self.worker_program: tuple[str, ...] | None = None
+        """What each launched worker runs before ``run JOB …`` (None: ``python -m tpudash``; the tests' stand-in)."""
 
     # -- sinks ---------------------------------------------------------
     def add_sink(self, sink: Sink) -> None:
@@ -121,7 +137,12 @@ class Runner:
     ) -> QueuedRun:
         """Queue a run of ``spec`` with already validated ``params`` (``run_id``: chosen by the caller)."""
         run = QueuedRun(
-            run_id=run_id or new_run_id(spec.name), spec=spec, params=dict(params), sinks=list(sinks), name=name
+            run_id=run_id or new_run_id(spec.name),
+            spec=spec,
+            params=dict(params),
+            sinks=list(sinks),
+            name=name,
+            run_id_chosen=run_id is not None,
         )
         with self._condition:
             self._waiting.append(run)
@@ -196,15 +217,22 @@ class Runner:
         context: JobContext | None = None
         status, error, trace = "done", None, None
         try:
+            worker = find_worker()  # before the runtime: a run to launch on workers needs none here
+            if worker is None and requested_workers(run.params) > 1:
+                self._run_launched(run)
+                return
             runtime = self._runtime_provider()
             description = runtime.summary() if hasattr(runtime, "summary") else {}
             if run.spec.check_runtime is not None:
                 run.spec.check_runtime(run.params, runtime)
+            if worker is not None and not run.run_id_chosen:
+                from tpudash.accel.multiworker import agree_on_run_id
+
+                # Each worker proposed an id of its own; the run is one, named as the chief named it.
+                run.run_id = agree_on_run_id(getattr(runtime, "strategy", None), run.run_id)
             if self.store is not None:
                 try:
-                    recorder = self.store.create(
-                        run.run_id, run.job, to_jsonable(run.params), description, name=run.name
-                    )
+                    recorder = self._recorder_for(run, worker, description)
                 except OSError as create_error:
                     run.write_error = create_error
                     run.run_dir = None
@@ -258,6 +286,64 @@ class Runner:
         run.state, run.error, run.traceback = status, error, trace
         self._fan_out(run, finished)
 
+    def _recorder_for(self, run: QueuedRun, worker: WorkerIdentity | None, description: dict) -> Recorder:
+        """The run's recorder: the run created (alone, or by a cluster's chief), or joined (another worker)."""
+        assert self.store is not None
+        params = to_jsonable(run.params)
+        if worker is None or worker.is_chief:
+            return self.store.create(run.run_id, run.job, params, description, name=run.name, worker=worker)
+        return self.store.join(run.run_id, run.job, params, description, worker=worker)
+
+    def _run_launched(self, run: QueuedRun) -> None:
+        """Run ``run`` on its workers, started on this machine; their chief records it, its events reach the sinks."""
+        from tpudash.config import settings_environment
+        from tpudash.engine.cluster import STOP_GRACE_SECONDS, ClusterLaunch, LaunchOutcome
+
+        count = requested_workers(run.params)
+        if self.store is None:
+            outcome = LaunchOutcome("failed", f"a run on {count} workers needs a runs directory for them to write it")
+        else:
+            run.run_dir = self.store.local_dir(run.run_id)
+            environment = dict(os.environ)
+            if self.settings is not None:
+                environment = settings_environment(self.settings, environment)
+            environment["TPUDASH_RUNS_DIR"] = str(self.store.root)
+            if self.settings is not None and getattr(self.settings, "tpu", None) is None:
+                # N processes on one host cannot share its TPU chips: local workers train on the CPU unless told.
+                environment["TPUDASH_TPU"] = "none"
+            # A dashboard ends its engine when a cancelled job outlasts its cancel grace: the workers stop first.
+            grace = STOP_GRACE_SECONDS
+            if self.settings is not None and isinstance(getattr(self.settings, "cancel_grace", None), (int, float)):
+                grace = min(grace, max(0.5, 0.75 * self.settings.cancel_grace))
+            launch = ClusterLaunch(
+                job=run.job,
+                params=run.spec.as_text(run.params),
+                run_id=run.run_id,
+                count=count,
+                store=self.store,
+                environment=environment,
+                on_event=lambda stamp, event: self._fan_out(run, event),
+                name=run.name,
+                grace=grace,
+                **({"program": self.worker_program} if self.worker_program is not None else {}),
+            )
+            try:
+                outcome = launch.run(run.cancel_event)
+            except OSError as error:  # the workers could not be started (no such interpreter, no processes left)
+                outcome = LaunchOutcome("failed", f"the {count} workers could not be started: {error}")
+                self.store.finish_abandoned(run.run_id, run.job, run.spec.as_text(run.params), "failed", outcome.error)
+        run.summary = dict(outcome.summary)
+        run.state, run.error, run.traceback = outcome.status, outcome.error, outcome.traceback
+        self._fan_out(
+            run,
+            RunFinished(
+                status=outcome.status,
+                summary=to_jsonable(run.summary),
+                error=outcome.error,
+                traceback=outcome.traceback,
+            ),
+        )
+
     def _dispatch(self, run: QueuedRun, recorder: Recorder | None, event: Event) -> None:
         """Record ``event``, then give it to the sinks; once the record cannot be written, stop the job."""
         if recorder is not None:
@@ -281,3 +367,9 @@ class Runner:
                     log.exception(
                         "sink %r failed on %s; later failures of it in this run are not logged", sink, event.type
                     )
+
+
+def requested_workers(params: dict) -> int:
+    """How many workers a run's params ask for (``workers``; 1 for a job that has no such param)."""
+    workers = params.get("workers", 1)
+    return workers if isinstance(workers, int) and not isinstance(workers, bool) else 1

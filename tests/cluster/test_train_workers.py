@@ -1,0 +1,139 @@
+"""``tpudash run train --workers 2``: two TensorFlow workers on loopback ports, one run; and a worker killed mid-run.
+
+Each test starts the real command line as a user does; the launcher starts
+two ``tpudash run … --worker-index I --cluster …`` processes under it. Two
+TensorFlow processes at once, at most (CI's 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from jobs.events import Metric, Progress
+from tpudash.runs.store import RunStore
+from tpudash.runs.workers import worker_stream
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+USER_UNSET = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_LOAD_LIBRARY", "TPU_SKIP_MDS_QUERY", "TF_CONFIG")
+RUN_SECONDS = 150.0
+"""The longest a 2-worker run of a few hundred synthetic examples may take on a loaded 2-core machine."""
+LOST_WORKER_SECONDS = 5.0
+"""The stated bound: a kill -9 of a worker ends the run as failed, naming it, within this (measured: well under 1 s)."""
+TRAIN = ["run", "train", "--workers", "2", "--set", "source=synthetic", "--set", "model=light"]
+
+
+def environment(runs_dir: Path, tmp_path: Path) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
+    env.update(
+        TPUDASH_RUNS_DIR=str(runs_dir),
+        TPUDASH_TPU="none",
+        TPUDASH_ENGINE_LOCK=str(tmp_path / "engine.lock"),
+        XDG_DATA_HOME=str(tmp_path / "xdg"),
+        XDG_CACHE_HOME=str(tmp_path / "xdg-cache"),
+    )
+    return env
+
+
+def heartbeats(store: RunStore, run_id: str) -> dict[int, dict]:
+    """The workers' heartbeats (``writers/*.json``) by worker index."""
+    beats = {}
+    for path in (store.local_dir(run_id) / "writers").glob("*.json"):
+        try:
+            beat = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced this instant
+        if isinstance(beat.get("worker"), int):
+            beats[beat["worker"]] = beat
+    return beats
+
+
+def test_train_on_two_workers_is_one_run_with_both_workers_and_rising_accuracy(tmp_path):
+    runs_dir = tmp_path / "runs"
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "tpudash", *TRAIN, "--set", "epochs=2", "--set", "limit_train=512", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=environment(runs_dir, tmp_path),
+        timeout=RUN_SECONDS,
+    )
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    store = RunStore(runs_dir)
+    (info,) = store.list_runs()
+    run_json = json.loads((runs_dir / info.run_id / "run.json").read_text())
+    assert run_json["workers"]["count"] == 2 and run_json["status"] == "done"
+    # The chief's events are the run's, as `tpudash run train` prints them.
+    printed = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert printed[0]["type"] == "run_started" and printed[-1]["type"] == "run_finished"
+    accuracy = [
+        event.value
+        for _, event in store.stream(info.run_id).read_new(final=True)
+        if isinstance(event, Metric) and event.name == "accuracy" and event.split == "train"
+    ]
+    assert accuracy and accuracy[-1] > 0.2, accuracy  # ten classes: chance is 0.1
+    assert store.stream(info.run_id, worker_stream(1)).read_new(final=True), "worker 1 wrote no events of its own"
+    assert set(heartbeats(store, info.run_id)) == {0, 1}
+    for index in (0, 1):
+        assert (store.local_dir(info.run_id) / f"worker-{index}.log").exists()
+    print(f"\n2 workers: {took:.1f} s wall, final train accuracy {accuracy[-1]:.3f}")
+    for index, beat in sorted(heartbeats(store, info.run_id).items()):
+        print(f"worker {index}: step {beat.get('step')} at {beat.get('step_seconds')} s/step")
+
+
+def test_a_worker_killed_mid_run_ends_the_run_failed_naming_it_and_the_chief_exits(tmp_path):
+    runs_dir = tmp_path / "runs"
+    store = RunStore(runs_dir)
+    tpudash = subprocess.Popen(
+        [sys.executable, "-m", "tpudash", *TRAIN, "--set", "epochs=50", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=environment(runs_dir, tmp_path),
+    )
+    try:
+        deadline = time.monotonic() + RUN_SECONDS
+        run_id, beats, training = None, {}, False
+        # The run and the heartbeats are other processes' files: looked for until they are there, bounded.
+        while not (training and {0, 1} <= set(beats)):
+            assert time.monotonic() < deadline and tpudash.poll() is None, "training never started on both workers"
+            run_ids = store.run_ids()
+            if run_ids:
+                run_id = run_ids[0]
+                tail = store.stream(run_id)
+                training = training or any(
+                    isinstance(event, Progress) and event.unit == "step" and event.done > 0
+                    for _, event in tail.read_new()
+                )
+                beats = heartbeats(store, run_id)
+            time.sleep(0.2)
+        assert run_id is not None
+        chief_pid, worker_pid = beats[0]["pid"], beats[1]["pid"]
+        killed_at = time.monotonic()
+        os.kill(worker_pid, signal.SIGKILL)
+        _, stderr = tpudash.communicate(timeout=60)
+        took = time.monotonic() - killed_at
+    finally:
+        if tpudash.poll() is None:
+            tpudash.kill()
+            tpudash.wait(10)
+    assert tpudash.returncode == 1, stderr[-3000:]
+    info = store.info(run_id)
+    assert info.status == "failed"
+    assert "worker 1 (127.0.0.1:" in (info.error or "") and "killed by SIGKILL" in (info.error or "")
+    assert took < LOST_WORKER_SECONDS, f"the run ended {took:.2f} s after the kill"
+    try:
+        os.kill(chief_pid, 0)
+        chief_alive = True
+    except ProcessLookupError:
+        chief_alive = False
+    assert not chief_alive, "the chief outlived the run"
+    print(f"\nkill -9 of worker 1 to the run ended failed: {took:.2f} s")
