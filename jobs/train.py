@@ -40,6 +40,13 @@ What a run reports (events):
 - ``Log`` lines: what is trained on what (synthetic data says so), the Cloud
   TPU performance guide's advice, early stopping, profiler results.
 
+On many workers (``workers`` > 1: MultiWorkerMirroredStrategy, one process
+per worker with its TF_CONFIG, started by the launcher) every worker runs this
+job with the custom loop on its own shard, and all report the same all-reduced
+losses; only the chief writes TensorBoard scalars; a peer lost mid-run fails
+the job with ``WorkerLost`` naming it (jobs.trainworkers says why not ``fit``).
+The job refuses ``workers`` > 1 in a process that is not in such a cluster.
+
 Off a TPU, ``fit`` with ``steps_per_execution`` > 1 runs its executions with
 the tf-keras loop (see jobs.trainloops.multi_step_train_function): Keras 3's own fails under
 MirroredStrategy.
@@ -73,6 +80,7 @@ from jobs.trainplan import (
     tpu_advice,
 )
 from jobs.trainreport import STAGE_MODEL, TrainingReporter, data_stage_name
+from jobs.trainworkers import FIT_UNDER_MWMS, WorkerLost, check_workers, cluster_of, is_peer_loss, lost_worker_message
 
 PARAMS = (
     Param("dataset", "str", "mnist", "images to classify", choices=data.DATASET_NAMES),
@@ -144,11 +152,21 @@ PARAMS = (
         "capture a profiler trace of these global steps, e.g. 5-10 (empty = off)",
         check=check_profile_steps,
     ),
+    Param(
+        "workers",
+        "int",
+        1,
+        "worker processes on this machine under MultiWorkerMirroredStrategy (TF_CONFIG on loopback ports)",
+        minimum=1,
+        maximum=64,
+    ),
 )
 
 
 def check_runtime(params: dict, runtime: Any) -> None:
-    """Rules that need the replica count: a limit must hold at least one global batch."""
+    """Rules that need the replica count: a limit must hold at least one global batch; workers match the cluster."""
+    if cluster_of(runtime) is not None:
+        check_workers(params, runtime)
     global_batch = params["batch_per_replica"] * int(runtime.num_replicas)
     limit = params["limit_train"]
     if limit and limit < global_batch:
@@ -164,9 +182,12 @@ def run_train(ctx: Any, params: dict) -> dict:
     import tensorflow as tf
 
     runtime = ctx.runtime
+    check_workers(params, runtime)
+    cluster = cluster_of(runtime)
     strategy = runtime.strategy
     replicas = int(strategy.num_replicas_in_sync)
     settings = ctx.settings
+    loop = "custom" if cluster is not None else params["loop"]
     with op_determinism(params["deterministic"]), precision_policy(params["precision"]):
         keras.utils.set_random_seed(params["seed"])
         stage = StageAnnouncer(ctx.emit)
@@ -176,6 +197,8 @@ def run_train(ctx: Any, params: dict) -> dict:
             ctx.raise_if_cancelled()
             stage(data_stage, done, total)
 
+        if cluster is not None and params["loop"] == "fit":
+            ctx.log(FIT_UNDER_MWMS, "warning")
         stage(data_stage)
         splits = data.load_splits(
             params["dataset"],
@@ -218,23 +241,30 @@ def run_train(ctx: Any, params: dict) -> dict:
             f"training {params['model']} ({params_count:,} params) on {splits.label}: "
             f"{splits.train_examples:,} train / {splits.test_examples:,} test examples; "
             f"global batch {plan.global_batch} = {plan.per_replica_batch} per replica × {replicas} replicas "
-            f"({runtime.kind}); {plan.steps_per_epoch} steps per epoch, {params['loop']} loop, "
+            f"({runtime.kind}{workers_text(cluster)}); {plan.steps_per_epoch} steps per epoch, {loop} loop, "
             f"steps_per_execution {plan.steps_per_execution}, precision {params['precision']}"
         )
         tensorboard_dir = Path(ctx.run_dir) / "tensorboard"
-        tensorboard_dir.mkdir(parents=True, exist_ok=True)
-        ctx.emit(Artifact(kind="tensorboard", path=str(tensorboard_dir)))
+        # TensorFlow's rule: only the chief writes summaries (another worker's would duplicate them).
+        writes_summaries = cluster is None or cluster.get("worker") == 0
+        if writes_summaries:
+            tensorboard_dir.mkdir(parents=True, exist_ok=True)
+            ctx.emit(Artifact(kind="tensorboard", path=str(tensorboard_dir)))
         profile_range = parse_profile_steps(params["profile_steps"])
-        profile = ProfileWindow(ctx, profile_range, tensorboard_dir) if profile_range else None
-        reporter = TrainingReporter(ctx, plan, tensorboard_dir, profile, stage)
+        profile = ProfileWindow(ctx, profile_range, tensorboard_dir) if profile_range and writes_summaries else None
+        reporter = TrainingReporter(ctx, plan, tensorboard_dir if writes_summaries else None, profile, stage)
         ctx.emit(Progress(done=0, total=plan.epochs, unit="epoch"))
         try:
-            if params["loop"] == "fit":
+            if loop == "fit":
                 stopped_early = train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits, reporter)
             else:
                 stopped_early = train_with_custom_loop(
                     ctx, tf, keras, strategy, model, recipe, params, plan, splits, reporter
                 )
+        except Exception as error:
+            if cluster is not None and is_peer_loss(error):
+                raise WorkerLost(lost_worker_message(error, cluster)) from error
+            raise
         finally:
             if profile is not None:
                 profile.finish(reporter.global_step)
@@ -247,7 +277,8 @@ def run_train(ctx: Any, params: dict) -> dict:
         "synthetic": splits.source == "synthetic",
         "model": params["model"],
         "params": params_count,
-        "loop": params["loop"],
+        "loop": loop,
+        "workers": cluster["workers"] if cluster is not None else 1,
         "precision": params["precision"],
         "replicas": replicas,
         "global_batch": plan.global_batch,
@@ -257,7 +288,7 @@ def run_train(ctx: Any, params: dict) -> dict:
         "steps": reporter.global_step,
         "examples_per_second": reporter.examples_per_second(),
         "early_stopped": stopped_early,
-        "tensorboard": str(tensorboard_dir),
+        "tensorboard": str(tensorboard_dir) if writes_summaries else None,
         "profile": str(profile.trace_dir) if profile is not None and profile.trace_dir else None,
     }
     summary.update({name: value for name, value in reporter.last_train.items()})
@@ -266,6 +297,13 @@ def run_train(ctx: Any, params: dict) -> dict:
     if ctx.cancelled():
         ctx.log(f"cancelled after {reporter.global_step} steps (epoch {reporter.epoch})", "warning")
     return summary
+
+
+def workers_text(cluster: dict | None) -> str:
+    """`` on 2 workers, this is worker 0`` in a cluster; empty alone."""
+    if cluster is None:
+        return ""
+    return f" on {cluster['workers']} workers, this is worker {cluster['worker']}"
 
 
 SPECS = (

@@ -254,13 +254,17 @@ def distribute(tf, strategy, runtime_kind: str, make, global_batch: int):
     """``make(per_replica_batch, input_context)`` distributed over the replicas.
 
     Off a TPU or GPU (see input_options) every replica gets its own host
-    pipeline over its shard of the data.
+    pipeline over its shard of the data. Across workers
+    (MultiWorkerMirroredStrategy) each worker's pipeline reads its own
+    shard, with the strategy's default options.
     """
 
     def dataset_fn(input_context):
         return make(input_context.get_per_replica_batch_size(global_batch), input_context)
 
-    return strategy.distribute_datasets_from_function(dataset_fn, options=input_options(tf, runtime_kind))
+    across_workers = bool(getattr(getattr(strategy, "extended", None), "_cluster_spec", None))
+    options = None if across_workers else input_options(tf, runtime_kind)
+    return strategy.distribute_datasets_from_function(dataset_fn, options=options)
 
 
 def input_options(tf, runtime_kind: str):

@@ -44,10 +44,11 @@ class TrainingReporter:
         self,
         ctx: Any,
         plan: TrainingPlan,
-        tensorboard_dir: Path,
+        tensorboard_dir: Path | None,
         profile: ProfileWindow | None,
         stage: StageAnnouncer | None = None,
     ):
+        """``tensorboard_dir`` None: no TensorBoard scalars (a worker that is not the chief)."""
         import tensorflow as tf
         from tensorflow.core.framework import summary_pb2
 
@@ -56,10 +57,14 @@ class TrainingReporter:
         self.plan = plan
         self.profile = profile
         self.tensorboard_dir = tensorboard_dir
-        self.writers = {
-            split: tf.summary.create_file_writer(str(tensorboard_dir / folder))
-            for split, folder in (("train", "train"), ("val", "validation"), ("test", "test"))
-        }
+        self.writers = (
+            {
+                split: tf.summary.create_file_writer(str(tensorboard_dir / folder))
+                for split, folder in (("train", "train"), ("val", "validation"), ("test", "test"))
+            }
+            if tensorboard_dir is not None
+            else {}
+        )
         self.scalar_metadata = summary_pb2.SummaryMetadata(
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
             data_class=summary_pb2.DATA_CLASS_SCALAR,
@@ -149,6 +154,8 @@ class TrainingReporter:
         """
         import tensorflow as tf
 
+        if split not in self.writers:
+            return
         with self.writers[split].as_default():
             tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step, metadata=self.scalar_metadata)
 

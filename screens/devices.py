@@ -7,8 +7,9 @@ as the scan answers, in a few milliseconds. Then telemetry, every second:
 per-chip duty cycle and HBM as bars with sparklines of the last samples
 (or why the TPU gives none), host CPU and memory, and the engine's
 resident memory. Below it "connecting…" until the
-runtime worker answers, then the kind, strategy, replicas in sync, TPU
-topology, versions, time to initialize, why every other kind was not used,
+runtime worker answers, then the kind, strategy (``worker i of N`` and the
+cluster's addresses under MultiWorkerMirroredStrategy), replicas in sync, TPU
+topology (hosts × chips on a pod), versions, time to initialize, why every other kind was not used,
 and a table of logical devices with the last matmul check's verdict and
 speed per device when there is one. Without TensorFlow, the install line
 takes the runtime's place. A line says which engine process holds
@@ -87,17 +88,19 @@ def describe_runtime(description) -> Text:
 
     kind = description.kind + (" (simulated replicas on CPU)" if description.simulated else "")
     line("kind", kind, "bold cyan")
-    line("strategy", description.strategy)
+    line("strategy", description.strategy_text())
     line("replicas in sync", str(description.num_replicas))
+    cluster = description.cluster_text()
+    if cluster:
+        line("cluster", cluster)
     if description.tpu_address:
         line("TPU address", description.tpu_address)
-    if description.topology:
-        topology = description.topology
-        line(
-            "TPU topology",
-            f"mesh {topology.get('mesh_shape')}, {topology.get('num_tasks')} task(s), "
-            f"{topology.get('num_tpus_per_task')} cores per task",
-        )
+    topology = description.topology_text()
+    if topology:
+        line("TPU topology", topology)
+        hosts = (description.topology or {}).get("host_addresses") or []
+        if len(hosts) > 1:
+            line("TPU hosts", ", ".join(hosts))
     else:
         line("TPU topology", "n/a (no TPU)", "dim")
     line("versions", f"TensorFlow {description.tf_version}, Keras {description.keras_version}")

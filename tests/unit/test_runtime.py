@@ -121,7 +121,10 @@ def test_explicit_tpu_connects_initializes_and_describes_the_topology():
     assert [call[0] for call in tf.calls] == ["resolver", "connect", "initialize"]
     description = runtime.description
     assert (description.kind, description.strategy, description.num_replicas) == ("TPU", "TPUStrategy", 8)
-    assert description.topology == {"mesh_shape": [2, 2, 1, 2], "num_tasks": 1, "num_tpus_per_task": 8}
+    topology = description.topology
+    assert (topology["mesh_shape"], topology["num_tasks"], topology["num_tpus_per_task"]) == ([2, 2, 1, 2], 1, 8)
+    # A v3-8 board: one host, 4 chips of 2 cores (the mesh's last dimension).
+    assert description.topology_text() == "1 host × 4 chips (4 chips, 2 cores each), mesh [2, 2, 1, 2]"
     assert description.tpu_address == "grpc://10.0.0.2:8470"
     assert [device.index for device in description.devices] == list(range(8))
     assert description.devices[3].job == "worker" and description.devices[3].task == 0

@@ -45,6 +45,50 @@ class RuntimeDescription:
     notes: list[str] = field(default_factory=list)
     host_check: dict | None = None
     """What the host scan found before TensorFlow was imported (chips, builds, diagnoses)."""
+    cluster: dict | None = None
+    """This worker's place in a TF_CONFIG cluster (``tpudash.accel.multiworker.cluster_description``); None alone."""
+
+    def strategy_text(self) -> str:
+        """The strategy as a user reads it: ``MultiWorkerMirroredStrategy, worker 1 of 2`` in a cluster."""
+        cluster = self.cluster
+        if not cluster:
+            return self.strategy
+        role = " (chief)" if cluster.get("worker") == 0 else ""
+        return f"{self.strategy}, worker {cluster.get('worker')} of {cluster.get('workers')}{role}"
+
+    def cluster_text(self) -> str | None:
+        """The cluster's addresses (this worker's marked) and how soon a lost peer fails the run; None alone."""
+        cluster = self.cluster
+        if not cluster:
+            return None
+        mine = cluster.get("worker")
+        addresses = ", ".join(
+            f"{address} (this worker)" if position == mine else address
+            for position, address in enumerate(cluster.get("addresses") or [])
+        )
+        return (
+            f"{addresses}; one replica per worker on CPU (CPU:0, not split); a lost worker fails the run "
+            f"within {cluster.get('lost_worker_deadline_seconds', 0):g} s (heartbeat timeout "
+            f"{cluster.get('heartbeat_timeout_seconds', 0):g} s)"
+        )
+
+    def topology_text(self) -> str | None:
+        """The TPU topology: ``4 hosts × 4 chips (16 chips, 1 core each), mesh [2, 2, 4, 1]``; None off a TPU."""
+        topology = self.topology
+        if not topology:
+            return None
+        if topology.get("hosts") and topology.get("chips_per_host"):
+            hosts, chips = topology["hosts"], topology["chips_per_host"]
+            cores = topology.get("cores_per_chip") or 1
+            return (
+                f"{hosts} host{'s' if hosts != 1 else ''} × {chips} chip{'s' if chips != 1 else ''} "
+                f"({hosts * chips} chips, {cores} core{'s' if cores != 1 else ''} each), "
+                f"mesh {topology.get('mesh_shape')}"
+            )
+        return (
+            f"mesh {topology.get('mesh_shape')}, {topology.get('num_tasks')} task(s), "
+            f"{topology.get('num_tpus_per_task')} cores per task"
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -92,7 +136,7 @@ class Runtime:
     def summary(self) -> dict:
         """The compact description stored with every run."""
         description = self.description
-        return {
+        summary = {
             "kind": description.kind,
             "strategy": description.strategy,
             "num_replicas": description.num_replicas,
@@ -102,3 +146,6 @@ class Runtime:
             "keras_version": description.keras_version,
             "host": description.host,
         }
+        if description.cluster:
+            summary["cluster"] = description.cluster
+        return summary

@@ -13,6 +13,11 @@ Detection order (design.md), each step's reason recorded for the Devices screen:
    the TPU is first tried in a child process (``tpudash.accel.tpuprobe``); a
    failure after TensorFlow started in this process (``TpuFallback``) needs
    a fresh process, as this one can no longer split its CPU.
+2b. ``TF_CONFIG`` describes a cluster of more than one task (``tpudash run
+   --worker-index I --cluster …`` sets it, or the user exports it):
+   MultiWorkerMirroredStrategy over the local GPUs or the CPU's device 0,
+   with the lost-peer timeouts of ``tpudash.accel.multiworker``. A malformed
+   TF_CONFIG is an error naming the field.
 3. GPUs visible: MirroredStrategy.
 4. CPU: split into ``cpu_devices`` logical devices (default 8, like a v2-8 or
    v3-8 board) mirrored by a MirroredStrategy, labelled as simulated replicas.
@@ -34,7 +39,7 @@ import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from tpudash.accel import hostcheck
+from tpudash.accel import hostcheck, multiworker
 from tpudash.accel.description import LogicalDeviceInfo, Runtime, RuntimeDescription
 from tpudash.accel.hostcheck import Chips, HostCheck
 from tpudash.accel.startup import (
@@ -131,19 +136,6 @@ def import_tensorflow(timeout: float) -> Any:
         raise RuntimeSetupError(f"importing TensorFlow failed: {type(error).__name__}: {error}") from error
 
 
-def _topology_dict(topology: Any) -> dict | None:
-    if topology is None:
-        return None
-    try:
-        return {
-            "mesh_shape": [int(size) for size in topology.mesh_shape],
-            "num_tasks": int(topology.num_tasks),
-            "num_tpus_per_task": int(topology.num_tpus_per_task),
-        }
-    except Exception:  # noqa: BLE001 - topology is informative only
-        return None
-
-
 def _memory(tf: Any, name: str) -> dict | None:
     try:
         info = tf.config.experimental.get_memory_info(name)
@@ -208,6 +200,13 @@ def detect(
         if explicit and (tpu or "").lower() != NO_TPU:
             raise RuntimeSetupError(f"{why}; --tpu none runs jobs on the CPU default")
         reasons["TPU"] = why
+    cluster = None
+    if tpu_argument is None:
+        # A TPU pod runs one client (TPUStrategy drives every host): TF_CONFIG matters only off a TPU.
+        try:
+            cluster = multiworker.cluster_from_tf_config(environ)
+        except ValueError as error:
+            raise RuntimeSetupError(str(error)) from None
 
     if tf is None:
         if not host.tensorflow_found:
@@ -250,7 +249,7 @@ def detect(
             logical,
             started,
             reasons,
-            topology=_topology_dict(topology),
+            topology=multiworker.pod_topology(resolver, topology),
             tpu_address=resolver.master() or tpu_argument,
             resolver=resolver,
             notes=[f"TPU found: {why}"],
@@ -258,6 +257,8 @@ def detect(
         )
 
     gpus = tf.config.list_physical_devices("GPU")
+    if cluster is not None:
+        return _multi_worker_runtime(tf, cluster, bool(gpus), started, reasons, host)
     if gpus:
         strategy = tf.distribute.MirroredStrategy()
         logical = tf.config.list_logical_devices("GPU")
@@ -269,6 +270,46 @@ def detect(
     strategy = tf.distribute.MirroredStrategy(devices=[device.name for device in logical])
     notes.append(f"no accelerator: the CPU is split into {len(logical)} logical devices that stand in for TPU cores")
     return _runtime(tf, "CPU", strategy, logical, started, reasons, simulated=True, notes=notes, host=host)
+
+
+def _multi_worker_runtime(
+    tf: Any, cluster: multiworker.ClusterTask, gpus: bool, started: float, reasons: dict, host: HostCheck
+) -> Runtime:
+    """MultiWorkerMirroredStrategy over TF_CONFIG's cluster; waits (bounded) for every worker to join."""
+    heartbeat = multiworker.HEARTBEAT_TIMEOUT_SECONDS
+    collective = multiworker.COLLECTIVE_TIMEOUT_SECONDS
+    try:
+        strategy = multiworker.make_strategy(tf, cluster, heartbeat_timeout=heartbeat, collective_timeout=collective)
+    except Exception as error:  # noqa: BLE001 - TensorFlow's errors vary; the message says what failed
+        raise RuntimeSetupError(
+            f"joining the cluster as worker {cluster.worker} of {cluster.workers} ({cluster.address}) failed: "
+            f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        ) from error
+    kind = "GPU" if gpus else "CPU"
+    logical = [
+        device
+        for device in tf.config.list_logical_devices(kind)
+        if parse_device_name(device.name).get("task") in (None, cluster.task_index)
+    ]
+    if kind == "CPU":
+        # One replica per worker on CPU: the strategy's only local device.
+        local = set(getattr(strategy.extended, "worker_devices", ()) or ())
+        logical = [device for device in logical if device.name in local] or logical[:1]
+        reasons["GPU"] = "TensorFlow sees no GPU (tf.config.list_physical_devices('GPU') is empty)"
+    notes = [
+        f"TF_CONFIG: worker {cluster.worker} of {cluster.workers} ({cluster.task_type} {cluster.task_index}); "
+        f"MultiWorkerMirroredStrategy over {', '.join(cluster.addresses)}",
+    ]
+    if kind == "CPU":
+        notes.append(
+            "MultiWorkerMirroredStrategy uses one CPU device per worker: the CPU is not split into logical devices, "
+            f"so the cluster has {strategy.num_replicas_in_sync} replicas, one per worker"
+        )
+    runtime = _runtime(tf, kind, strategy, logical, started, reasons, notes=notes, host=host)
+    # TensorFlow's class is CollectiveAllReduceStrategy, exported as MultiWorkerMirroredStrategy: the name users know.
+    runtime.description.strategy = "MultiWorkerMirroredStrategy"
+    runtime.description.cluster = multiworker.cluster_description(cluster, heartbeat, collective)
+    return runtime
 
 
 def _runtime(
