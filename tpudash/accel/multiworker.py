@@ -33,10 +33,11 @@ TensorFlow is passed in or imported lazily; importing this module is cheap.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from tpudash.runs.workers import read_tf_config, worker_in_cluster
 
 HEARTBEAT_TIMEOUT_SECONDS = 5.0
 """A task silent this long is declared lost by TensorFlow's coordination service."""
@@ -96,21 +97,10 @@ def cluster_from_tf_config(environ: Mapping[str, str]) -> ClusterTask | None:
     A malformed TF_CONFIG raises ValueError naming the field and what is allowed;
     a parameter-server cluster is refused (its strategy is not supported here).
     """
-    text = (environ.get("TF_CONFIG") or "").strip()
-    if not text:
+    found = read_tf_config(environ)
+    if found is None:
         return None
-    try:
-        config = json.loads(text)
-    except ValueError as error:
-        raise ValueError(f"TF_CONFIG: not JSON ({error})") from None
-    if not isinstance(config, dict):
-        raise ValueError('TF_CONFIG: must be a JSON object such as {"cluster": {...}, "task": {...}}')
-    cluster = config.get("cluster") or {}
-    if not isinstance(cluster, dict) or not all(
-        isinstance(tasks, list) and tasks and all(isinstance(address, str) and address for address in tasks)
-        for tasks in cluster.values()
-    ):
-        raise ValueError('TF_CONFIG.cluster: must map each task type to a list of "host:port" addresses')
+    cluster, task = found
     if sum(len(tasks) for tasks in cluster.values()) <= 1:
         return None
     unknown = sorted(set(cluster) - set(TRAINING_TASKS) - {"evaluator"})
@@ -121,22 +111,13 @@ def cluster_from_tf_config(environ: Mapping[str, str]) -> ClusterTask | None:
         )
     if len(cluster.get("chief") or []) > 1:
         raise ValueError(f"TF_CONFIG.cluster.chief: {len(cluster['chief'])} chiefs; allowed: one")
-    task = config.get("task")
-    if not isinstance(task, dict):
-        raise ValueError('TF_CONFIG.task: must be an object such as {"type": "worker", "index": 0}')
-    task_type, index = task.get("type"), task.get("index", 0)
-    if not isinstance(task_type, str) or task_type not in cluster:
-        raise ValueError(f"TF_CONFIG.task.type: {task_type!r} is not allowed; allowed: {', '.join(sorted(cluster))}")
-    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):
-        raise ValueError(f"TF_CONFIG.task.index: {index!r} is not allowed; allowed: 0 to {len(cluster[task_type]) - 1}")
-    if task_type not in TRAINING_TASKS:
+    identity = worker_in_cluster(cluster, task, "TF_CONFIG")
+    if identity is None:
         raise ValueError("TF_CONFIG.task.type: an evaluator does not train; allowed here: chief, worker")
+    task_type, index = task["type"], task.get("index", 0)
     addresses = tuple(cluster.get("chief") or []) + tuple(cluster.get("worker") or [])
     jobs = tuple((name, len(cluster[name])) for name in TRAINING_TASKS if name in cluster)
-    placeholder = ClusterTask(task_type, index, 0, len(addresses), addresses, jobs)
-    worker = placeholder.worker_of_task(task_type, index)
-    assert worker is not None  # a training task always has a worker number
-    return ClusterTask(task_type, index, worker, len(addresses), addresses, jobs)
+    return ClusterTask(task_type, index, identity.index, len(addresses), addresses, jobs)
 
 
 def configure_coordination_service(cluster: ClusterTask, heartbeat_timeout: float, join_timeout: float) -> None:

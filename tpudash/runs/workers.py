@@ -106,6 +106,16 @@ def find_worker(
 
 
 def _from_tf_config(environ: Mapping[str, str]) -> WorkerIdentity | None:
+    found = read_tf_config(environ)
+    return worker_in_cluster(*found, "TF_CONFIG") if found is not None else None
+
+
+def read_tf_config(environ: Mapping[str, str]) -> tuple[dict[str, list[str]], Any] | None:
+    """``TF_CONFIG``'s cluster and task, its shape checked (None when it is not set).
+
+    The one reader of TF_CONFIG: the runtime (``tpudash.accel.multiworker``) adds the
+    strategy's own rules to it. A malformed one raises ValueError naming the field.
+    """
     text = (environ.get("TF_CONFIG") or "").strip()
     if not text:
         return None
@@ -114,13 +124,14 @@ def _from_tf_config(environ: Mapping[str, str]) -> WorkerIdentity | None:
     except ValueError as error:
         raise ValueError(f"TF_CONFIG: not JSON ({error})") from None
     if not isinstance(config, dict):
-        raise ValueError("TF_CONFIG: must be a JSON object with 'cluster' and 'task'")
+        raise ValueError('TF_CONFIG: must be a JSON object such as {"cluster": {...}, "task": {...}}')
     cluster = config.get("cluster") or {}
     if not isinstance(cluster, dict) or not all(
-        isinstance(tasks, list) and all(isinstance(address, str) for address in tasks) for tasks in cluster.values()
+        isinstance(tasks, list) and tasks and all(isinstance(address, str) and address for address in tasks)
+        for tasks in cluster.values()
     ):
         raise ValueError('TF_CONFIG.cluster: must map each task type to a list of "host:port" addresses')
-    return worker_in_cluster(cluster, config.get("task"), "TF_CONFIG")
+    return cluster, config.get("task")
 
 
 def worker_in_cluster(cluster: Mapping[str, list], task: Any, where: str) -> WorkerIdentity | None:
