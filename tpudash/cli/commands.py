@@ -388,6 +388,9 @@ def _follow(
             while not stop.is_set():
                 for stamp, event in follower.poll():
                     sink(None, event, stamp)
+                workers = follower.workers_update()  # a cluster's workers, read every few seconds
+                if workers is not None:
+                    sink.show_workers(workers)
                 if follower.ended:
                     break
                 stop.wait(POLL_SECONDS)

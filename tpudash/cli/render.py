@@ -1,4 +1,4 @@
-"""The headless commands' rich output: result tables, and what ``devices``, ``jobs`` and ``runs`` print.
+"""The headless commands' rich output: result tables, what ``devices``, ``jobs`` and ``runs`` print, a run's workers.
 
 Every table is sized to the terminal without cutting a word: a name or a
 run id is what the user copies into the next command. The rules for values,
@@ -19,13 +19,20 @@ from rich.table import Table as RichTable
 from rich.text import Text
 
 from tpudash.format import (
+    WORKER_STATE_STYLES,
     brief_metrics,
     column_key,
     counted,
     format_seconds,
     format_timestamp,
     format_value,
+    heartbeat_age,
     status_text,
+    worker_progress,
+    worker_state,
+    worker_step_time,
+    worker_task,
+    workers_heading,
 )
 
 if TYPE_CHECKING:
@@ -34,6 +41,7 @@ if TYPE_CHECKING:
     from jobs.base import JobSpec
     from tpudash.accel.description import RuntimeDescription
     from tpudash.runs.store import RunInfo
+    from tpudash.runs.workers import WorkerStatus
 
 # Wide enough that rich measures a table without squeezing it.
 UNLIMITED_WIDTH = 10_000
@@ -146,28 +154,41 @@ def render_devices(description: RuntimeDescription, console: Console | None = No
     if description.host_check:
         render_host(description.host_check, console)
     simulated = " (simulated replicas)" if description.simulated else ""
+    # The description's own words (a cluster's worker, a pod's hosts × chips), as the Devices screen shows them.
     console.print(
-        f"[bold]{description.kind}[/] · {description.strategy} · "
-        f"{counted(description.num_replicas, 'replica')} in sync{simulated}"
+        Text.assemble(
+            (description.kind, "bold"),
+            f" · {description.strategy_text()} · {counted(description.num_replicas, 'replica')} in sync{simulated}",
+        )
     )
     console.print(
         f"TensorFlow {description.tf_version} · Keras {description.keras_version} · host {description.host} · "
-        f"initialized in {format_seconds(description.init_seconds)}"
+        f"initialized in {format_seconds(description.init_seconds)}",
+        markup=False,
+        highlight=False,
     )
+    cluster = description.cluster_text()
+    if cluster:
+        console.print(labelled("cluster", cluster))
     if description.tpu_address:
-        console.print(f"TPU address: {description.tpu_address}")
-    if description.topology:
-        topology = description.topology
-        console.print(
-            f"topology: mesh {topology.get('mesh_shape')} · {counted(topology.get('num_tasks'), 'task')} · "
-            f"{counted(topology.get('num_tpus_per_task'), 'core')} per task"
-        )
+        console.print(labelled("TPU address", description.tpu_address))
+    topology = description.topology_text()
+    if topology:
+        console.print(labelled("TPU topology", topology))
+        hosts = (description.topology or {}).get("host_addresses") or []
+        if len(hosts) > 1:
+            console.print(labelled("TPU hosts", ", ".join(str(host) for host in hosts)))
     for kind, reason in description.reasons.items():
         console.print(f"[dim]not {kind}:[/] {reason}")
     for note in description.notes:
         console.print(f"[dim]note:[/] {note}")
     # A narrow terminal loses job, replica and task first: the name holds them.
     print_fitted(console, lambda left_out: devices_table(description, left_out), [("job", "replica", "task")])
+
+
+def labelled(label: str, text: str) -> Text:
+    """``label: text``, the text as it is (an address or a mesh such as ``[2, 2, 4, 1]`` is no markup)."""
+    return Text.assemble((f"{label}: ", "dim"), text)
 
 
 def devices_table(description: RuntimeDescription, leave_out: Iterable[str] = ()) -> RichTable:
@@ -231,10 +252,15 @@ def render_runs(runs: Sequence[RunInfo], runs_dir: Path | str, console: Console 
 
 
 RUNS_COLUMNS = ("run", "name", "started", "duration", "status", "final metrics")
+WORKERS_COLUMN = "workers"
+"""How many workers of a training cluster wrote a run: a column only when some run listed has them."""
 
 
 def runs_cells(runs: Sequence[RunInfo]) -> tuple[tuple[str, ...], list[dict[str, Text]]]:
     """Each run's cells by column, as ``tpudash runs`` shows them."""
+    columns: tuple[str, ...] = RUNS_COLUMNS
+    if any(run.workers for run in runs):
+        columns = (*RUNS_COLUMNS[:2], WORKERS_COLUMN, *RUNS_COLUMNS[2:])
     rows = []
     for run in runs:
         status = status_text("live" if run.live else run.status)
@@ -249,9 +275,10 @@ def runs_cells(runs: Sequence[RunInfo]) -> tuple[tuple[str, ...], list[dict[str,
             "duration": format_seconds(run.duration),
             "status": status,
             "final metrics": brief_metrics(run.final_metrics),
+            WORKERS_COLUMN: counted(run.workers, "worker") if run.workers else "-",
         }
         rows.append({column: Text(value) if isinstance(value, str) else value for column, value in cells.items()})
-    return RUNS_COLUMNS, rows
+    return columns, rows
 
 
 def aligned_lines(rows: Sequence[Sequence[Text | str]]) -> list[Text]:
@@ -284,8 +311,40 @@ def runs_table(runs: Sequence[RunInfo], runs_dir: Path | str, leave_out: Iterabl
         elif column == "status":  # the glyph stays beside its word
             words = [status_text("live" if run.live else run.status) for run in runs]
             table.add_column(column, min_width=max(word.cell_len for word in words))
+        elif column == WORKERS_COLUMN:  # "3 workers" whole
+            table.add_column(column, no_wrap=True, min_width=max(row[column].cell_len for row in rows))
         else:
             table.add_column(column, no_wrap=column == "duration")
     for row in rows:
         table.add_row(*(row[column] for column in columns))
     return table
+
+
+# -- a run's workers (``tpudash watch``) ---------------------------------------------------------
+
+WORKER_FIELDS = ("worker", "task", "host", "progress", "step time", "heartbeat", "state")
+
+
+def worker_cells(status: WorkerStatus) -> dict[str, str]:
+    """A worker's line by field (``WORKER_FIELDS``), in the run view's words, each saying what it is on a line."""
+    step_time = worker_step_time(status.step_seconds)
+    return {
+        "worker": f"worker {status.index}",
+        "task": worker_task(status),
+        "host": status.host,
+        "progress": worker_progress(status) if status.progress or status.step is not None else "no progress yet",
+        "step time": f"{step_time}/step" if status.step_seconds is not None else "no step time yet",
+        "heartbeat": f"beat {heartbeat_age(status.age)}",
+        "state": worker_state(status),
+    }
+
+
+def workers_lines(statuses: Sequence[WorkerStatus]) -> list[Text]:
+    """The heading, then one aligned line per worker, its state in words (and styled: never colour alone)."""
+    rows: list[list[Text | str]] = []
+    for status in statuses:
+        cells = worker_cells(status)
+        row: list[Text | str] = [cells[name] for name in WORKER_FIELDS[:-1]]
+        row.append(Text(cells["state"], style=WORKER_STATE_STYLES.get(cells["state"], "")))
+        rows.append(row)
+    return [workers_heading(statuses, explain=True), *(Text("  ") + line for line in aligned_lines(rows))]

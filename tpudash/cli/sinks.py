@@ -4,7 +4,9 @@
 result tables and a closing summary; ``JsonLinesSink`` prints one JSON event
 per line for scripts. Both are runner sinks: they are called on the job
 thread, so they only print, never block. ``tpudash watch`` feeds them a
-followed run's events the same way.
+followed run's events the same way, and a cluster's workers as their
+heartbeats are read (``show_workers``): a few lines when what they say
+changed, on the console only (``--json`` stays the run's events).
 
 When the reader of standard output goes away (``tpudash run … | head``),
 a sink stops writing, points file descriptor 1 at /dev/null (so nothing
@@ -18,8 +20,8 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import IO, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import (
@@ -49,9 +51,12 @@ from jobs.events import (
     dumps,
 )
 from jobs.events import Progress as ProgressEvent
-from tpudash.cli.render import rich_table, summary_table
+from tpudash.cli.render import rich_table, summary_table, worker_cells, workers_lines
 from tpudash.format import DeviceNames, column_key, counted, format_value, status_text, table_devices
 from tpudash.runs.model import StageTimeline
+
+if TYPE_CHECKING:
+    from tpudash.runs.workers import WorkerStatus
 
 LEVEL_STYLES = {"debug": "dim", "info": "", "warning": "yellow", "error": "bold red"}
 
@@ -94,6 +99,9 @@ class JsonLinesSink:
 
     def notice(self, text: str) -> None:
         print(f"tpudash: {text}", file=sys.stderr)
+
+    def show_workers(self, statuses: Sequence[WorkerStatus]) -> None:
+        """Nothing: the output is the run's events, one JSON object each (the workers are in the run's heartbeats)."""
 
     def close(self) -> None:
         pass
@@ -148,6 +156,8 @@ class ConsoleSink:
         """Every device named in this run's tables, in order: they all get short names together."""
         self._per_device_shown: list[tuple[frozenset[str], frozenset[str]]] = []
         """(devices, column keys) of each per-device table printed, so no value is printed twice."""
+        self._workers_shown: tuple | None = None
+        """What the workers' lines said when last printed, but their heartbeats' ages (which always change)."""
 
     def _output_went_away(self) -> None:
         self.console.quiet = True
@@ -163,6 +173,26 @@ class ConsoleSink:
             print(f"tpudash: {text}", file=sys.stderr)
         else:
             self.console.print(f"[yellow]{text}[/]")
+
+    def show_workers(self, statuses: Sequence[WorkerStatus]) -> None:
+        """A cluster's workers, one line each, when what they say changed since they were last printed.
+
+        The heartbeat's age alone is no change: a quiet cluster prints nothing
+        more; a worker's progress, step time or state (straggler, stale, how
+        it ended) is.
+        """
+        if not statuses:
+            return
+        said = tuple(
+            tuple(value for name, value in worker_cells(status).items() if name != "heartbeat") for status in statuses
+        )
+        with self._lock:
+            if said == self._workers_shown or self.output_closed:
+                return
+            self._workers_shown = said
+            for line in workers_lines(statuses):
+                # Whole lines, as `tpudash runs` prints into a pipe: `watch | grep straggler` finds the worker.
+                self.console.print(line, highlight=False, soft_wrap=True)
 
     def _metrics_text(self) -> str:
         shown = list(self._latest.items())[-4:]

@@ -6,7 +6,9 @@ The run directory is the bus. A tpudash job in the engine, the user's
 ``RunFollower`` reads what was added since its last ``poll`` into a
 ``RunModel``. While the run has not finished it checks, once a second,
 that the process writing it still exists; when it is gone the run ends as
-``interrupted``, with every event it wrote kept. Textual-free, and it
+``interrupted``, with every event it wrote kept. A run written by a
+training cluster also has its workers' heartbeats read, every
+``WORKERS_READ_SECONDS`` (``RunFollower.workers_update``). Textual-free, and it
 imports no TensorFlow.
 """
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from jobs.events import Event
+from tpudash.runs.backends import RunFiles
 from tpudash.runs.layout import (
     RUN_FILE,
     SOURCE_CALLBACK,
@@ -32,6 +35,7 @@ from tpudash.runs.layout import (
 from tpudash.runs.liveness import HEARTBEAT_INTERVAL_SECONDS
 from tpudash.runs.model import RunModel
 from tpudash.runs.store import RunInfo, RunStore, run_id_of
+from tpudash.runs.workers import WorkerStatus, read_workers
 
 WRITER_CHECK_SECONDS = 1.0
 # In a store a writer's liveness is its heartbeat, which changes this often: looking more often costs requests.
@@ -42,6 +46,9 @@ CATCH_UP_BYTES = 1 << 20
 """What ``catch_up`` reads at a time: opening a long run holds this much of its file, not all of it."""
 # How often ``tpudash watch`` reads the file: what a person following a run perceives as at once.
 POLL_SECONDS = 0.1
+WORKERS_READ_SECONDS = 5.0
+"""How often a run's worker heartbeats are read: as often as they are written, and in a store each read
+is a listing and a request per worker."""
 
 
 def newest_live_run(store: RunStore) -> RunInfo | None:
@@ -72,6 +79,11 @@ class RunFollower:
         self._writer_checked = clock()
         self.ended = False
         """True once the run finished (its run_finished was read) or its writer is gone."""
+        # Only a run whose chief said it has workers is asked for their heartbeats: the others have none.
+        self.workers: WorkersWatch | None = None
+        if info.workers:
+            files = info.files or store.files(run_id_of(self.run_dir))
+            self.workers = WorkersWatch(files, local=store.local, clock=clock)
 
     @property
     def live(self) -> bool:
@@ -103,6 +115,16 @@ class RunFollower:
                 self._unfinished()
             self._end()
         return events
+
+    def workers_update(self) -> list[WorkerStatus] | None:
+        """The run's workers when a read of their heartbeats is due and has come back; else None.
+
+        None also for a run with no workers, and once the run has ended (its
+        finish says how). See ``WorkersWatch``.
+        """
+        if self.workers is None or self.ended:
+            return None
+        return self.workers.update()
 
     def catch_up(self) -> None:
         """Read everything written so far into ``model``, CATCH_UP_BYTES at a time.
@@ -169,6 +191,64 @@ class RunFollower:
         model.problems += self.telemetry_tail.report()
         self.tail.close()
         self.telemetry_tail.close()
+
+
+class WorkersWatch:
+    """A run's workers read from their heartbeats (``workers.read_workers``) at most every ``interval``.
+
+    The first read is at once. On this disk a read is a directory listing and
+    a few small files, done in ``update``; in a store it is requests, so it
+    runs on a thread and its answer comes out of the next ``update`` that finds
+    it done: the events keep coming meanwhile. A store that cannot be asked is
+    asked again at the next interval; the heartbeats skipped as malformed are
+    named in ``problems``.
+    """
+
+    def __init__(
+        self,
+        files: RunFiles,
+        *,
+        local: bool,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = WORKERS_READ_SECONDS,
+    ) -> None:
+        self.files = files
+        self.problems: list[str] = []
+        self._local = local
+        self._clock = clock
+        self._interval = interval
+        self._next = clock()
+        self._reading: threading.Thread | None = None
+        self._answer: list[WorkerStatus] | None = None
+
+    def update(self) -> list[WorkerStatus] | None:
+        """The workers, when a read is due (on this disk) or has come back (in a store); else None."""
+        if self._reading is not None:
+            if self._reading.is_alive():
+                return None
+            self._reading = None
+            answer, self._answer = self._answer, None
+            return answer
+        if self._clock() < self._next:
+            return None
+        self._next = self._clock() + self._interval
+        if self._local:
+            return self._read()
+        self._reading = threading.Thread(target=self._read_for_later, daemon=True, name="tpudash-read-workers")
+        self._reading.start()
+        return None
+
+    def _read(self) -> list[WorkerStatus] | None:
+        problems: list[str] = []
+        try:
+            statuses = read_workers(self.files, problems=problems)
+        except Exception:  # noqa: BLE001 - a store away or a run removed: asked again at the next interval
+            return None
+        self.problems = problems
+        return statuses
+
+    def _read_for_later(self) -> None:
+        self._answer = self._read()
 
 
 # Who wrote a run, as the user would say it.
