@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from jobs.events import Table, Telemetry
+    from tpudash.runs.workers import WorkerStatus
 
 # What a running job changes (clocks, progress bars, log, live plots) is
 # redrawn when the clock enters a new second, so all of it lands in one frame
@@ -328,3 +329,67 @@ def telemetry_view(sample: Telemetry, history: Iterable[Telemetry] = (), tpu_add
     if sample.unavailable.get("host"):
         parts.append(Text.assemble(("host  ", "bold"), (sample.unavailable["host"], "yellow")))
     return Group(*parts)
+
+
+# -- a run's workers (the run view's Workers tab, ``tpudash watch``) -------------------------------
+
+WORKER_STATE_STYLES = {"straggler": "bold yellow", "stale": "bold red", "failed": "bold red", "live": "green"}
+
+
+def worker_state(status: WorkerStatus) -> str:
+    """One word: ``straggler``, ``stale`` (its heartbeat stopped), how it ended, or ``live``."""
+    if status.straggler:
+        return "straggler"
+    if status.ended:
+        return status.status or "ended"
+    return "live" if status.alive else "stale"
+
+
+def worker_task(status: WorkerStatus) -> str:
+    """The task as TF_CONFIG names it, but worker 0 is the chief (it writes the run) whatever its task is called."""
+    return "chief" if status.index == 0 else status.task
+
+
+def worker_progress(status: WorkerStatus) -> str:
+    """``step 40/64``, ``epoch 2/5``; ``—`` before any."""
+    if status.progress is None:
+        return "—" if status.step is None else f"step {status.step:,}"
+    done, total, unit = status.progress
+    return f"{unit} {done:,}/{total:,}" if total else f"{unit} {done:,}"
+
+
+def worker_step_time(seconds: float | None) -> str:
+    """``32 ms``, ``1.5 s``; ``—`` before the first steps are timed."""
+    if seconds is None:
+        return "—"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else format_seconds(seconds)
+
+
+def heartbeat_age(age: float) -> str:
+    return "now" if age < 1 else f"{format_seconds(age, precise=False)} ago"
+
+
+def workers_heading(statuses: Iterable[WorkerStatus], expected: int | None = None, explain: bool = False) -> Text:
+    """``workers: 3 of 4 live · straggler: worker 2 (…) · stale: worker 3``; ``explain`` says what stale means."""
+    from tpudash.runs.workers import STRAGGLER_MARGIN
+
+    statuses = list(statuses)
+    count = max([expected or 0, len(statuses), *(status.count or 0 for status in statuses)])
+    live = sum(status.alive for status in statuses)
+    ended = sum(status.ended for status in statuses)
+    line = Text("workers: ", style="bold")
+    line.append(f"{live} of {count} live" + (f", {ended} ended" if ended else ""))
+    stragglers = [status for status in statuses if status.straggler]
+    if stragglers:
+        line.append(" · ")
+        line.append("straggler: ", style=WORKER_STATE_STYLES["straggler"])
+        line.append(", ".join(f"worker {status.index}" for status in stragglers))
+        line.append(f" (step time over the median by more than {STRAGGLER_MARGIN:.0%})", style="dim")
+    stale = [status for status in statuses if worker_state(status) == "stale"]
+    if stale:
+        line.append(" · ")
+        line.append("stale: ", style=WORKER_STATE_STYLES["stale"])
+        line.append(", ".join(f"worker {status.index}" for status in stale))
+        if explain:
+            line.append(" (its heartbeat stopped: the process is gone, or cut off)", style="dim")
+    return line

@@ -18,9 +18,17 @@ from rich.text import Text
 from textual.widget import Widget
 from textual.widgets import DataTable, Static, TabbedContent, TabPane
 
-from tpudash.format import format_seconds
+from tpudash.format import (
+    WORKER_STATE_STYLES,
+    heartbeat_age,
+    worker_progress,
+    worker_state,
+    worker_step_time,
+    worker_task,
+    workers_heading,
+)
 from tpudash.runs.backends import RunFiles
-from tpudash.runs.workers import STRAGGLER_MARGIN, WorkerStatus, read_workers
+from tpudash.runs.workers import WorkerStatus, read_workers
 
 STORE_READ_SECONDS = 5.0
 """A store is asked for a run's heartbeats at most this often: each read is a listing and a request per worker."""
@@ -30,33 +38,6 @@ COLUMNS = ("worker", "task", "host", "progress", "step time", "heartbeat", "stat
 FIXED_WIDTHS = (6, 6, None, 13, 9, 9, 9)
 MIN_HOST = 8
 CELL_PADDING = 2
-STATE_STYLES = {"straggler": "bold yellow", "stale": "bold red", "failed": "bold red", "live": "green"}
-
-
-def worker_state(status: WorkerStatus) -> str:
-    """One word: ``straggler``, ``stale`` (its heartbeat stopped), how it ended, or ``live``."""
-    if status.straggler:
-        return "straggler"
-    if status.ended:
-        return status.status or "ended"
-    return "live" if status.alive else "stale"
-
-
-def progress_words(status: WorkerStatus) -> str:
-    if status.progress is None:
-        return "—" if status.step is None else f"step {status.step:,}"
-    done, total, unit = status.progress
-    return f"{unit} {done:,}/{total:,}" if total else f"{unit} {done:,}"
-
-
-def step_time_words(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else format_seconds(seconds)
-
-
-def age_words(age: float) -> str:
-    return "now" if age < 1 else f"{format_seconds(age, precise=False)} ago"
 
 
 def clip(text: str, width: int) -> str:
@@ -64,26 +45,8 @@ def clip(text: str, width: int) -> str:
 
 
 def workers_line(statuses: Sequence[WorkerStatus], expected: int | None = None) -> Text | None:
-    """``workers: 3 of 4 live · straggler: worker 2 (+38% over the median) · stale: worker 3``; None without workers."""
-    if not statuses:
-        return None
-    count = max(expected or 0, *(status.count or 0 for status in statuses), len(statuses))
-    live = sum(status.alive for status in statuses)
-    ended = sum(status.ended for status in statuses)
-    line = Text("workers: ", style="bold")
-    line.append(f"{live} of {count} live" + (f", {ended} ended" if ended else ""))
-    stragglers = [status for status in statuses if status.straggler]
-    if stragglers:
-        line.append(" · ")
-        line.append("straggler: ", style=STATE_STYLES["straggler"])
-        line.append(", ".join(f"worker {status.index}" for status in stragglers))
-        line.append(f" (step time over the median by more than {STRAGGLER_MARGIN:.0%})", style="dim")
-    stale = [status for status in statuses if worker_state(status) == "stale"]
-    if stale:
-        line.append(" · ")
-        line.append("stale: ", style=STATE_STYLES["stale"])
-        line.append(", ".join(f"worker {status.index}" for status in stale))
-    return line
+    """The one line above the run view's tabs (``format.workers_heading``); None without workers."""
+    return workers_heading(statuses, expected) if statuses else None
 
 
 class WorkersTable(DataTable):
@@ -93,24 +56,28 @@ class WorkersTable(DataTable):
     WorkersTable { height: auto; max-height: 1fr; }
     """
 
-    def __init__(self, statuses: Sequence[WorkerStatus] = (), *, id: str | None = None) -> None:
+    def __init__(
+        self, statuses: Sequence[WorkerStatus] = (), *, id: str | None = None, width: int | None = None
+    ) -> None:
+        """``width``: the columns it will have (a table made in a tab not on show has no size of its own yet)."""
         super().__init__(id=id, zebra_stripes=True, cursor_type="row")
         self.statuses: list[WorkerStatus] = list(statuses)
+        self._width = width
         self._shown: tuple | None = None
 
     def on_mount(self) -> None:
-        self.call_after_refresh(lambda: self.show(self.statuses))
+        self.call_after_refresh(lambda: self.show(self.statuses, self._width))
 
     def show(self, statuses: Sequence[WorkerStatus], width: int | None = None) -> None:
         width = width or self.size.width or 80
         rows = [
             (
                 str(status.index),
-                status.task,
+                worker_task(status),
                 status.host,
-                progress_words(status),
-                step_time_words(status.step_seconds),
-                age_words(status.age),
+                worker_progress(status),
+                worker_step_time(status.step_seconds),
+                heartbeat_age(status.age),
                 worker_state(status),
             )
             for status in statuses
@@ -130,9 +97,9 @@ class WorkersTable(DataTable):
         for row in rows:
             cells: list[Text | str] = [clip(cell, size) for cell, size in zip(row, widths)]
             state = row[-1]
-            cells[-1] = Text(state, style=STATE_STYLES.get(state, ""))
+            cells[-1] = Text(state, style=WORKER_STATE_STYLES.get(state, ""))
             if state == "straggler":
-                cells[4] = Text(str(cells[4]), style=STATE_STYLES["straggler"])
+                cells[4] = Text(str(cells[4]), style=WORKER_STATE_STYLES["straggler"])
             self.add_row(*cells, key=row[0])
 
 
@@ -218,7 +185,8 @@ class FollowsWorkers(Widget):
         if not self._workers_tab:
             if statuses:
                 self._workers_tab = True
-                tabs.add_pane(TabPane("Workers", WorkersTable(statuses, id="workers-table"), id="tab-workers"))
+                table = WorkersTable(statuses, id="workers-table", width=max(0, self.size.width - 2) or None)
+                tabs.add_pane(TabPane("Workers", table, id="tab-workers"))
             return
         if statuses:
             tabs.show_tab("tab-workers")
