@@ -322,7 +322,7 @@ class HostsScreen(DashScreen):
                 row[key] = cut
         if columns != self._columns:
             self._columns = columns
-            self._rebuild(table, keys, runs_width, cells)
+            self._rebuild(table, keys, dict(widths, runs=runs_width), cells)
         else:
             self._update_in_place(table, keys, cells)
         self._shown_cells = cells
@@ -331,12 +331,14 @@ class HostsScreen(DashScreen):
         self._show_title()
         self._show_detail()
 
-    def _rebuild(self, table: DataTable, keys: list[str], runs_width: int, cells: dict[str, dict]) -> None:
+    def _rebuild(self, table: DataTable, keys: list[str], widths: dict[str, int], cells: dict[str, dict]) -> None:
         cursor_row = table.cursor_row
         table.clear(columns=True)
         titles = dict(HOST_COLUMNS)
         for key in keys:
-            table.add_column(titles[key], key=key, width=runs_width if key == "runs" else None)
+            # Fixed widths, the reserved room included: a cell updated in place never widens its column, so a
+            # heartbeat turning from ``live 1 s ago`` to ``stale 11 s ago`` must already fit.
+            table.add_column(titles[key], key=key, width=widths[key])
         for name, row in cells.items():
             table.add_row(*(row[key] for key in keys), key=name)
         if table.row_count:

@@ -123,7 +123,7 @@ async def test_the_train_form_shows_most_of_its_fields_at_once(make_app):
             for field in form.query(ParamField)
             if field.region.area and form.region.contains_region(field.region) and screen.contains_region(field.region)
         ]
-        assert len(form.fields) == 16
+        assert len(form.fields) == 17  # the workers field included
         assert len(in_view) >= 12, [field.param.name for field in in_view]
 
 

@@ -9,6 +9,8 @@ read real ``hosts/<name>/host.json`` files through ``HostsReader``.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from screens import hosts as hosts_screen
@@ -151,6 +153,10 @@ async def test_sixty_four_hosts_scroll_to_the_last_and_a_silent_host_turns_stale
         assert sum("stale" in row_text(table, f"host-{index:02d}") for index in range(64)) == 1
         assert "1 stale" in str(screen.query_one("#hosts-title").render())
         assert screen.rows_rebuilt == rebuilt, "a read with the same columns updates the rows in place"
+        await pilot.press("ctrl+home")
+        await pilot.pause()
+        # Updated in place, the longer text is drawn whole at 80 columns: its column had the room kept for it.
+        assert re.search(r"host-05 +stale \d+ s ago ", visible_text(table)), visible_text(table)
 
 
 async def test_an_empty_store_says_how_to_start_an_agent(hosts_app):

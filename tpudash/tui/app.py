@@ -65,7 +65,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
     VERTICAL_BREAKPOINTS = [(0, "-short"), (40, "-tall")]
     # The keys design.md makes a contract (tests outside the project drive
     # them): the keys line shows every one of them, even at 80 columns.
-    CONTRACT_KEYS = frozenset({"d", "j", "h", "question_mark", "q", "m", "r", "g", "t", "c", "enter", "ctrl+p"})
+    CONTRACT_KEYS = frozenset({"d", "j", "h", "n", "question_mark", "q", "m", "r", "g", "t", "c", "enter", "ctrl+p"})
     # fmt: off
     # One binding a line: the table reads as the keys line and help do.
     BINDINGS = [
