@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from jobs.events import Metric
+from tpudash.engine.cluster import free_loopback_ports, tf_config
 from tpudash.runs.store import RunStore
 from tpudash.runs.workers import worker_stream
 
@@ -138,3 +139,40 @@ def test_a_worker_killed_mid_run_ends_the_run_failed_naming_it_and_the_chief_exi
     assert took < LOST_WORKER_SECONDS, f"the run ended {took:.2f} s after the kill"
     assert not chief_alive, "the chief outlived the run"
     print(f"\nkill -9 of worker 1 to the run ended failed: {took:.2f} s")
+
+
+def test_two_hosts_started_by_hand_one_with_flags_one_with_tf_config_agree_on_one_run(tmp_path):
+    """What a user runs on each host of a real cluster, without the launcher and without --run-id."""
+    runs_dir = tmp_path / "runs"
+    addresses = [f"127.0.0.1:{port}" for port in free_loopback_ports(2)]
+    common = ["run", "train", "--set", "source=synthetic", "--set", "epochs=1", "--set", "limit_train=512", "--json"]
+    chief = subprocess.Popen(
+        [sys.executable, "-m", "tpudash", *common, "--worker-index", "0", "--cluster", ",".join(addresses)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env=environment(runs_dir, tmp_path),
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tpudash", *common],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**environment(runs_dir, tmp_path), "TF_CONFIG": tf_config(addresses, 1)},
+    )
+    try:
+        _, chief_err = chief.communicate(timeout=RUN_SECONDS)
+        _, worker_err = worker.communicate(timeout=RUN_SECONDS)
+    finally:
+        for process in (chief, worker):
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+    assert (chief.returncode, worker.returncode) == (0, 0), (chief_err[-2000:], worker_err[-2000:])
+    store = RunStore(runs_dir)
+    (info,) = store.list_runs()  # one run: the worker took the chief's id
+    assert info.status == "done" and info.workers == 2
+    assert store.stream(info.run_id, worker_stream(1)).read_new(final=True), "worker 1 wrote into the chief's run"
+    assert set(heartbeats(store, info.run_id)) == {0, 1}
