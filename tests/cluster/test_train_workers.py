@@ -20,7 +20,7 @@ import psutil
 from jobs.events import Metric
 from tpudash.engine.cluster import free_loopback_ports, tf_config
 from tpudash.runs.store import RunStore
-from tpudash.runs.workers import worker_stream
+from tpudash.runs.workers import read_workers, worker_stream
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 USER_UNSET = ("TPU_NAME", "COLAB_TPU_ADDR", "TPU_LOAD_LIBRARY", "TPU_SKIP_MDS_QUERY", "TF_CONFIG")
@@ -28,10 +28,11 @@ RUN_SECONDS = 150.0
 """The longest a 2-worker run of a few hundred synthetic examples may take on a loaded 2-core machine."""
 LOST_WORKER_SECONDS = 5.0
 """The stated bound: a kill -9 of a worker ends the run as failed, naming it, within this (measured: well under 1 s)."""
+pytest_plugins = ["tests.object_stores"]  # gcs_store: the loopback GCS emulator
 TRAIN = ["run", "train", "--workers", "2", "--set", "source=synthetic", "--set", "model=light"]
 
 
-def environment(runs_dir: Path, tmp_path: Path) -> dict[str, str]:
+def environment(runs_dir: Path | str, tmp_path: Path) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
     env.update(
         TPUDASH_RUNS_DIR=str(runs_dir),
@@ -176,3 +177,23 @@ def test_two_hosts_started_by_hand_one_with_flags_one_with_tf_config_agree_on_on
     assert info.status == "done" and info.workers == 2
     assert store.stream(info.run_id, worker_stream(1)).read_new(final=True), "worker 1 wrote into the chief's run"
     assert set(heartbeats(store, info.run_id)) == {0, 1}
+
+
+def test_two_workers_write_one_run_into_a_bucket(gcs_store, tmp_path):
+    """Each worker writes its own segments and heartbeat into the bucket; the chief, run.json and the events."""
+    url = gcs_store.url("tpudash/runs")
+    result = subprocess.run(
+        [sys.executable, "-m", "tpudash", *TRAIN, "--set", "epochs=1", "--set", "limit_train=512", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={**environment(url, tmp_path), **gcs_store.environment()},
+        timeout=RUN_SECONDS,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    store = RunStore(url)
+    (info,) = store.list_runs()
+    assert (info.status, info.workers) == ("done", 2)
+    assert store.stream(info.run_id, worker_stream(1)).read_new(final=True), "worker 1's segments are in the bucket"
+    workers = read_workers(store.files(info.run_id))
+    assert [(worker.index, worker.status) for worker in workers] == [(0, "done"), (1, "done")]
