@@ -369,10 +369,14 @@ def heartbeat_age(age: float) -> str:
     return "now" if age < 1 else f"{format_seconds(age, precise=False)} ago"
 
 
-def workers_heading(statuses: Iterable[WorkerStatus], expected: int | None = None, explain: bool = False) -> Text:
-    """``workers: 3 of 4 live · straggler: worker 2 (…) · stale: worker 3``; ``explain`` says what stale means."""
-    from tpudash.runs.workers import STRAGGLER_MARGIN
+def workers_heading(
+    statuses: Iterable[WorkerStatus], margin: float, expected: int | None = None, explain: bool = False
+) -> Text:
+    """``workers: 3 of 4 live · straggler: worker 2 (…) · stale: worker 3``; ``explain`` says what stale means.
 
+    ``margin``: how far over the median step time a straggler is (``runs.workers.STRAGGLER_MARGIN``:
+    the bus imports this module, not this module the bus).
+    """
     statuses = list(statuses)
     count = max([expected or 0, len(statuses), *(status.count or 0 for status in statuses)])
     live = sum(status.alive for status in statuses)
@@ -384,7 +388,7 @@ def workers_heading(statuses: Iterable[WorkerStatus], expected: int | None = Non
         line.append(" · ")
         line.append("straggler: ", style=WORKER_STATE_STYLES["straggler"])
         line.append(", ".join(f"worker {status.index}" for status in stragglers))
-        line.append(f" (step time over the median by more than {STRAGGLER_MARGIN:.0%})", style="dim")
+        line.append(f" (step time over the median by more than {margin:.0%})", style="dim")
     stale = [status for status in statuses if worker_state(status) == "stale"]
     if stale:
         line.append(" · ")

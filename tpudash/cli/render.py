@@ -341,10 +341,15 @@ def worker_cells(status: WorkerStatus) -> dict[str, str]:
 
 def workers_lines(statuses: Sequence[WorkerStatus]) -> list[Text]:
     """The heading, then one aligned line per worker, its state in words (and styled: never colour alone)."""
+    from tpudash.runs.workers import STRAGGLER_MARGIN
+
     rows: list[list[Text | str]] = []
     for status in statuses:
         cells = worker_cells(status)
         row: list[Text | str] = [cells[name] for name in WORKER_FIELDS[:-1]]
         row.append(Text(cells["state"], style=WORKER_STATE_STYLES.get(cells["state"], "")))
         rows.append(row)
-    return [workers_heading(statuses, explain=True), *(Text("  ") + line for line in aligned_lines(rows))]
+    return [
+        workers_heading(statuses, STRAGGLER_MARGIN, explain=True),
+        *(Text("  ") + line for line in aligned_lines(rows)),
+    ]

@@ -19,10 +19,13 @@ Which runs the agent records (each sample lands in a run once):
 
 - only the machine's own agent records runs: the one whose ``--name`` is
   this host's name (the default). Agents given other names on one machine
-  (simulated hosts, tests) write their host streams only;
+  (simulated hosts, tests) write their host streams only, and their
+  host.json lists no run;
 - a run is on this host when it is live and its writer is here: locally its
   writer's lock is held; in a store its run.json or one of its writers'
-  heartbeats names this host;
+  heartbeats names this host (a worker's heartbeat may name it by
+  TF_CONFIG's ``host:port``, by name or by one of this machine's
+  addresses). host.json lists every such run, whoever records it;
 - a run is adopted once it has been live ``ADOPT_AFTER_SECONDS`` and only if
   no one records its telemetry yet: in a store its ``telemetry/`` holds no
   segment (a dashboard or ``tpudash run`` on this host records its own
@@ -44,6 +47,7 @@ not take by then stays in this host's spill directory) and exits 0.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -54,6 +58,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
+
+import psutil
 
 from jobs.events import Telemetry, dumps, is_finite_number
 from tpudash.runs import liveness
@@ -157,6 +163,31 @@ def snapshot(name: str, hostname: str, stamp: float, interval: float, sample: Te
     )
 
 
+def host_of(address: str) -> str:
+    """A worker's host as its heartbeat names it, without TF_CONFIG's port: ``10.0.0.3:2222`` -> ``10.0.0.3``."""
+    if address.startswith("["):  # [v6 address]:port
+        return address[1:].split("]", 1)[0]
+    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+
+
+def this_machines_addresses() -> set[str]:
+    """This machine's own network addresses, loopback ones left out (every machine has those)."""
+    addresses: set[str] = set()
+    try:
+        interfaces = psutil.net_if_addrs()
+    except (OSError, psutil.Error):
+        return addresses
+    for entries in interfaces.values():
+        for entry in entries:
+            try:
+                address = ipaddress.ip_address(entry.address.split("%", 1)[0])
+            except ValueError:
+                continue  # a link-layer address
+            if not address.is_loopback:
+                addresses.add(str(address))
+    return addresses
+
+
 def _bytes(value: object) -> int | None:
     return int(value) if is_finite_number(value) and value >= 0 else None
 
@@ -171,6 +202,8 @@ class LiveRunsOnHost:
         self.clock = clock
         self.store = RunStore(runs_dir, spill_root=spill_root)
         self._store_since = clock()
+        # A worker's heartbeat names its TF_CONFIG address ("10.0.0.3:2222"), not always its hostname.
+        self.addresses = this_machines_addresses() if hostname == socket.gethostname() else set()
 
     def scan(self) -> list[RunInfo]:
         """The live runs on this host, newest last; raises what the store raises when it cannot be asked."""
@@ -197,7 +230,7 @@ class LiveRunsOnHost:
             return bool(liveness.lock_held(files.run_dir))  # a lock is seen only by processes of this host
         if info.host == self.hostname:
             return True
-        return any(host == self.hostname for host in self._writer_hosts(files))
+        return any(self._is_here(host) for host in self._writer_hosts(files))
 
     def _writer_hosts(self, files: RunFiles) -> list[str]:
         """The hosts of a run's writers that beat recently (a worker of a run whose chief is elsewhere)."""
@@ -211,6 +244,19 @@ class LiveRunsOnHost:
             if isinstance(beat, dict) and liveness.beat_is_fresh(data) and isinstance(beat.get("host"), str):
                 hosts.append(beat["host"])
         return hosts
+
+    def _is_here(self, address: str) -> bool:
+        """Whether a writer's host (a hostname or TF_CONFIG's ``host:port``) is this machine."""
+        host = host_of(address).lower()
+        mine = self.hostname.lower()
+        if host == mine or host in self.addresses:
+            return True
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            # A short name and its fully qualified one ("vm-1", "vm-1.zone.internal") name one machine.
+            return host.split(".")[0] == mine.split(".")[0]
+        return False  # another machine's address
 
 
 class HostAgent:
@@ -258,6 +304,8 @@ class HostAgent:
         self.store_runs: dict[str, StoreSamples] = {}
         self.left_alone: set[str] = set()
         """Runs someone else records: never adopted, for as long as they are live."""
+        self.local_adopted: list[str] = []
+        """Local runs live long enough to adopt: ``TelemetryRecorder``'s flock decides at every sample who records."""
         self.live_runs: list[str] = []
         self._next_scan = 0.0
         self.ticks = 0
@@ -268,7 +316,7 @@ class HostAgent:
     def tick(self) -> None:
         """Sample the host; write the sample, host.json and the telemetry of the runs it records."""
         stamp, sample = self.sampler.sample()
-        if self.clock() >= self._next_scan:
+        if self.records_runs and self.clock() >= self._next_scan:  # a simulated host has no runs of its own
             self._next_scan = self.clock() + RUNS_SCAN_SECONDS
             self._scan_runs()
         line = dumps(sample, stamp) + "\n"
@@ -302,19 +350,20 @@ class HostAgent:
         self.left_alone &= live_ids
         for run_id in [run_id for run_id in self.store_runs if run_id not in live_ids]:
             self.store_runs.pop(run_id).close()
-        if not self.records_runs:
+        # Old enough only: the run's own session takes the flock at its start, before the agent may.
+        old_enough = [
+            info for info in live if info.started is not None and self.clock() - info.started >= ADOPT_AFTER_SECONDS
+        ]
+        if self.runs.store.local:
+            self.local_adopted = [info.run_id for info in old_enough][:MAX_RUNS_RECORDED]
             return
-        for info in live:
+        for info in old_enough:
             if (
                 info.run_id in self.store_runs
                 or info.run_id in self.left_alone
                 or len(self.store_runs) >= MAX_RUNS_RECORDED
-                or info.started is None
-                or self.clock() - info.started < ADOPT_AFTER_SECONDS
             ):
                 continue
-            if self.runs.store.local:
-                continue  # local runs: ``TelemetryRecorder``'s flock decides, at every sample
             files = self.runs.store.files(info.run_id)
             try:
                 recorded = bool(files.list(TELEMETRY_STREAM))
@@ -329,9 +378,7 @@ class HostAgent:
         for samples in self.store_runs.values():
             samples.write(line.encode())
         if self.records_runs and self.runs.store.local:
-            adopted = [self.runs.store.local_dir(run_id) for run_id in self.live_runs if run_id not in self.left_alone][
-                :MAX_RUNS_RECORDED
-            ]
+            adopted = [self.runs.store.local_dir(run_id) for run_id in self.local_adopted]
             self.local_runs.record(stamp, sample, adopted)
 
     # -- the schedule -------------------------------------------------------------------------

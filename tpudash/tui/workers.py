@@ -28,7 +28,7 @@ from tpudash.format import (
     workers_heading,
 )
 from tpudash.runs.backends import RunFiles
-from tpudash.runs.workers import WorkerStatus, read_workers
+from tpudash.runs.workers import STRAGGLER_MARGIN, WorkerStatus, read_workers
 
 STORE_READ_SECONDS = 5.0
 """A store is asked for a run's heartbeats at most this often: each read is a listing and a request per worker."""
@@ -46,7 +46,7 @@ def clip(text: str, width: int) -> str:
 
 def workers_line(statuses: Sequence[WorkerStatus], expected: int | None = None) -> Text | None:
     """The one line above the run view's tabs (``format.workers_heading``); None without workers."""
-    return workers_heading(statuses, expected) if statuses else None
+    return workers_heading(statuses, STRAGGLER_MARGIN, expected) if statuses else None
 
 
 class WorkersTable(DataTable):
