@@ -33,7 +33,11 @@ Which runs the agent records (each sample lands in a run once):
   ``uploader.SEAL_SECONDS``); locally the first to take the flock on
   ``telemetry.jsonl`` records (``TelemetryRecorder``), and the run's own
   session takes it at the start. A run found recorded by someone else is
-  left alone for good.
+  left alone for good. A run over several hosts (a cluster's workers) is
+  recorded by the agent of its chief's host only (the host in its
+  run.json): a run has one telemetry stream, and two agents' chips must
+  not mix in it. The other hosts' samples of that time are in their own
+  host streams, and their host.json lists the run.
 
 Bounds (memory stays flat over days): the sampler keeps one sample of
 history; each segment writer holds at most ``uploader.MAX_MEMORY_BYTES`` in
@@ -232,6 +236,10 @@ class LiveRunsOnHost:
             return True
         return any(self._is_here(host) for host in self._writer_hosts(files))
 
+    def is_chiefs_host(self, info: RunInfo) -> bool:
+        """Whether this host writes the run's run.json (its chief, or its only writer)."""
+        return info.host is not None and self._is_here(info.host)
+
     def _writer_hosts(self, files: RunFiles) -> list[str]:
         """The hosts of a run's writers that beat recently (a worker of a run whose chief is elsewhere)."""
         hosts = []
@@ -358,6 +366,10 @@ class HostAgent:
             self.local_adopted = [info.run_id for info in old_enough][:MAX_RUNS_RECORDED]
             return
         for info in old_enough:
+            if not self.runs.is_chiefs_host(info):
+                # A run over several hosts has one telemetry stream: the chief's host's agent writes it, so two
+                # agents never mix their chips in it. This host's own samples are in its host stream meanwhile.
+                continue
             if (
                 info.run_id in self.store_runs
                 or info.run_id in self.left_alone
