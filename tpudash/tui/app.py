@@ -19,6 +19,7 @@ install line. While the TUI runs, file descriptor 2 goes to the session log
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import time
@@ -139,6 +140,8 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         self._previous_mode = self.DEFAULT_MODE
         self._tick_event = asyncio.Event()
         self._runs_scan_worker: Worker | None = None
+        self.settled_in = asyncio.Event()
+        """Set once every screen is built ahead and what they hold is out of the collector's way (benchmarks)."""
 
     # -- lifecycle ------------------------------------------------------------------
     def on_load(self) -> None:
@@ -181,6 +184,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         # However the app ends (quit, a crash, a test's shutdown), the engine goes with it.
         self.session.close()
         self.host_io.remove_signal_handlers()
+        gc.unfreeze()  # what the app froze is the collector's again: an app that ended frees all it held
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -252,6 +256,13 @@ class TpudashApp(UndelayedRevisits, DashboardView):
             if self.exiting:
                 return
             await self.compose_mode_ahead(mode, module_name)
+        if not self.exiting:
+            # Everything built so far (modules, screens, widgets) lives as long as the app. Moved out of the
+            # collector's reach, a full collection walks only what came after: ~13 ms instead of ~150 ms, which
+            # was the tail of every key's latency (bench_hosts). Given back at unmount.
+            gc.collect()
+            gc.freeze()
+            self.settled_in.set()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
