@@ -62,8 +62,9 @@ class RunScreen(DashScreen):
 
     def on_display_tick(self, tick: DisplayTick) -> None:
         """On the app's timer (and when a run starts or ends): redraw what changed."""
-        # A mode's screen is current before it has composed; there is nothing to draw yet.
-        if getattr(self, "_ready", False):
+        # A mode's screen is current before it has composed; there is nothing to draw yet. Once a signal or
+        # quit has the app exiting, its widgets are going away: nothing is drawn, and no read is started.
+        if getattr(self, "_ready", False) and not self.dashboard.exiting:
             self.view.sync(tick.force)
 
     def refresh_lane(self, _version: int = 0) -> None:

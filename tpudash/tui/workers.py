@@ -153,8 +153,8 @@ class FollowsWorkers(Widget):
 
     def _read_workers_when_due(self) -> None:
         feed = self._workers_feed
-        if feed is None or not feed.due():
-            return
+        if feed is None or not feed.due() or getattr(self.app, "exiting", False):
+            return  # nothing to read, not yet, or the app is going: no worker is started on its way out
         feed.begin()
         self.run_worker(
             lambda: self._read_workers(feed),
@@ -167,7 +167,10 @@ class FollowsWorkers(Widget):
     def _read_workers(self, feed: WorkersFeed) -> None:
         statuses = feed.read()
         if statuses is not None and feed is self._workers_feed:
-            self.app.call_from_thread(self._workers_read, feed, statuses)
+            try:
+                self.app.call_from_thread(self._workers_read, feed, statuses)
+            except RuntimeError:
+                pass  # the app stopped while this read: there is no view left to show it
 
     def _workers_read(self, feed: WorkersFeed, statuses: list[WorkerStatus]) -> None:
         if feed is self._workers_feed:  # not another run's, read before the view moved on
