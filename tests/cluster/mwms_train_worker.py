@@ -3,8 +3,8 @@
 ``python -m tests.cluster.mwms_train_worker OUT_DIR [NAME=VALUE ...]`` detects the
 runtime from this process's TF_CONFIG (``tpudash.accel.runtime.detect``) and
 runs the train job with those params. Every event goes to
-``OUT_DIR/events-<worker>.jsonl`` as it happens (flushed, so a test can wait
-on it), and the outcome to ``OUT_DIR/outcome-<worker>.json``: the summary,
+``OUT_DIR/events-<worker>.jsonl`` and to standard output as it happens (a
+test waits on the output), and the outcome to ``OUT_DIR/outcome-<worker>.json``: the summary,
 or the error with its type, with the times it started and ended; and the
 run id the workers agreed on (each proposes its own; the chief's must win).
 """
@@ -36,8 +36,11 @@ def main(argv: list[str]) -> int:
 
     def emit(event) -> None:
         payload = {"type": type(event).__name__, "time": time.time(), **asdict(event)}
-        events.write(json.dumps(payload, default=str) + "\n")
+        line = json.dumps(payload, default=str) + "\n"
+        events.write(line)
         events.flush()
+        sys.stdout.write(line)  # as it happens: a test waits on a worker's own output
+        sys.stdout.flush()
 
     spec = get_job("train")
     params = spec.resolve(assignments)

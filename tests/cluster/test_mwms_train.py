@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def start_workers(out_dir: Path, params: list[str]) -> list[subprocess.Popen]:
+def start_workers(out_dir: Path, params: list[str], watched: int | None = None) -> list[subprocess.Popen]:
+    """Both workers; the ``watched`` one's events come through its stdout (a pipe) for the test to wait on."""
     addresses = [f"127.0.0.1:{port}" for port in free_ports(2)]
     workers = []
     for index in range(2):
@@ -48,8 +50,9 @@ def start_workers(out_dir: Path, params: list[str]) -> list[subprocess.Popen]:
                 [sys.executable, "-m", "tests.cluster.mwms_train_worker", str(out_dir), *params],
                 cwd=REPO_ROOT,
                 env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+                stdout=subprocess.PIPE if index == watched else log,
+                stderr=log,
+                text=True,
             )
         )
     return workers
@@ -110,19 +113,25 @@ def test_two_workers_train_with_identical_losses_and_the_chiefs_run_id(tmp_path)
 
 
 def test_a_killed_worker_fails_the_chief_within_the_stated_time_naming_it(tmp_path):
-    workers = start_workers(tmp_path, [*TRAIN, "epochs=200"])
+    workers = start_workers(tmp_path, [*TRAIN, "epochs=200"], watched=1)
+    # Bounded: if training never gets there, the workers are stopped and worker 1's output ends.
+    give_up = threading.Timer(RUN_SECONDS, stop, [workers])
+    give_up.start()
     try:
-        deadline = time.monotonic() + RUN_SECONDS
-        # Mid-run: worker 1 has reported steps of its second epoch.
-        while not any(event.get("epoch") == 2 for event in events(tmp_path, 1)):
-            assert time.monotonic() < deadline, "worker 1 never reached its second epoch"
-            assert all(worker.poll() is None for worker in workers), "a worker ended before the kill"
-            time.sleep(0.2)
+        # Mid-run: worker 1 reports steps of its second epoch (its output ends early only if it does).
+        assert workers[1].stdout is not None
+        for line in workers[1].stdout:
+            if json.loads(line).get("epoch") == 2:
+                break
+        else:
+            raise AssertionError("worker 1 ended before its second epoch")
+        assert workers[0].poll() is None, "the chief ended before the kill"
         killed_at = time.time()
         workers[1].send_signal(signal.SIGKILL)
         returncode = workers[0].wait(LOST_WORKER_DEADLINE_SECONDS + SHUTDOWN_BARRIER_TIMEOUT_SECONDS + 10)
         exited_after = time.time() - killed_at
     finally:
+        give_up.cancel()
         stop(workers)
     chief = outcome(tmp_path, 0)
     failed_after = chief["ended"] - killed_at

@@ -92,11 +92,24 @@ def test_a_malformed_exported_tf_config_is_refused_naming_it(isolated_runs_dir, 
 
 
 # -- the launcher with fake workers ---------------------------------------------------------------------------
-def launch(tmp_path: Path, mode: str, monkeypatch) -> tuple[ClusterLaunch, list, RunStore]:
+class RelayedEvents(list):
+    """The chief's events as the launcher relays them; ``started`` is set by its RunStarted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+
+    def add(self, stamp: float | None, event: object) -> None:
+        self.append(event)
+        if isinstance(event, RunStarted):
+            self.started.set()
+
+
+def launch(tmp_path: Path, mode: str, monkeypatch) -> tuple[ClusterLaunch, RelayedEvents, RunStore]:
     monkeypatch.setenv("FAKE_CLUSTER_MODE", mode)
     store = RunStore(tmp_path / "runs")
     store.prepare()
-    events: list = []
+    events = RelayedEvents()
     environment = dict(os.environ, TPUDASH_RUNS_DIR=str(store.root), FAKE_CLUSTER_MODE=mode)
     repo = str(Path(__file__).resolve().parents[2])
     environment["PYTHONPATH"] = repo + os.pathsep + environment.get("PYTHONPATH", "")
@@ -108,7 +121,7 @@ def launch(tmp_path: Path, mode: str, monkeypatch) -> tuple[ClusterLaunch, list,
             count=2,
             store=store,
             environment=environment,
-            on_event=lambda stamp, event: events.append(event),
+            on_event=events.add,
             grace=2.0,
             program=(sys.executable, "-m", "tests.fake_cluster_worker"),
         ),
@@ -122,13 +135,6 @@ def run_in_thread(cluster: ClusterLaunch, cancel: threading.Event) -> tuple[thre
     thread = threading.Thread(target=lambda: outcomes.append(cluster.run(cancel)), daemon=True)
     thread.start()
     return thread, outcomes
-
-
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT_SECONDS
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {WAIT_SECONDS:g} s"
-        time.sleep(0.02)  # bounded: the workers are other processes, seen through the launcher's own state
 
 
 def test_a_run_on_two_workers_ends_as_its_chief_says_and_keeps_their_logs(tmp_path, monkeypatch):
@@ -149,7 +155,7 @@ def test_a_run_on_two_workers_ends_as_its_chief_says_and_keeps_their_logs(tmp_pa
 def test_a_worker_killed_mid_run_ends_it_failed_naming_that_worker_and_the_chief_goes_too(tmp_path, monkeypatch):
     cluster, events, store = launch(tmp_path, "wait", monkeypatch)
     thread, outcomes = run_in_thread(cluster, threading.Event())
-    wait_for(lambda: any(isinstance(event, RunStarted) for event in events), "the chief started the run")
+    assert events.started.wait(WAIT_SECONDS), "the chief never started the run"
     killed_at = time.monotonic()
     os.kill(cluster.processes[1].pid, signal.SIGKILL)
     thread.join(WAIT_SECONDS)
@@ -177,7 +183,7 @@ def test_cancel_stops_every_worker_and_the_run_ends_cancelled(tmp_path, monkeypa
     cluster, events, store = launch(tmp_path, "wait", monkeypatch)
     cancel = threading.Event()
     thread, outcomes = run_in_thread(cluster, cancel)
-    wait_for(lambda: any(isinstance(event, RunStarted) for event in events), "the chief started the run")
+    assert events.started.wait(WAIT_SECONDS), "the chief never started the run"
     cancel.set()
     thread.join(WAIT_SECONDS)
     assert not thread.is_alive()
