@@ -258,9 +258,10 @@ class TpudashApp(UndelayedRevisits, DashboardView):
             await self.compose_mode_ahead(mode, module_name)
         if not self.exiting:
             # Everything built so far (modules, screens, widgets) lives as long as the app. Moved out of the
-            # collector's reach, a full collection walks only what came after: ~13 ms instead of ~150 ms, which
-            # was the tail of every key's latency (bench_hosts). Given back at unmount.
-            gc.collect()
+            # collector's reach, a full collection walks only what came after: ~15 ms instead of ~150 ms, which
+            # was the tail of every key's latency (bench_hosts). No collection first: freezing is a moment's
+            # work, a collection of a large heap (a notebook's, with TensorFlow in it) is not, and holds the GIL
+            # over the sampler's deadlines. Given back at unmount.
             gc.freeze()
             self.settled_in.set()
 
