@@ -139,6 +139,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         """The worker that cancels every run and exits, once quit was confirmed."""
         self._previous_mode = self.DEFAULT_MODE
         self._tick_event = asyncio.Event()
+        self._last_tick = asyncio.Event()
         self._runs_scan_worker: Worker | None = None
         self.settled_in = asyncio.Event()
         """Set once every screen is built ahead and what they hold is out of the collector's way (benchmarks)."""
@@ -194,6 +195,8 @@ class TpudashApp(UndelayedRevisits, DashboardView):
 
     def exit(self, *args: Any, **kwargs: Any) -> None:
         self.exiting = True
+        self._tick_event.set()  # nothing waits for a tick that will not come
+        self._last_tick.set()
         super().exit(*args, **kwargs)
 
     def release_session_log(self) -> None:
@@ -279,12 +282,18 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         self.session.tick()
         screen = self._sync_active_screen()
         ticked, self._tick_event = self._tick_event, asyncio.Event()
+        # A screen that was closing when it was handed the last tick never runs its callback: whoever waits on
+        # that tick wakes with this one instead of never.
+        self._last_tick.set()
+        self._last_tick = ticked
         # Queued behind the tick, so next_tick() returns once the screen has redrawn.
         if screen is None or not screen.call_later(ticked.set):
             ticked.set()
 
     async def next_tick(self) -> None:
         """Wait until the UI's timer has read new events and redrawn once more (tests, benchmarks)."""
+        if self.exiting:
+            return  # the timer stops as the app closes: no tick is coming
         await self._tick_event.wait()
 
     def redraw_now(self) -> None:
