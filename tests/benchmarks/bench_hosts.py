@@ -268,6 +268,7 @@ def make_app(runs_dir: Path | str):
         engine_factory=lambda listener: EngineThread(listener, settings, specs, lambda: runtime),
         host_check_provider=FixedHostCheck,
         job_specs=specs,
+        freeze_after_start=True,  # as the dashboard's own process runs it (tpudash.tui.app.run_app)
     )
 
 

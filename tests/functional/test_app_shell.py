@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -48,6 +49,16 @@ async def test_quit_without_a_job_exits_at_once(make_app):
         await pilot.pause()
         assert not app.is_running
     assert app.return_code == 0
+
+
+async def test_a_dashboards_own_process_freezes_what_it_built_at_start_and_gives_it_back_at_its_end(make_app):
+    # run_app (the dashboard's own process) asks for it: a full collection then walks only what came after.
+    app = make_app(freeze_after_start=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, app.settled_in.is_set)
+        assert gc.get_freeze_count() > 0, "nothing was frozen once the screens were built"
+        await pilot.press("q")
+    assert gc.get_freeze_count() == 0, "the app's end left objects out of the collector's reach"
 
 
 async def test_native_writes_to_fd2_go_to_the_session_log_and_fd2_comes_back(make_app, isolated_runs_dir):

@@ -108,6 +108,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         job_specs: Mapping[str, JobSpec] | None = None,
         redirect_stderr: bool = False,
         handle_signals: bool = False,
+        freeze_after_start: bool = False,
     ):
         """``engine_factory`` replaces how an engine is started (tests run ``tpudash.engine.inthread.EngineThread``
         with their own jobs); otherwise the engine is a process.
@@ -115,9 +116,13 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         ``host_check_provider`` replaces ``tpudash.accel.hostcheck.inspect`` (tests pass a TPU host),
         ``job_specs`` the job registry. ``redirect_stderr`` sends fd 2 to the session log while the app
         runs (off by default so tests keep pytest's capture); ``handle_signals`` makes SIGTERM/SIGINT
-        cancel the running job cleanly, then exit.
+        cancel the running job cleanly, then exit. ``freeze_after_start``: once every screen is built,
+        what the process holds is frozen out of the collector's way (``gc.freeze``), as a dashboard's
+        own process does; not in a process that makes many apps (tests): unfrozen at each app's end,
+        the whole heap would come back to the collector's oldest generation every time.
         """
         super().__init__()
+        self.freeze_after_start = freeze_after_start
         guard_option_list_page_keys()  # see tpudash/tui/seams.py
         self.settings = settings or Settings.load()
         self.session = DashboardSession(
@@ -185,7 +190,8 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         # However the app ends (quit, a crash, a test's shutdown), the engine goes with it.
         self.session.close()
         self.host_io.remove_signal_handlers()
-        gc.unfreeze()  # what the app froze is the collector's again: an app that ended frees all it held
+        if self.freeze_after_start:
+            gc.unfreeze()  # what the app froze is the collector's again: an app that ended frees all it held
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -259,14 +265,14 @@ class TpudashApp(UndelayedRevisits, DashboardView):
             if self.exiting:
                 return
             await self.compose_mode_ahead(mode, module_name)
-        if not self.exiting:
+        if self.freeze_after_start and not self.exiting:
             # Everything built so far (modules, screens, widgets) lives as long as the app. Moved out of the
             # collector's reach, a full collection walks only what came after: ~15 ms instead of ~150 ms, which
             # was the tail of every key's latency (bench_hosts). No collection first: freezing is a moment's
             # work, a collection of a large heap (a notebook's, with TensorFlow in it) is not, and holds the GIL
             # over the sampler's deadlines. Given back at unmount.
             gc.freeze()
-            self.settled_in.set()
+        self.settled_in.set()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
@@ -408,6 +414,7 @@ def run_app(settings: Settings, **options: Any) -> int:
     """Build the app and run it in the terminal; returns the exit code."""
     options.setdefault("redirect_stderr", os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal")
     options.setdefault("handle_signals", True)
+    options.setdefault("freeze_after_start", True)
     app = TpudashApp(settings, **options)
     app.run()
     if os.environ.get(FIRST_FRAME_ENV) and app.first_frame_at is not None:
