@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 from textual.command import CommandList, CommandPalette
@@ -19,6 +19,8 @@ from tpudash.runs.store import RunStore
 from tpudash.tui.bars import KeyBar, SessionBar
 from tpudash.tui.dialogs import ConfirmScreen
 from tpudash.tui.plots import BudgetedPlot
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 async def test_quit_during_a_run_asks_then_records_the_run_as_cancelled(make_app, job_gate, isolated_runs_dir):
@@ -51,14 +53,23 @@ async def test_quit_without_a_job_exits_at_once(make_app):
     assert app.return_code == 0
 
 
-async def test_a_dashboards_own_process_freezes_what_it_built_at_start_and_gives_it_back_at_its_end(make_app):
+def test_a_dashboards_own_process_freezes_what_it_built_at_start_and_gives_it_back_at_its_end(tmp_path):
     # run_app (the dashboard's own process) asks for it: a full collection then walks only what came after.
-    app = make_app(freeze_after_start=True)
-    async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, app.settled_in.is_set)
-        assert gc.get_freeze_count() > 0, "nothing was frozen once the screens were built"
-        await pilot.press("q")
-    assert gc.get_freeze_count() == 0, "the app's end left objects out of the collector's reach"
+    # In a process of its own: freezing changes the whole process's collector, and this one makes app after app.
+    import json
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.functional.frozen_session", str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = json.loads(result.stdout.splitlines()[-1])
+    assert counts["frozen_once_settled"] > 0, "nothing was frozen once the screens were built"
+    assert counts["frozen_after_the_end"] == 0, "the app's end left objects out of the collector's reach"
 
 
 async def test_native_writes_to_fd2_go_to_the_session_log_and_fd2_comes_back(make_app, isolated_runs_dir):
