@@ -169,11 +169,15 @@ class SegmentWriter:
         self.seal_now()
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._queue:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(left)
+            return self._queue_emptied_by(deadline)
+
+    def _queue_emptied_by(self, deadline: float) -> bool:
+        """With the lock held: wait until every closed segment is uploaded, or the deadline; whether they were."""
+        while self._queue:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._changed.wait(left)
         return True
 
     def wait_for_outage(self, timeout: float) -> bool:
@@ -332,12 +336,7 @@ class SegmentWriter:
         with self._lock:
             self._stopping = True
             self._changed.notify_all()
-            while self._queue:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(left)
-        return True
+            return self._queue_emptied_by(deadline)
 
     def keep_rest(self) -> int:
         """Put every segment not in the store yet on local disk, for good; how many lines they hold."""
