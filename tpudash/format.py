@@ -113,6 +113,68 @@ def status_text(status: str) -> Text:
     return Text(f"{glyph} {status}", style=style)
 
 
+# -- what a run ran on ------------------------------------------------------------------------
+
+# The framework a run computed with, as its runtime names it (``backend``), and the keys of its version: a
+# recorded run's (``tpudash.recording``), then a job's (``Runtime.summary``).
+FRAMEWORKS = {
+    "tensorflow": ("TensorFlow", ("tensorflow", "tf_version")),
+    "jax": ("JAX", ("jax",)),
+    "torch": ("PyTorch", ("torch",)),
+}
+
+
+def runtime_line(runtime: Mapping[str, Any]) -> str:
+    """A run's runtime in one line, as the run view and ``tpudash watch`` show it.
+
+    ``JAX 0.10.2 · 8 CPU devices (simulated) · DataParallel, 8 replicas, mesh batch=8 · Keras 3.15.1``
+    or ``TensorFlow 2.21.0 · CPU · MirroredStrategy, 8 replicas (simulated)``; a process or worker of
+    several adds ``process 1 of 4`` before Keras. Reads a record written by anyone: a missing or odd field is left out.
+    """
+    backend = runtime.get("backend")
+    if backend is None and (runtime.get("tensorflow") or runtime.get("tf_version")):
+        backend = "tensorflow"  # a run recorded before runtimes named their framework
+    parts = []
+    name, version_keys = FRAMEWORKS.get(str(backend), (None, ()))
+    if name is not None:
+        version = next((runtime[key] for key in version_keys if isinstance(runtime.get(key), str)), "")
+        parts.append(f"{name} {version}" if version else name)
+    kind = runtime.get("kind")
+    kind = kind if isinstance(kind, str) and kind and kind != "unknown" else None
+    device_kind = runtime.get("device_kind")
+    if kind == "TPU" and isinstance(device_kind, str) and device_kind.upper().startswith("TPU"):
+        kind = device_kind  # "TPU v5 lite" says more than "TPU"
+    simulated = " (simulated)" if runtime.get("simulated") else ""
+    count = runtime.get("device_count")
+    if kind is not None and isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        parts.append(f"{counted(count, f'{kind} device')}{simulated}")
+        simulated = ""
+    elif kind is not None:
+        parts.append(kind)
+    strategy = runtime.get("strategy")
+    replicas = runtime.get("num_replicas")
+    if isinstance(strategy, str) and strategy and (strategy != "none" or isinstance(replicas, int)):
+        text = strategy if strategy != "none" else "no distribution"
+        if isinstance(replicas, int) and not isinstance(replicas, bool):
+            text += f", {counted(replicas, 'replica')}"
+        axes = (runtime.get("mesh") or {}).get("axes") if isinstance(runtime.get("mesh"), Mapping) else None
+        if isinstance(axes, Mapping) and axes:
+            text += ", mesh " + " ".join(f"{axis}={size}" for axis, size in axes.items())
+        parts.append(text + simulated)
+    # A JAX process, a recording worker, a job's cluster: each says where it stands as it can.
+    places = (("process", "index", "count"), ("worker", "index", "count"), ("cluster", "worker", "workers"))
+    for key, index_key, count_key in places:
+        place = runtime.get(key)
+        if isinstance(place, Mapping) and isinstance(place.get(count_key), int) and place[count_key] > 1:
+            parts.append(f"{'process' if key == 'process' else 'worker'} {place.get(index_key)} of {place[count_key]}")
+            break
+    # Last: a line cut at a narrow terminal keeps the framework, the devices and the strategy.
+    keras_version = runtime.get("keras") or runtime.get("keras_version")
+    if isinstance(keras_version, str) and keras_version:
+        parts.append(f"Keras {keras_version}")
+    return " · ".join(parts)
+
+
 # -- device names ----------------------------------------------------------------------------
 
 

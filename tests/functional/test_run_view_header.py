@@ -66,6 +66,9 @@ async def test_every_param_and_the_summary_show_and_the_last_message_keeps_one_l
         missing = [pair for pair in shown if pair not in text]
         assert not missing, f"params not on screen: {missing}\n" + "\n".join(rows)
         assert "limit_test=512" in text
+        # What it ran on, under the params: the framework, the devices and the strategy.
+        runtime_row = next(row.strip() for row in rows if row.strip().startswith("on "))
+        assert "TensorFlow" in runtime_row and "MirroredStrategy, 8 replicas" in runtime_row, runtime_row
         assert SUMMARY_LINE in text, "\n".join(rows)
         # The last message: one line of its own, cut with an ellipsis, the start of the message.
         message_rows = [row for row in rows if LONG_MESSAGE[:40] in row]

@@ -40,6 +40,16 @@ STARTED = 1_795_000_000.0  # 18 Nov 2026, UTC
 ENGINE_PID = 4242
 CPUS = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(8)]
 
+# What a job's run_started says it ran on (``Runtime.summary()`` on the 8-device CPU default).
+JOB_RUNTIME = {
+    "backend": "tensorflow",
+    "kind": "CPU",
+    "strategy": "MirroredStrategy",
+    "num_replicas": 8,
+    "simulated": True,
+    "tf_version": "2.21.0",
+    "keras_version": "3.15.1",
+}
 DESCRIPTION = RuntimeDescription(
     kind="CPU",
     strategy="MirroredStrategy",
@@ -88,7 +98,7 @@ def record_run(run_id: str, job: str, params: dict, events: list, *, seconds: fl
         "host": "snapshot-host",
     }
     recorder = RunRecorder(run_dir, meta)
-    recorder.record(RunStarted(run_id, job, params, {"kind": "CPU", "replicas": 8}, started), timestamp=started)
+    recorder.record(RunStarted(run_id, job, params, JOB_RUNTIME, started), timestamp=started)
     step = seconds / max(1, len(events))
     for index, event in enumerate(events, start=1):
         recorder.record(event, timestamp=started + index * step)

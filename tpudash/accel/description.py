@@ -137,6 +137,7 @@ class Runtime:
         """The compact description stored with every run."""
         description = self.description
         summary = {
+            "backend": "tensorflow",
             "kind": description.kind,
             "strategy": description.strategy,
             "num_replicas": description.num_replicas,

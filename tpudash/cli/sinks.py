@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -52,7 +53,7 @@ from jobs.events import (
 )
 from jobs.events import Progress as ProgressEvent
 from tpudash.cli.render import rich_table, summary_table, worker_cells, workers_lines
-from tpudash.format import DeviceNames, column_key, counted, format_value, status_text, table_devices
+from tpudash.format import DeviceNames, column_key, format_value, runtime_line, status_text, table_devices
 from tpudash.runs.model import StageTimeline
 
 if TYPE_CHECKING:
@@ -204,11 +205,8 @@ class ConsoleSink:
 
     def _render(self, event: Event, now: float) -> None:
         if isinstance(event, RunStarted):
-            runtime = event.runtime
-            simulated = " (simulated replicas)" if runtime.get("simulated") else ""
             self.console.print(
-                f"[bold]▶ {event.job}[/]  run [cyan]{event.run_id}[/]  on {runtime.get('kind')} · "
-                f"{runtime.get('strategy')} · {counted(runtime.get('num_replicas'), 'replica')}{simulated}"
+                f"[bold]▶ {event.job}[/]  run [cyan]{event.run_id}[/]  on {escape(runtime_line(event.runtime))}"
             )
             self._progress.start()
             self._started = True

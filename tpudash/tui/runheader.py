@@ -1,4 +1,5 @@
-"""The run view's header: the run's title and status, its params, its error, what it concluded, its last message.
+"""The run view's header: the run's title and status, its params, what it ran on, its error, what it concluded,
+its last message.
 
 Every value a run was given or concluded shows whole, at any terminal size: the params and the
 summary's line wrap (issue 26, 5.18: a cut params line dropped ``limit_test`` and a summary ended in
@@ -14,7 +15,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from jobs import registry
-from tpudash.format import format_seconds, format_value, status_text
+from tpudash.format import format_seconds, format_value, runtime_line, status_text
 from tpudash.runs.model import RunModel
 
 
@@ -49,6 +50,7 @@ class RunHeader(Vertical):
     RunHeader { height: auto; }
     RunHeader #run-title { height: 1; padding: 0 1; }
     RunHeader #run-params { height: auto; padding: 0 1; color: $text-muted; }
+    RunHeader #run-runtime { height: 1; padding: 0 1; color: $text-muted; text-wrap: nowrap; text-overflow: ellipsis; }
     RunHeader #run-error { height: auto; max-height: 50vh; padding: 0 1; display: none; }
     RunHeader #run-outcome { height: auto; padding: 0 1; display: none; }
     RunHeader #run-message { height: 1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; display: none; }
@@ -63,6 +65,7 @@ class RunHeader(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("", id="run-title")
         yield Static("", id="run-params", markup=False)
+        yield Static("", id="run-runtime", markup=False)
         yield Static("", id="run-error", markup=False)
         yield Static("", id="run-outcome", markup=False)
         yield Static("", id="run-message", markup=False)
@@ -77,7 +80,7 @@ class RunHeader(Vertical):
             if self._last_title != "empty":
                 title.update(Text("No run yet: press m, r or g, or launch a job from Jobs (j).", style="dim"))
                 self.query_one("#run-params", Static).update("")
-                for line in self.query("#run-error, #run-outcome, #run-message"):
+                for line in self.query("#run-runtime, #run-error, #run-outcome, #run-message"):
                     line.display = False
                 self._last_title = self.shown_state = "empty"
             return
@@ -97,6 +100,11 @@ class RunHeader(Vertical):
             return
         self.shown_state = state
         self.query_one("#run-params", Static).update(format_params(model.params, model.job) or "(no params)")
+        # What it ran on: a recorded run's framework and devices are not the dashboard's own.
+        runtime = self.query_one("#run-runtime", Static)
+        runtime_text = runtime_line(model.runtime)
+        runtime.update(f"on {runtime_text}" if runtime_text else "")
+        runtime.display = bool(runtime_text)
         error = self.query_one("#run-error", Static)
         if model.error:
             error.update(Text.assemble(("✗ ", "bold red"), (model.error, "red"), ("   (traceback in Log)", "dim")))
