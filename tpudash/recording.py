@@ -19,8 +19,15 @@ by a writer thread every quarter second (fsync at most every second), so a
 killed process loses at most that much. On a full disk training goes on
 and nothing raises, finishing included; ``RecordedRun.write_error`` says
 what could not be written. A run still open when the process exits is
-recorded as failed. Imports neither TensorFlow nor Textual; it
-describes TensorFlow's strategy only when the user's process has loaded it.
+recorded as failed. Imports neither TensorFlow, JAX nor Textual; it
+describes TensorFlow's strategy, or JAX's devices and mesh
+(``tpudash.accel.jaxruntime``), only when the user's process has loaded them.
+
+JAX values cost no host sync: ``run.metric("loss", loss)`` with a jax scalar
+checks its shape and dtype and returns; the number is read on the run's
+reader thread (``tpudash.device_values``) once the device has it, and lands
+in the record in the order of the calls. ``flush`` and ``finish`` wait for
+what is still being computed (at most ``DEVICE_READ_WAIT_SECONDS``).
 
 Many workers, one run. A script started on every worker of a cluster
 (``TF_CONFIG``, a MultiWorkerMirroredStrategy, a JAX job on every host)
@@ -46,7 +53,7 @@ import sys
 import threading
 import time
 import traceback as traceback_module
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -64,6 +71,8 @@ from jobs.events import (
     Table,
     to_jsonable,
 )
+from tpudash.accel import jaxruntime
+from tpudash.device_values import DeviceValueReader
 from tpudash.runs.layout import RUN_ID_RULE, SOURCE_RECORD, is_run_id, new_run_id
 from tpudash.runs.store import Recorder, RunStore
 from tpudash.runs.workers import WorkerIdentity, find_worker
@@ -71,6 +80,10 @@ from tpudash.runs.workers import WorkerIdentity, find_worker
 # How often buffered events reach the file: the dashboard's redraw beat is
 # half a second, and a killed process loses at most this much.
 FLUSH_INTERVAL_SECONDS = 0.25
+DEVICE_READ_WAIT_SECONDS = 30.0
+"""How long ``flush`` and ``finish`` wait for JAX values still being computed before going on without them."""
+# At exit JAX may be shutting down its backends: a short wait, then the run ends without what is left.
+EXIT_READ_WAIT_SECONDS = 2.0
 RUN_ID_VARIABLE = "TPUDASH_RUN_ID"
 """The run every worker of a cluster records into, when the script does not say ``run_id=``."""
 
@@ -108,22 +121,40 @@ def runs_directory(runs_dir: str | os.PathLike | None = None) -> Path | str:
     return location
 
 
-def session_runtime(strategy: Any = None) -> dict:
-    """What the user's process runs on, in the shape ``Runtime.summary()`` gives jobs.
+def session_runtime(strategy: Any = None, *, backend: str | None = None) -> dict:
+    """What the user's process runs on, in the shape ``Runtime.summary()`` gives jobs, with its ``backend``.
 
     ``strategy``: a ``tf.distribute.Strategy`` (None: the one in scope, when
-    TensorFlow is loaded). Nothing here imports TensorFlow.
+    TensorFlow is loaded), or, under JAX, a Keras distribution or a
+    ``jax.sharding.Mesh`` (``tpudash.accel.jaxruntime``). ``backend``: Keras's
+    backend name when the caller knows it; None: JAX when JAX is loaded and
+    TensorFlow is not, or when ``strategy`` is JAX's; else TensorFlow when it
+    is loaded. Nothing here imports TensorFlow or JAX, and it never raises.
     """
     runtime: dict = {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0]}
     tf = sys.modules.get("tensorflow")
     keras = sys.modules.get("keras")
     if keras is not None:
         runtime["keras"] = getattr(keras, "__version__", None)
-    if tf is None:
+    if backend is None:
+        if jaxruntime.is_jax_distribution(strategy) or (jaxruntime.loaded_jax() is not None and tf is None):
+            backend = "jax"
+        elif tf is not None:
+            backend = "tensorflow"
+        else:
+            backend = _keras_backend(keras)
+    if backend == "jax":
+        runtime.update(jaxruntime.jax_runtime(strategy))
+        return runtime
+    if tf is None or backend != "tensorflow":
         runtime.update(
-            kind="unknown", strategy=type(strategy).__name__ if strategy is not None else "none", num_replicas=1
+            backend=backend if backend in ("tensorflow", "torch") else "unknown",
+            kind="unknown",
+            strategy=type(strategy).__name__ if strategy is not None else "none",
+            num_replicas=1,
         )
         return runtime
+    runtime["backend"] = "tensorflow"
     runtime["tensorflow"] = getattr(tf, "__version__", None)
     try:
         strategy = strategy or tf.distribute.get_strategy()
@@ -146,6 +177,14 @@ def session_runtime(strategy: Any = None) -> dict:
     return runtime
 
 
+def _keras_backend(keras: Any) -> str:
+    """Keras's backend name when Keras is loaded (it may run on torch), else ``unknown``."""
+    try:
+        return str(keras.backend.backend()) if keras is not None else "unknown"
+    except Exception:  # noqa: BLE001 - a half-imported Keras: nothing to say
+        return "unknown"
+
+
 def _strategy_devices(tf: Any, strategy: Any) -> list[str]:
     try:
         return [str(device) for device in strategy.extended.worker_devices]
@@ -159,8 +198,22 @@ def _strategy_devices(tf: Any, strategy: Any) -> list[str]:
 
 
 def per_replica_parts(value: Any, devices: Iterable[str] | None = None) -> tuple[list, list[str]]:
-    """(values, devices) of a ``PerReplica`` value, a list, or a {device: value} mapping."""
-    if isinstance(value, Mapping):
+    """(values, devices) of a ``PerReplica`` value, a sharded ``jax.Array`` or ``pmap`` output, a list, or a mapping.
+
+    A jax array gives one value per addressable shard, named by its device
+    (a one-element shard is a number). Values are read here, waiting for the
+    device; ``RecordedRun.replica_values`` reads them on its own thread instead.
+    """
+    parts, names = _replica_parts(value, devices)
+    return [_read(part) for part in parts], names
+
+
+def _replica_parts(value: Any, devices: Iterable[str] | None) -> tuple[list, list[str]]:
+    """(parts, devices) of a per-replica value, jax arrays not read yet."""
+    shards = jaxruntime.replica_shards(value)
+    if shards is not None:
+        parts, names = shards
+    elif isinstance(value, Mapping):
         parts, names = list(value.values()), [str(key) for key in value]
     elif hasattr(value, "values") and isinstance(value.values, (tuple, list)):
         # tf.distribute's PerReplica (and Mirrored): one component per local replica.
@@ -171,15 +224,25 @@ def per_replica_parts(value: Any, devices: Iterable[str] | None = None) -> tuple
     else:
         raise RecordingError(
             f"value: {type(value).__name__} is not per-replica; allowed: a PerReplica value "
-            "(what strategy.run returns), a list with one value per replica, or a {device: value} dict"
+            "(what strategy.run returns), a sharded jax.Array or a pmap output, a list with one value per replica, "
+            "or a {device: value} dict"
         )
+    for part in [value, *parts]:
+        problem = jaxruntime.traced_problem(part)
+        if problem is not None:
+            raise RecordingError(f"value: {problem}")
     if devices is not None:
         names = [str(device) for device in devices]
         if len(names) != len(parts):
             raise RecordingError(
                 f"devices: {len(names)} given for {len(parts)} replica values; allowed: one per replica"
             )
-    return [to_jsonable(part) for part in parts], names
+    return parts, names
+
+
+def _read(part: Any) -> Any:
+    """A value as JSON; a jax array's number waits for the device."""
+    return jaxruntime.read_value(part) if jaxruntime.is_jax_array(part) else to_jsonable(part)
 
 
 def _run_id_word(name: str) -> str:
@@ -289,6 +352,7 @@ class RecordedRun:
         self.status: str | None = None
         """None while running; then done, failed or cancelled."""
         self._steps: dict[tuple[str, str], int] = {}
+        self._reader = DeviceValueReader(self._recorder.record, self.run_id)
         self._emit(RunStarted(self.run_id, self.name, self.params, to_jsonable(self.runtime), time.time()))
         _open_runs.add(self)
 
@@ -309,11 +373,22 @@ class RecordedRun:
     def _emit(self, event: Event) -> None:
         if self.status is not None and not isinstance(event, RunFinished):
             raise RecordingError(f"run {self.run_id} has finished ({self.status}); start a new one to record more")
-        self._recorder.record(event)
+        self._reader.record(event)
+
+    def _emit_later(self, build: Callable[[], Event], what: str) -> None:
+        """An event holding device values: built (the values read) on the reader's thread, in order."""
+        if self.status is not None:
+            raise RecordingError(f"run {self.run_id} has finished ({self.status}); start a new one to record more")
+        self._reader.later(build, what)
 
     # -- what the user records -------------------------------------------------------------
     def metric(self, name: str, value: Any, step: Any = None, epoch: Any = None, split: str = "train") -> None:
-        """One scalar: ``loss`` at ``step`` (default: one after this metric's last), in ``train``, ``val`` or ``test``."""
+        """One scalar: ``loss`` at ``step`` (default: one after this metric's last), in ``train``, ``val`` or ``test``.
+
+        ``value`` may be a JAX scalar (shape () or one element): checked now
+        from its shape and dtype, its number read on the run's reader thread,
+        so the call does not wait for the device.
+        """
         if not isinstance(name, str) or not name:
             raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty metric name such as 'loss'")
         if split not in SPLITS:
@@ -322,6 +397,15 @@ class RecordedRun:
         step_number = self._steps.get(key, -1) + 1 if step is None else _step("step", step)
         self._steps[key] = step_number
         epoch_number = None if epoch is None else _step("epoch", epoch)
+        if jaxruntime.is_jax_array(value):
+            problem = jaxruntime.scalar_problem(value)
+            if problem is not None:
+                raise RecordingError(f"value: {problem}")
+            self._emit_later(
+                lambda: Metric(name, jaxruntime.read_scalar(value), step_number, epoch_number, split),
+                f"{name} at step {step_number}",
+            )
+            return
         self._emit(Metric(name=name, value=_number("value", value), step=step_number, epoch=epoch_number, split=split))
 
     def progress(self, done: Any, total: Any = None, unit: str = "step") -> None:
@@ -333,9 +417,17 @@ class RecordedRun:
         )
 
     def replica_values(self, name: str, per_replica_value: Any, devices: Iterable[str] | None = None) -> None:
-        """One value per replica: a ``PerReplica`` (what ``strategy.run`` returns), a list, or {device: value}."""
-        values, names = per_replica_parts(per_replica_value, devices)
-        self._emit(ReplicaValues(name=str(name), values=values, devices=names))
+        """One value per replica: a ``PerReplica`` (what ``strategy.run`` returns), a sharded ``jax.Array`` or a
+        ``pmap`` output (one value per device shard), a list, or {device: value}; JAX values are read as
+        ``metric`` reads them, off the training thread."""
+        parts, names = _replica_parts(per_replica_value, devices)
+        if any(jaxruntime.is_jax_array(part) for part in parts):
+            self._emit_later(
+                lambda: ReplicaValues(name=str(name), values=[_read(part) for part in parts], devices=names),
+                f"replica values {name}",
+            )
+            return
+        self._emit(ReplicaValues(name=str(name), values=[to_jsonable(part) for part in parts], devices=names))
 
     def log(self, text: str, level: str = "info") -> None:
         if level not in LOG_LEVELS:
@@ -352,7 +444,11 @@ class RecordedRun:
         self._emit(Artifact(kind=str(kind), path=str(path)))
 
     def flush(self) -> None:
-        """Put everything recorded so far on disk now (it goes there within a quarter second anyway)."""
+        """Put everything recorded so far on disk now (it goes there within a quarter second anyway).
+
+        Waits for the device values recorded so far (at most ``DEVICE_READ_WAIT_SECONDS``).
+        """
+        self._reader.wait(DEVICE_READ_WAIT_SECONDS)
         self._recorder.flush()
 
     def finish(
@@ -362,7 +458,22 @@ class RecordedRun:
         error: str | None = None,
         traceback: str | None = None,
     ) -> None:
-        """End the run (once; later calls do nothing): done, failed or cancelled."""
+        """End the run (once; later calls do nothing): done, failed or cancelled.
+
+        The device values recorded before are read first, waiting at most
+        ``DEVICE_READ_WAIT_SECONDS`` for the device; a log line counts any left out.
+        """
+        self._finish(status, summary, error, traceback, read_wait=DEVICE_READ_WAIT_SECONDS)
+
+    def _finish(
+        self,
+        status: str,
+        summary: Mapping[str, Any] | None,
+        error: str | None,
+        traceback: str | None,
+        *,
+        read_wait: float,
+    ) -> None:
         if status not in ("done", "failed", "cancelled"):
             raise RecordingError(f"status: {status!r} is not allowed; allowed: done, failed, cancelled")
         with _finish_lock:
@@ -370,7 +481,17 @@ class RecordedRun:
                 return
             self.status = status
         _open_runs.discard(self)
-        self._emit(
+        unread = self._reader.wait(read_wait)
+        self._reader.stop()
+        if unread:
+            self._recorder.record(
+                Log(
+                    level="warning",
+                    text=f"{unread} recorded value(s) were still being computed on the device when the run ended "
+                    f"(waited {read_wait:g} s); they are not in the record",
+                )
+            )
+        self._recorder.record(
             RunFinished(status=status, summary=to_jsonable(dict(summary or {})), error=error, traceback=traceback)
         )
 
@@ -408,6 +529,8 @@ _finish_lock = threading.Lock()
 def _finish_open_runs() -> None:
     for run in list(_open_runs):
         try:
-            run.finish("failed", error="the process exited before the run finished")
+            run._finish(
+                "failed", None, "the process exited before the run finished", None, read_wait=EXIT_READ_WAIT_SECONDS
+            )
         except Exception:  # noqa: BLE001 - exiting anyway; the run reads as interrupted
             pass
