@@ -2,9 +2,10 @@
 
 This module re-exports the version (``tpudash.version``) and holds
 ``record``, the writer for the user's own training loops. Importing tpudash
-must import neither tensorflow nor textual, so the CLI and the TUI can show
-something at once: ``record`` loads its module when it is called, and
-``colab`` when it is asked for.
+must import neither tensorflow, jax nor textual, so the CLI and the TUI can
+show something at once: ``record`` loads its module when it is called, and
+``colab`` and ``TpudashWriter`` (CLU's MetricWriter, ``tpudash.metric_writer``)
+when they are asked for.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from typing import TYPE_CHECKING, Any
 from tpudash.version import __version__
 
 if TYPE_CHECKING:
+    from tpudash.metric_writer import TpudashWriter
     from tpudash.recording import RecordedRun
 
-__all__ = ["__version__", "record"]
+__all__ = ["TpudashWriter", "__version__", "record"]
 
 
 def record(
@@ -35,6 +37,11 @@ def record(
 
     ``with tpudash.record("name", params={...}) as run:`` then ``run.metric``,
     ``run.progress`` and ``run.replica_values``; see ``tpudash.recording``.
+    ``strategy``: what the loop trains under, for the run's runtime: a
+    ``tf.distribute.Strategy``, a Keras distribution (``DataParallel``,
+    ``ModelParallel``) or a ``jax.sharding.Mesh``; None: TensorFlow's strategy in
+    scope, or under JAX its devices and Keras's current distribution. JAX
+    values recorded are read off the training thread (no wait for the device).
     ``worker`` (an index or a ``tpudash.runs.workers.WorkerIdentity``) and ``run_id``: the
     processes of one cluster record one run (found from TF_CONFIG or JAX when not given).
     """
@@ -43,11 +50,15 @@ def record(
     return RecordedRun(name, params, runs_dir=runs_dir, strategy=strategy, worker=worker, run_id=run_id)
 
 
-def __getattr__(name: str) -> ModuleType:
+def __getattr__(name: str) -> ModuleType | type[TpudashWriter]:
     # ``from tpudash import colab`` is the notebook's entry point; it lives in
-    # tpudash.web and loads only when asked for.
+    # tpudash.web and loads only when asked for. So does CLU's writer.
     if name == "colab":
         from tpudash.web import colab
 
         return colab
+    if name == "TpudashWriter":
+        from tpudash.metric_writer import TpudashWriter
+
+        return TpudashWriter
     raise AttributeError(f"module 'tpudash' has no attribute {name!r}")
