@@ -20,6 +20,20 @@ error, out of memory, Ctrl-C) ends the run with its traceback and is raised
 on unchanged. One raised elsewhere in ``fit`` is recorded at the next
 ``fit`` or when the process exits. Imports neither textual nor screens.
 
+Any Keras backend. On TensorFlow Keras calls every batch's end on the
+training thread. On JAX (and torch) it hands them to a thread pool when
+every callback says it is ``async_safe``: this one does by default (a lock
+guards its state; batch ends may arrive concurrently and out of order, and
+a batch point older than the last recorded is dropped, as the decimation
+would drop it), so the training thread never waits for a step's logs to
+reach the host. ``every_n_batches=N`` asks for every N-th batch exactly:
+then Keras calls each batch end in order on the training thread, and pays a
+host sync per batch for it. Under a Keras distribution
+over several devices (``keras.distribution.DataParallel``,
+``ModelParallel``) each epoch's end also records the largest trainable
+variable's norm per device, one value per shard: equal across devices when
+the replicas agree (DataParallel), one slice each when it is sharded.
+
 On a cluster (``MultiWorkerMirroredStrategy`` with ``TF_CONFIG``; Keras on
 JAX with a process per host) every worker runs the same script and records
 into one run: the chief creates it, the others join it with their own
@@ -36,6 +50,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -55,6 +70,11 @@ from tpudash.runs.workers import WorkerIdentity
 MIN_SECONDS_BETWEEN_BATCH_POINTS = 0.1
 # Exceptions Keras raises through the train function on purpose: the end of a dataset.
 END_OF_DATA = ("StopIteration", "OutOfRangeError")
+# Per-device values once an epoch come from this backend's sharded arrays.
+SHARDED_BACKEND = "jax"
+# When a step raises, how long the run's end waits for batch ends still on Keras' pool (a step's logs
+# are on the host within milliseconds): the points just before a failure are what a user looks at first.
+PENDING_BATCH_ENDS_SECONDS = 2.0
 
 
 class TpudashCallback(keras.callbacks.Callback):
@@ -109,6 +129,16 @@ class TpudashCallback(keras.callbacks.Callback):
         self._last_point = 0.0
         self._rates: list[float] = []
         self._fit_batch_size: int | None = None
+        self._fit_model: Any = None
+        # Keras on a thread-safe backend (JAX, torch) then calls on_train_batch_end on a pool thread, off the
+        # training loop (TensorFlow's Keras calls it in-line whatever this says). Exact points every N batches
+        # need the batch ends in order: those stay on the training thread.
+        self.async_safe = every_n_batches is None
+        self._backend = keras.backend.backend()
+        # Batch ends may run on Keras' pool threads while the training thread starts an epoch or ends the run.
+        self._lock = threading.Condition(threading.Lock())
+        self._last_batch_ended = 0.0
+        self._batches_begun = self._batches_ended = 0  # calls in this fit, to wait for those still on the pool
 
     # -- fit begins and ends -----------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -118,14 +148,17 @@ class TpudashCallback(keras.callbacks.Callback):
                 error="fit raised outside a training step (another callback, or between steps); "
                 "the error went to the caller",
             )
-        model = self.model
+        # Read once here: under JAX, ``self.model`` copies the training state back into the model on every
+        # access, which on Keras' pool threads would race the training loop for buffers it donates.
+        self._fit_model = model = self.model
         self._fit_batch_size = self.batch_size or _batch_size_of_running_fit()
         params, layers = _describe_model(model, self.params or {}, self._fit_batch_size)
-        runtime = session_runtime(getattr(model, "distribute_strategy", None))
+        strategy = getattr(model, "distribute_strategy", None)  # TensorFlow's; JAX's Keras has its distribution
+        distribution = _keras_distribution() if self._backend == SHARDED_BACKEND else None
+        runtime = session_runtime(distribution or strategy, backend=self._backend)
         runtime["model_summary"] = layers
         self._fits += 1
         try:
-            strategy = getattr(model, "distribute_strategy", None)
             self.run = RecordedRun(
                 self.name or model.name,
                 params,
@@ -148,11 +181,12 @@ class TpudashCallback(keras.callbacks.Callback):
         self.run.table(f"model {model.name}", ["layer", "type", "output shape", "parameters"], layers)
         self.run.log(
             f"{model.name}: {params['parameters']:,} parameters ({params['trainable_parameters']:,} trainable); "
-            f"{runtime['strategy']} over {runtime['num_replicas']} replica(s) on {runtime['kind']}"
+            f"{_placement(runtime)}"
         )
         self._mean_metrics = None
         self._steps_before_epoch = self._steps_in_epoch = 0
         self._rates = []
+        self._batches_begun = self._batches_ended = 0
         self._guard("train_function")
 
     def _fit_run_id(self) -> str | None:
@@ -163,6 +197,7 @@ class TpudashCallback(keras.callbacks.Callback):
         return f"{shared}-fit{self._fits}"
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        # Keras has waited for every batch end of the fit by now.
         run = self.run
         self._unguard()
         if run is None or run.finished:
@@ -173,33 +208,44 @@ class TpudashCallback(keras.callbacks.Callback):
         steady = self._rates[1:] or self._rates  # the first epoch pays for tracing
         if steady:
             summary[rate_name] = sum(steady) / len(steady)
-        if getattr(self.model, "stop_training", False):
+        if getattr(self._fit_model, "stop_training", False):
             summary["stopped_early"] = True
         run.finish("done", summary)
 
     # -- epochs ------------------------------------------------------------------------------
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._epoch = epoch + 1
-        self._steps_before_epoch += self._steps_in_epoch
-        self._steps_in_epoch = 0
-        self._batch_means.reset()
-        self._train_seconds = None
-        self._epoch_started = self._last_point = time.perf_counter()
+        with self._lock:  # the previous epoch's batch ends have all run (Keras waits for them at its end)
+            self._epoch = epoch + 1
+            self._steps_before_epoch += self._steps_in_epoch
+            self._steps_in_epoch = 0
+            self._batch_means.reset()
+            self._train_seconds = None
+            self._epoch_started = self._last_point = self._last_batch_ended = time.perf_counter()
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
         # Validation inside fit: the epoch's training part ends here.
-        if self.run is not None and not self.run.finished:
+        with self._lock:
+            if self.run is None or self.run.finished:
+                return
             if self._train_seconds is None:
                 self._train_seconds = time.perf_counter() - self._epoch_started
-            self._guard("test_function")
+        self._guard("test_function")
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        with self._lock:
+            self._record_epoch(logs or {})
+
+    def _record_epoch(self, logs: dict[str, Any]) -> None:
         run = self.run
         if run is None or run.finished:
             return
-        seconds = self._train_seconds if self._train_seconds is not None else time.perf_counter() - self._epoch_started
+        if self._train_seconds is None:
+            seconds = time.perf_counter() - self._epoch_started
+        else:
+            # With batch ends on a pool, the last steps may have still been running when validation began.
+            seconds = max(self._train_seconds, self._last_batch_ended - self._epoch_started)
         step = self._steps_before_epoch + self._steps_in_epoch
-        for key, value in (logs or {}).items():
+        for key, value in logs.items():
             split, name = split_final_name(key)
             if isinstance(value, (int, float)):
                 run.metric(name, value, step=step, epoch=self._epoch, split=split)
@@ -213,15 +259,49 @@ class TpudashCallback(keras.callbacks.Callback):
                 step=step,
                 epoch=self._epoch,
             )
+        if self._backend == SHARDED_BACKEND:
+            self._record_variable_per_device(run)
         run.progress(self._epoch, (self.params or {}).get("epochs"), "epoch")
 
+    def _record_variable_per_device(self, run: RecordedRun) -> None:
+        """The largest trainable variable's norm on each device, under a distribution over several devices."""
+        distribution = _keras_distribution()
+        if distribution is None:
+            return
+        try:
+            # Keras has put the epoch's state back into the model's variables before calling on_epoch_end.
+            variable = max(getattr(self._fit_model, "trainable_variables", []), key=_size, default=None)
+            shards = variable.value.addressable_shards if variable is not None else []
+        except (AttributeError, TypeError):
+            return  # not a jax.Array (a backend or Keras that shards differently): nothing per device
+        if len(shards) < 2:
+            return
+        norms = _shard_norms(shards)
+        run.replica_values(f"‖{_variable_name(variable, self._fit_model)}‖ per device", norms)
+
     # -- batches -----------------------------------------------------------------------------
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        # Always on the training thread, before the step; its end may come later, on Keras' pool.
+        self._batches_begun += 1
+
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        with self._lock:
+            try:
+                self._record_batch(batch, logs or {})
+            finally:
+                self._batches_ended += 1
+                self._lock.notify_all()
+
+    def _record_batch(self, batch: int, logs: dict[str, Any]) -> None:
         run = self.run
         if run is None or run.finished:
             return
         # ``batch`` is the last step of this call in the epoch (several with steps_per_execution).
-        self._steps_in_epoch = steps_done = batch + 1
+        steps_done = batch + 1
+        if steps_done <= self._steps_in_epoch:
+            return  # on Keras' pool a later batch end ran first: its running means already cover this one
+        self._steps_in_epoch = steps_done
+        self._last_batch_ended = time.perf_counter()
         if self.every_n_batches is not None:
             if steps_done - self._batch_means.steps < self.every_n_batches:
                 return
@@ -230,9 +310,8 @@ class TpudashCallback(keras.callbacks.Callback):
             if now - self._last_point < MIN_SECONDS_BETWEEN_BATCH_POINTS:
                 return
             self._last_point = now
-        logs = logs or {}
         if self._mean_metrics is None:
-            self._mean_metrics = _mean_metric_names(self.model)
+            self._mean_metrics = _mean_metric_names(self._fit_model)
         means = {name: value for name, value in logs.items() if name in self._mean_metrics}
         values = self._batch_means.since_last(steps_done, means)
         values.update({name: value for name, value in logs.items() if name not in means})
@@ -245,25 +324,31 @@ class TpudashCallback(keras.callbacks.Callback):
     # -- failures inside fit -----------------------------------------------------------------
     def _guard(self, attribute: str) -> None:
         """Wrap ``model.<attribute>`` so an exception in a step ends the run before it propagates."""
-        model = self.model
+        model = self._fit_model
         function = getattr(model, attribute, None)
         if function is None or (isinstance(function, _GuardedStep) and function.callback is self):
             return
         original = function.wrapped if isinstance(function, _GuardedStep) else function
-        setattr(model, attribute, _GuardedStep(original, self))
+        setattr(model, attribute, _GuardedStep(original, self, attribute))
 
     def _unguard(self) -> None:
-        model = self.model
+        model = self._fit_model
         for attribute in ("train_function", "test_function"):
             function = getattr(model, attribute, None)
             if isinstance(function, _GuardedStep) and function.callback is self:
                 setattr(model, attribute, function.wrapped)
 
-    def _fit_raised(self, exception: BaseException) -> None:
-        run = self.run
+    def _fit_raised(self, exception: BaseException, in_train_step: bool) -> None:
         self._unguard()
-        if run is not None and not run.finished:
-            run.finish_with(exception)
+        with self._lock:
+            # The batch ends of the steps before this one may still be on Keras' pool: record them first.
+            unfinished = 1 if in_train_step else 0
+            self._lock.wait_for(
+                lambda: self._batches_ended >= self._batches_begun - unfinished, timeout=PENDING_BATCH_ENDS_SECONDS
+            )
+            run = self.run
+            if run is not None and not run.finished:
+                run.finish_with(exception)
 
 
 class _GuardedStep:
@@ -273,17 +358,49 @@ class _GuardedStep:
     (and only that one) puts the original back.
     """
 
-    def __init__(self, wrapped: Callable[..., Any], callback: TpudashCallback) -> None:
+    def __init__(self, wrapped: Callable[..., Any], callback: TpudashCallback, attribute: str) -> None:
         self.wrapped = wrapped
         self.callback = callback
+        self.attribute = attribute
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self.wrapped(*args, **kwargs)
         except BaseException as exception:
             if type(exception).__name__ not in END_OF_DATA:
-                self.callback._fit_raised(exception)
+                self.callback._fit_raised(exception, in_train_step=self.attribute == "train_function")
             raise
+
+
+def _keras_distribution() -> Any:
+    """The Keras distribution in use (``keras.distribution.set_distribution``), or None."""
+    try:
+        return keras.distribution.distribution()
+    except (AttributeError, ImportError):  # a Keras without the distribution API
+        return None
+
+
+def _placement(runtime: dict[str, Any]) -> str:
+    """Where the fit runs, for the run's log: "DataParallel over 8 replica(s) on CPU"."""
+    strategy, kind = runtime.get("strategy", "none"), runtime.get("kind", "unknown")
+    replicas = runtime.get("num_replicas", 1)
+    if strategy == "none":
+        return f"no distribution, {replicas} replica(s) on {kind}"
+    return f"{strategy} over {replicas} replica(s) on {kind}"
+
+
+def _shard_norms(shards: list[Any]) -> dict[str, Any]:
+    """{device: the L2 norm of its shard}, each computed on its own device; jax scalars, not yet read to the host."""
+    import jax.numpy as jnp  # only under Keras on JAX, which has imported it already
+
+    return {str(shard.device): jnp.sqrt(jnp.sum(jnp.square(shard.data.astype(jnp.float32)))) for shard in shards}
+
+
+def _variable_name(variable: Any, model: Any) -> str:
+    """``dense/kernel``: the variable's path without the model's own name in front."""
+    path = str(getattr(variable, "path", None) or getattr(variable, "name", "variable"))
+    prefix = f"{getattr(model, 'name', '')}/"
+    return path[len(prefix) :] if path.startswith(prefix) and len(path) > len(prefix) else path
 
 
 def _mean_metric_names(model: Any) -> set[str]:
