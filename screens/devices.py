@@ -12,7 +12,10 @@ cluster's addresses under MultiWorkerMirroredStrategy), replicas in sync, TPU
 topology (hosts × chips on a pod), versions, time to initialize, why every other kind was not used,
 and a table of logical devices with the last matmul check's verdict and
 speed per device when there is one. Without TensorFlow, the install line
-takes the runtime's place. A line says which engine process holds
+takes the runtime's place; beside another process that holds the TPU (a
+JAX script), who holds it and what a launch here does take it: no engine
+is started there (``tpudash.tui.hostgate``), and the chips and their
+telemetry still show. A line says which engine process holds
 TensorFlow, or that it was released or crashed and what happens next.
 """
 
@@ -27,7 +30,7 @@ from textual.widgets import DataTable, LoadingIndicator, Static
 
 from screens.base import DashScreen
 from tpudash.format import format_bytes, format_seconds, telemetry_view
-from tpudash.tui.session import RUNTIME_HELD_STATUS
+from tpudash.tui.hostgate import RUNTIME_HELD_STATUS, TPU_HELD_STATUS_PREFIX
 
 DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
 # Local devices (the CPU default, one GPU box) are named ``/device:CPU:3``, without
@@ -203,6 +206,16 @@ class DevicesScreen(DashScreen):
                     Text.assemble(("accelerator in use\n", "bold yellow"), (error, "yellow"))
                 )
                 return
+            if self.dashboard.runtime_status.startswith(TPU_HELD_STATUS_PREFIX):
+                self.query_one("#runtime-summary", Static).update(
+                    Text.assemble(
+                        ("TPU in use by another process: no engine here\n", "bold yellow"),
+                        (error, "yellow"),
+                        ("\nonce it lets go, re-initialise from the command palette (ctrl+p)", "dim"),
+                    )
+                )
+                self._show_device_check(None)
+                return
             missing = self.dashboard.tensorflow_missing
             if missing:
                 self.query_one("#runtime-summary", Static).update(describe_missing_tensorflow(missing))
@@ -266,6 +279,11 @@ class DevicesScreen(DashScreen):
         table = self.query_one("#device-table", DataTable)
         if self.dashboard.tensorflow_missing and self.dashboard.runtime is None:
             title.update(Text("Logical devices — none: TensorFlow lists them, and it is not installed", style="dim"))
+            return
+        if self.dashboard.runtime is None and self.dashboard.runtime_status.startswith(TPU_HELD_STATUS_PREFIX):
+            title.update(
+                Text("Logical devices — none: an engine lists them, and none runs beside the TPU's holder", style="dim")
+            )
             return
         if not check or self.dashboard.runtime is None:
             title.update(Text("Logical devices — press m to run the matmul check on every device", style="bold"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
+from dataclasses import asdict
 
 import tomllib
 from tpu_info import device as tpu_info_device
@@ -137,6 +138,20 @@ def test_without_tensorflow_the_one_install_line_fits_the_host():
     assert "for this host's 4 TPU v4 chips" in on_tpu[0].message
 
 
+def test_beside_jax_on_a_tpu_host_the_install_line_keeps_jaxs_libtpu():
+    # Colab's TPU runtime: JAX with its own libtpu, no TensorFlow. The pinned pair would replace that libtpu.
+    beside_jax = diagnose(V4, {"jax": "0.10.2", "libtpu": "0.0.30"}, [])
+    assert codes(beside_jax) == ["no-tensorflow"]
+    message = beside_jax[0].message
+    assert "JAX uses libtpu 0.0.30 here" in message and "virtual environment of its own" in message
+    assert message.endswith('~/tpudash-tf/bin/pip install "./tpudash[tpu]"')
+    assert "watching your own training work without it" in message
+    # JAX off a TPU host, or a libtpu that already is the pinned one: the one install line, as always.
+    assert diagnose(Chips(), {"jax": "0.10.2"}, [])[0].message.endswith('pip install "tensorflow>=2.20,<2.22"')
+    same_libtpu = diagnose(V4, {"jax": "0.10.2", "libtpu": "0.0.17"}, [])[0].message
+    assert same_libtpu.endswith('pip install "tensorflow-tpu==2.20.0" "libtpu==0.0.17"')
+
+
 def test_the_cpu_build_on_a_tpu_host_names_the_build_and_gives_the_tpu_install_line():
     found = diagnose(V4, {"tensorflow": "2.21.0"}, [])
     assert codes(found) == ["cpu-build-on-tpu-host"]
@@ -213,3 +228,84 @@ def test_the_install_lines_use_the_pins_of_pyprojects_extras():
         assert f"tensorflow-tpu=={tensorflow_tpu}" in extras["tpu"] and f"libtpu=={libtpu}" in extras["tpu"]
     base = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     assert not [item for item in base if item.startswith(("tensorflow", "libtpu", "keras"))]
+
+
+# -- which framework holds the TPU ------------------------------------------------------------------------------
+
+SITE = "/home/me/venv-jax/lib/python3.11/site-packages"
+
+
+def mapped(*libraries: str) -> str:
+    """/proc/PID/maps lines: anonymous memory and the heap, then each library mapped."""
+    lines = [
+        "7f0000000000-7f0000001000 rw-p 00000000 00:00 0",
+        "55d000000000-55d000100000 rw-p 00000000 00:00 0 [heap]",
+    ]
+    for number, library in enumerate(libraries):
+        lines.append(f"7f10{number:08x}-7f11{number:08x} r-xp 00000000 08:01 {1000 + number} {library}")
+    return "\n".join(lines) + "\n"
+
+
+def test_a_holders_framework_comes_from_the_libraries_it_loaded(tmp_path):
+    proc = tmp_path / "proc"
+    fake_process(proc, 1234, ["python", "train.py"], ["/dev/accel0"])
+    (proc / "1234" / "maps").write_text(mapped(f"{SITE}/numpy/_core/_multiarray_umath.so", f"{SITE}/jaxlib/_jax.so"))
+    fake_process(proc, 1300, ["python", "fit.py"], ["/dev/accel1"])
+    (proc / "1300" / "maps").write_text(
+        mapped(
+            "/opt/tf/tensorflow/libtensorflow_framework.so.2",
+            "/opt/tf/tensorflow/python/_pywrap_tensorflow_internal.so",
+        )
+    )
+    fake_process(proc, 1400, ["python", "xla.py"], ["/dev/accel2"])
+    (proc / "1400" / "maps").write_text(mapped(f"{SITE}/torch/lib/libtorch.so", f"{SITE}/torch_xla/lib/libtpu.so"))
+    # Only the virtualenv's name says "jax": no framework; and a process whose maps cannot be read (gone, or
+    # another user's) is still a holder, of an unknown framework.
+    fake_process(proc, 1500, ["python", "plain.py"], ["/dev/accel3"])
+    (proc / "1500" / "maps").write_text(mapped(f"{SITE}/numpy/_core/_multiarray_umath.so"))
+    fake_process(proc, 1600, ["python", "gone.py"], ["/dev/vfio/0"])
+
+    holders = {holder.pid: holder for holder in hostcheck.find_tpu_holders(proc, own_pid=1)}
+
+    assert {pid: holder.framework for pid, holder in holders.items()} == {
+        1234: "JAX",
+        1300: "TensorFlow",
+        1400: "PyTorch/XLA",
+        1500: "",
+        1600: "",
+    }
+    assert holders[1234].describe() == "the JAX process pid 1234 (python train.py)"
+    assert holders[1500].describe() == "pid 1500 (python plain.py)"
+    check = hostcheck.inspect(chip_scan=lambda: V4, distributions=lambda: TPU_BUILD, holders=lambda: [holders[1234]])
+    assert (
+        "the TPU is held by the JAX process pid 1234 (python train.py) through /dev/accel0"
+        in check.diagnoses[0].message
+    )
+    held_line = [line for line in hostcheck.host_lines(check.to_dict()) if line[0] == "TPU held by"]
+    assert held_line == [("TPU held by", "the JAX process pid 1234 (python train.py) via /dev/accel0", "yellow")]
+
+
+def test_reading_a_holders_maps_is_bounded(tmp_path):
+    process_dir = tmp_path / "1234"
+    process_dir.mkdir()
+    filler = [f"{SITE}/numpy/lib{number}.so" for number in range(2000)]
+    (process_dir / "maps").write_text(mapped(*filler, f"{SITE}/jaxlib/_jax.so"))
+    assert hostcheck.loaded_framework(process_dir) == "JAX"
+    assert hostcheck.loaded_framework(process_dir, limit=64 * 1024) == ""  # JAX's line lies past the bound
+
+
+def test_tpudashs_own_processes_are_not_foreign_holders():
+    other_engine = TpuHolder(77, "/usr/bin/python3 -m tpudash.engine", ("/dev/accel0",), "TensorFlow")
+    probe = TpuHolder(78, "/usr/bin/python3 -m tpudash.telemetry.tensorcore", ("/dev/accel0",))
+    headless = TpuHolder(79, "/usr/bin/python3 -m tpudash run train", ("/dev/accel0",), "TensorFlow")
+    jax = TpuHolder(80, "python -m tpudash_examples.jax_loop", ("/dev/accel0",), "JAX")
+    assert other_engine.from_tpudash and probe.from_tpudash
+    assert not headless.from_tpudash and not jax.from_tpudash
+
+    def check(*holders: TpuHolder) -> dict:
+        return {"holders": [asdict(holder) for holder in holders]}
+
+    assert hostcheck.foreign_holder(check(other_engine, probe)) is None
+    assert hostcheck.foreign_holder(check(other_engine, jax)) == jax
+    assert hostcheck.foreign_holder(check(headless)) == headless  # `tpudash run` in another terminal: no engine lock
+    assert hostcheck.foreign_holder({"holders": []}) is None

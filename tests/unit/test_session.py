@@ -18,6 +18,7 @@ import pytest
 
 from jobs.base import JobSpec, Param
 from jobs.events import Metric, RunFinished, RunStarted, Telemetry
+from tpudash.accel import hostcheck
 from tpudash.childproc import decode_line, encode_line
 from tpudash.config import Settings
 from tpudash.engine.handle import EngineExit, EngineHandle
@@ -63,6 +64,9 @@ class FakeView:
         self.handed = threading.Condition(self.pending_lock)
         self.redraws = 0
         self.run_view_shown = 0
+        self.host_check = None
+        self.questions: list = []
+        """Every question asked (question, yes, no, the callback that takes the answer)."""
 
     def notify(self, message, *, title="", severity="information", timeout=None):
         self.notices.append((severity, title, message))
@@ -91,6 +95,9 @@ class FakeView:
 
     def show_run_view(self) -> None:
         self.run_view_shown += 1
+
+    def ask(self, question, *, yes, no, answered) -> None:
+        self.questions.append((question, yes, no, answered))
 
     def titles(self) -> list[str]:
         return [title for _, title, _ in self.notices]
@@ -272,6 +279,7 @@ def test_a_runtime_without_tensorflow_is_said_once_and_everything_but_launching_
 
     session = make_session()
     session.engine_needed()
+    session.host_checked(None)  # a scan that failed gates nothing: the engine starts and finds no TensorFlow
     engine_says(
         session, view, engines[0], RuntimeFailed(error="no module", message="install it", missing_tensorflow=True)
     )
@@ -328,6 +336,7 @@ def test_a_confirmed_quit_cancels_everything_and_ends_the_engine_after_the_grace
 def test_quit_with_nothing_launched_is_stopped_at_once_and_close_releases_a_warm_engine(make_session, engines):
     session = make_session()
     session.engine_needed()
+    session.host_checked(host_check())
     session.begin_quit()
     assert session.stopped
     session.close()
@@ -416,3 +425,116 @@ def test_telemetry_closed_before_its_thread_began_never_samples(make_session):
     thread = session.start_telemetry()
     thread.join(5)
     assert not thread.is_alive() and not sampler.history
+
+
+# -- beside another process that holds the TPU, or without TensorFlow -----------------------------------------
+
+JAX_HOLDER = hostcheck.TpuHolder(1234, "python train.py", ("/dev/accel0",), "JAX")
+OTHER_DASHBOARDS_ENGINE = hostcheck.TpuHolder(999, "/usr/bin/python3 -m tpudash.engine", ("/dev/accel0",), "TensorFlow")
+
+
+def host_check(*, chips: int = 0, tensorflow: bool = True, holders=()) -> dict:
+    """``HostCheck.to_dict()`` of a host: ``chips`` TPU v4 chips, TensorFlow or not, these processes holding the TPU."""
+    scanned = hostcheck.Chips("TPU v4 chip", chips, 32, 1) if chips else hostcheck.Chips()
+    distributions = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17"} if tensorflow else {}
+    found = hostcheck.inspect(chip_scan=lambda: scanned, distributions=lambda: distributions, holders=lambda: holders)
+    found.tensorflow_found = tensorflow  # whatever this test process has importable
+    found.diagnoses = hostcheck.diagnose(scanned, distributions, found.holders, tensorflow_found=tensorflow)
+    return found.to_dict()
+
+
+class HostScans:
+    """The session's host check: what the host looks like now (a test changes ``holders`` between looks)."""
+
+    def __init__(self, holders=()):
+        self.holders = list(holders)
+        self.looks = 0
+
+    def __call__(self):
+        self.looks += 1
+        check = host_check(chips=4, holders=tuple(self.holders))
+        return type("Scanned", (), {"to_dict": lambda _self: check})()
+
+
+def test_the_devices_need_waits_for_the_host_check_and_starts_the_engine_where_nothing_stands_in_its_way(
+    make_session, view, engines
+):
+    session = make_session()
+    session.engine_needed()
+    assert engines == []  # the host check is a few ms away
+    session.host_checked(host_check(chips=4))
+    assert len(engines) == 1 and view.host_check["chips"]["count"] == 4
+    session.host_checked(host_check(chips=4))  # a later look starts nothing more
+    assert len(engines) == 1
+
+
+def test_without_tensorflow_the_host_check_refuses_launches_and_starts_no_engine(make_session, view, engines, store):
+    session = make_session()
+    session.engine_needed()
+    session.host_checked(host_check(tensorflow=False))
+    assert engines == [] and view.runtime_status == "no TensorFlow" and view.runtime_settled.is_set()
+    assert view.tensorflow_missing.endswith('pip install "tensorflow>=2.20,<2.22"')
+    assert view.titles() == ["No TensorFlow: jobs cannot run"]
+    session.engine_needed()  # Devices shown again
+    assert session.launch_by_name("steps") is None
+    assert engines == [] and view.titles()[-1] == "steps not launched: no TensorFlow"
+    assert store.list_runs() == []  # no run directory
+
+
+def test_beside_a_jax_process_no_engine_starts_and_a_launch_asks_to_run_on_the_cpu(make_session, view, engines, store):
+    scans = HostScans([JAX_HOLDER])
+    session = make_session(host_check_provider=scans)
+    session.engine_needed()
+    session.host_checked(session.inspect_host())
+    assert engines == [] and view.runtime_settled.is_set()
+    assert view.runtime_status == "TPU held by JAX (pid 1234)"
+    assert view.runtime_error.startswith("The TPU is held by the JAX process pid 1234 (python train.py);")
+    assert "asks to run on the CPU (8 logical devices)" in view.runtime_error
+    assert view.titles() == ["The TPU is in use"]
+
+    assert session.launch_by_name("steps") is None
+    (question, yes, no, answer) = view.questions[-1]
+    assert question == (
+        "The TPU is held by the JAX process pid 1234 (python train.py); libtpu admits one process per host. "
+        "Run steps on the CPU (8 logical devices) instead?"
+    )
+    assert (yes, no) == ("Run on the CPU", "Cancel") and scans.looks == 2  # looked again at launch
+    answer(False)
+    assert engines == [] and not session.live_runs and view.titles()[-1] == "Cancelled"
+    assert store.list_runs() == []  # no run directory
+
+    session.launch_by_name("steps")
+    view.questions[-1][3](True)
+    assert len(engines) == 1 and session.engine_settings.tpu == "none"
+    assert view.runtime_status == "connecting…" and view.runtime_error is None
+    assert [live.job for live in session.live_runs.values()] == ["steps"]
+    session.launch_by_name("steps")  # the choice holds: no second question
+    assert len(view.questions) == 2 and len(session.live_runs) == 2
+
+
+def test_a_holder_gone_by_launch_time_or_another_dashboards_engine_launches_as_usual(make_session, view, engines):
+    scans = HostScans([JAX_HOLDER])
+    session = make_session(host_check_provider=scans)
+    session.host_checked(session.inspect_host())
+    scans.holders = [OTHER_DASHBOARDS_ENGINE]  # the JAX script ended; another dashboard's engine took the TPU
+    live = session.launch_by_name("steps")
+    assert live is not None and view.questions == [] and len(engines) == 1
+    assert session.engine_settings.tpu is None and view.runtime_status == "connecting…"
+
+
+def test_re_initialising_forgets_the_cpu_choice_and_says_what_the_engine_does_beside_the_holder(
+    make_session, view, engines
+):
+    scans = HostScans([JAX_HOLDER])
+    session = make_session(host_check_provider=scans)
+    session.host_checked(session.inspect_host())
+    session.launch_by_name("steps")
+    view.questions[-1][3](True)
+    session.cancel_latest()
+    engine_says(session, view, engines[0], JobFinished(session.lane.runs[0].run_id, "cancelled", None))
+    assert session.engine_settings.tpu == "none"
+
+    assert session.reinitialize_runtime() is None
+    assert len(engines) == 2 and session.engine_settings.tpu is None
+    assert view.titles()[-1] == "Re-initialising"
+    assert "runs TensorFlow on the CPU" in view.notices[-1][2]

@@ -10,7 +10,8 @@ looks at:
   ``/dev/vfio`` node alone is no proof of a TPU),
 - the installed TensorFlow and libtpu distributions (package metadata),
 - the process that holds the chips (open ``/dev/accel*``, ``/dev/vfio/N``
-  or libtpu's lockfile),
+  or libtpu's lockfile), and the framework it runs (JAX, TensorFlow,
+  PyTorch/XLA), read from the libraries it has loaded (``/proc/PID/maps``),
 
 and turns what it finds into diagnoses: one line each, ending with the fix.
 The same report gives the one install line that fits this host.
@@ -51,8 +52,23 @@ TENSORFLOW_DISTRIBUTIONS = (
 )
 TPU_TENSORFLOW_DISTRIBUTIONS = ("tensorflow-tpu", "tf-nightly-tpu")
 LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
+# JAX's TPU install brings a libtpu of its own, which the TPU build of TensorFlow would replace.
+JAX_DISTRIBUTIONS = ("jax",)
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
 TPU_DEVICE_PATTERN = re.compile(r"/dev/(?:accel\d+|vfio/\d+)")
+# A holder's framework, by the shared libraries it has mapped, most specific
+# first (a process that loaded two is named by the first found here). Matched
+# on path parts, never a bare word: a virtualenv may be called "venv-jax".
+FRAMEWORK_LIBRARIES = (
+    ("PyTorch/XLA", re.compile(r"/torch_xla/|/_XLAC[.\w-]*\.so")),
+    ("JAX", re.compile(r"/jaxlib/|/jax_plugins/|/xla_extension[.\w-]*\.so|/libjax_\w+\.so")),
+    ("TensorFlow", re.compile(r"/_pywrap_tensorflow\w*\.so|/libtensorflow\w*\.so")),
+)
+MAPS_READ_LIMIT = 8 * 1024 * 1024
+"""The most of a holder's /proc/PID/maps read (a TensorFlow process maps ~1 MiB of lines)."""
+# tpudash's own processes that may hold the TPU: its engine (another dashboard's,
+# met through the engine lock), and the short-lived probes an engine or a dashboard runs.
+TPUDASH_MODULES = re.compile(r"(?:^|\s)-m\s+tpudash\.(?:engine|accel\.tpuprobe|telemetry\.tensorcore)(?:\s|$)")
 
 
 @dataclass(frozen=True)
@@ -82,9 +98,18 @@ class TpuHolder:
     pid: int
     command: str
     paths: tuple[str, ...]
+    framework: str = ""
+    """"JAX", "TensorFlow", "PyTorch/XLA" (from the libraries it loaded), or "" when unknown."""
 
     def describe(self) -> str:
-        return f"pid {self.pid} ({self.command or 'command line unreadable'})"
+        """``the JAX process pid 1234 (python train.py)``; ``pid 1234 (…)`` when its framework is unknown."""
+        process = f"the {self.framework} process pid {self.pid}" if self.framework else f"pid {self.pid}"
+        return f"{process} ({self.command or 'command line unreadable'})"
+
+    @property
+    def from_tpudash(self) -> bool:
+        """An engine of tpudash's (another dashboard's: its engine lock names it) or one of its probes."""
+        return TPUDASH_MODULES.search(self.command) is not None
 
 
 @dataclass(frozen=True)
@@ -168,9 +193,9 @@ def scan_chips() -> Chips:
 
 
 def installed_distributions(version_of: Callable[[str], str] = importlib.metadata.version) -> dict[str, str]:
-    """The TensorFlow and libtpu distributions installed, by name → version."""
+    """The TensorFlow, libtpu and JAX distributions installed, by name → version."""
     found = {}
-    for name in TENSORFLOW_DISTRIBUTIONS + LIBTPU_DISTRIBUTIONS:
+    for name in TENSORFLOW_DISTRIBUTIONS + LIBTPU_DISTRIBUTIONS + JAX_DISTRIBUTIONS:
         try:
             found[name] = version_of(name)
         except importlib.metadata.PackageNotFoundError:
@@ -179,7 +204,7 @@ def installed_distributions(version_of: Callable[[str], str] = importlib.metadat
 
 
 def find_tpu_holders(proc_root: str | os.PathLike = "/proc", own_pid: int | None = None) -> list[TpuHolder]:
-    """Processes with a TPU device or libtpu's lockfile open (other than this one)."""
+    """Processes with a TPU device or libtpu's lockfile open (other than this one), with the framework each runs."""
     own_pid = os.getpid() if own_pid is None else own_pid
     root = Path(proc_root)
     holders = []
@@ -204,8 +229,54 @@ def find_tpu_holders(proc_root: str | os.PathLike = "/proc", own_pid: int | None
             if TPU_DEVICE_PATTERN.fullmatch(target) or target == LIBTPU_LOCKFILE:
                 paths.add(target)
         if paths:
-            holders.append(TpuHolder(pid=pid, command=_command_line(process_dir), paths=tuple(sorted(paths))))
+            holders.append(
+                TpuHolder(
+                    pid=pid,
+                    command=_command_line(process_dir),
+                    paths=tuple(sorted(paths)),
+                    framework=loaded_framework(process_dir),
+                )
+            )
     return sorted(holders, key=lambda holder: holder.pid)
+
+
+def loaded_framework(process_dir: Path, limit: int = MAPS_READ_LIMIT) -> str:
+    """The framework whose libraries the process has mapped ("JAX", "TensorFlow", "PyTorch/XLA"), or "".
+
+    Reads at most ``limit`` bytes of its maps; a process that is gone, or
+    another user's (maps needs ptrace access), is "".
+    """
+    found: set[str] = set()
+    read = 0
+    try:
+        with open(process_dir / "maps", "rb") as maps:
+            for raw in maps:
+                read += len(raw)
+                if read > limit:
+                    break
+                if b"/" not in raw:
+                    continue  # anonymous memory, the heap, the stack
+                line = raw.decode("utf-8", "replace")
+                found.update(name for name, pattern in FRAMEWORK_LIBRARIES if pattern.search(line))
+                if "PyTorch/XLA" in found:
+                    break  # nothing outranks it
+    except OSError:
+        return ""
+    return next((name for name, _ in FRAMEWORK_LIBRARIES if name in found), "")
+
+
+def foreign_holder(host_check: Mapping) -> TpuHolder | None:
+    """The first process in ``host_check`` (``HostCheck.to_dict()``) holding the TPU that is not tpudash's own."""
+    for item in host_check.get("holders") or ():
+        holder = TpuHolder(
+            pid=int(item["pid"]),
+            command=str(item.get("command", "")),
+            paths=tuple(item.get("paths", ())),
+            framework=str(item.get("framework", "")),
+        )
+        if not holder.from_tpudash:
+            return holder
+    return None
 
 
 def _command_line(process_dir: Path) -> str:
@@ -237,11 +308,19 @@ def diagnose(
     if not tensorflow_found:
         kind = "TPU" if chips.count else "CPU/GPU"
         where = f" for this host's {chips_text}" if chips.count else ""
+        how = install_line("tpu" if chips.count else "cpu")
+        jax_libtpu = _jax_libtpu(distributions) if chips.count else None
+        if jax_libtpu is not None:
+            # Colab's TPU runtime, a JAX TPU VM: the pinned libtpu would replace JAX's and break it.
+            how = (
+                f"JAX uses {jax_libtpu} here, which that build's libtpu would replace, so give TensorFlow a "
+                f'virtual environment of its own: python3 -m venv ~/tpudash-tf && ~/tpudash-tf/bin/pip install "./tpudash[tpu]"'
+            )
         found.append(
             Diagnosis(
                 "no-tensorflow",
-                f"TensorFlow is not installed; the dashboard, history and `tpudash runs` work without it, "
-                f"jobs need the {kind} build{where}: {install_line('tpu' if chips.count else 'cpu')}",
+                f"TensorFlow is not installed; the dashboard, history, `tpudash runs` and watching your own training "
+                f"work without it, jobs need the {kind} build{where}: {how}",
                 blocks_tpu=True,
                 blocks_tensorflow=True,
             )
@@ -286,6 +365,17 @@ def diagnose(
             )
         )
     return found
+
+
+def _jax_libtpu(distributions: Mapping[str, str]) -> str | None:
+    """``libtpu 0.0.30`` when JAX is installed with a libtpu that is not the TPU build's; else None."""
+    if not any(name in distributions for name in JAX_DISTRIBUTIONS):
+        return None
+    wanted = dict(requirement.split("==") for requirement in TPU_BUILD)
+    libtpu = next(((name, distributions[name]) for name in LIBTPU_DISTRIBUTIONS if name in distributions), None)
+    if libtpu is None or libtpu[1] == wanted.get(libtpu[0]):
+        return None
+    return f"{libtpu[0]} {libtpu[1]}"
 
 
 def _libtpu_pairing(build: str, version: str, distributions: Mapping[str, str], chips: Chips) -> list[Diagnosis]:
@@ -355,9 +445,8 @@ def host_lines(host_check: dict) -> list[tuple[str, str, str]]:
     )
     lines = [("TPU chips", chips.describe(), ""), ("TensorFlow build", build + (f" · {libtpu}" if libtpu else ""), "")]
     for holder in host_check.get("holders", []):
-        lines.append(
-            ("TPU held by", f"pid {holder['pid']} ({holder['command']}) via {', '.join(holder['paths'])}", "yellow")
-        )
+        described = TpuHolder(holder["pid"], holder["command"], (), holder.get("framework", "")).describe()
+        lines.append(("TPU held by", f"{described} via {', '.join(holder['paths'])}", "yellow"))
     for diagnosis in host_check.get("diagnoses", []):
         lines.append(
             (

@@ -10,9 +10,12 @@ app's reactives and notifications. The app reads the lane on its UI timer.
 The first frame appears before anything heavy is imported: screens load when
 their mode is first shown; the host check (chips, installed TensorFlow build,
 the TPU's holder; no TensorFlow) runs after the first frame and the Devices
-screen shows it long before the engine answers. Without TensorFlow the app
-stays usable (Devices, Jobs, History, help) and refuses launches with the
-install line. While the TUI runs, file descriptor 2 goes to the session log
+screen shows it long before the engine answers. The Devices screen's need
+for the engine waits for that check: without TensorFlow no engine starts,
+the app stays usable (Devices, Jobs, History, help) and refuses launches
+with the install line; beside another process that holds the TPU (a JAX
+script, a notebook) no engine starts either, and a launch asks to run on
+the CPU instead (``tpudash.tui.hostgate``). While the TUI runs, file descriptor 2 goes to the session log
 (``tpudash.tui.hostio``), which the engine's stderr (TensorFlow's C++ logs) joins.
 """
 
@@ -236,7 +239,12 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         description="Scan the host: TPU chips, the TensorFlow build installed, the TPU's holder",
     )
     def check_host(self) -> None:
-        self.call_later(setattr, self, "host_check", self.session.inspect_host())
+        try:
+            host_check = self.session.inspect_host()
+        except Exception:
+            self.call_later(self.session.host_checked, None)  # the engine starts as if there were no gate
+            raise  # said as the worker's error
+        self.call_later(self.session.host_checked, host_check)
 
     def _scan_runs_directory(self) -> None:
         if self.exiting or (self._runs_scan_worker is not None and self._runs_scan_worker.is_running):
@@ -307,6 +315,12 @@ class TpudashApp(UndelayedRevisits, DashboardView):
 
     def show_run_view(self) -> None:
         self.call_later(self.action_show, "run")
+
+    def ask(self, question: str, *, yes: str, no: str, answered: Callable[[bool], None]) -> None:
+        """A modal question with ``yes`` focused (enter, or y); ``answered`` gets the choice (escape: no)."""
+        from tpudash.tui.dialogs import ConfirmScreen
+
+        self.push_screen(ConfirmScreen(question, yes=yes, no=no, default_yes=True), lambda yes: answered(bool(yes)))
 
     def _sync_active_screen(self, force: bool = False) -> Screen | None:
         """Tell the screen on show to redraw what changed; the screen told, if any."""

@@ -1,7 +1,9 @@
 """Small modal dialogs: a yes/no question such as "a job is running, quit anyway?".
 
 A dialog shows over the screen it was asked on, dimmed: the user still sees
-the run they are about to cancel.
+the run they are about to cancel. The answer that loses nothing is the
+default (focused): "keep running" before quitting; "run on the CPU" when
+another process holds the TPU.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from textual.widgets import Button, Static
 
 
 class ConfirmScreen(ModalScreen[bool]):
-    """Ask a question; dismisses with True for yes (``y``), False for no (``n``/escape)."""
+    """Ask a question; dismisses with True for yes (``y``), False for no (``n``/escape); enter: the focused one."""
 
     # Not in DEFAULT_CSS: the app's ``Screen { background: … }`` outranks any
     # default rule and would paint the dialog's whole screen opaque, hiding
@@ -43,21 +45,23 @@ class ConfirmScreen(ModalScreen[bool]):
         Binding("escape", "answer(False)", "No", id="confirm.escape", show=False),
     ]
 
-    def __init__(self, question: str, yes: str = "Yes", no: str = "No"):
+    def __init__(self, question: str, yes: str = "Yes", no: str = "No", *, default_yes: bool = False):
+        """``default_yes``: yes is focused and looks safe (a choice that loses nothing); else no is, and yes warns."""
         super().__init__()
         self.question = question
         self.yes_label = yes
         self.no_label = no
+        self.default_yes = default_yes
 
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.question, classes="question", markup=False)
             with Horizontal():
-                yield Button(f"{self.yes_label} (y)", variant="error", id="yes")
-                yield Button(f"{self.no_label} (n)", variant="primary", id="no")
+                yield Button(f"{self.yes_label} (y)", variant="primary" if self.default_yes else "error", id="yes")
+                yield Button(f"{self.no_label} (n)", variant="default" if self.default_yes else "primary", id="no")
 
     def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
+        self.query_one("#yes" if self.default_yes else "#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from tpudash.config import Settings
 from tpudash.format import counted, display_beat, format_seconds
+from tpudash.tui.hostgate import HostGate
 from tpudash.tui.telemetry_feed import TelemetryFeed
 
 if TYPE_CHECKING:  # the lane, the store, the engine's handle and telemetry load on first use, after the first frame
@@ -49,17 +50,6 @@ MAX_WAITING_RUNS = 4
 MAX_SESSION_RUNS = 50
 
 EngineFactory = Callable[["Listener"], "EngineHandle"]
-RUNTIME_HELD_STATUS = "held by another dashboard"
-"""The runtime status while another dashboard's engine holds the accelerator (Devices says who)."""
-
-
-def accelerator_held_note(holder: str) -> str:
-    """What a dashboard says when another engine on the host holds the accelerator: who, and what it does instead."""
-    return (
-        f"The accelerator is held by {holder}. This dashboard watches: runs started there show in History; "
-        "press w to watch one. The next launch here tries again."
-    )
-
 
 Severity = Literal["information", "warning", "error"]
 
@@ -79,6 +69,7 @@ class SessionView(Protocol):
     runs_version: int
     telemetry: Any
     runtime_settled: asyncio.Event
+    host_check: dict | None
 
     def notify(
         self, message: str, *, title: str = "", severity: Severity = "information", timeout: float | None = None
@@ -94,6 +85,10 @@ class SessionView(Protocol):
 
     def show_run_view(self) -> None:
         """Switch to the Run view, which draws ``shown_run_id`` (after a launch)."""
+        ...
+
+    def ask(self, question: str, *, yes: str, no: str, answered: Callable[[bool], None]) -> None:
+        """A modal question, ``yes`` the default; ``answered`` gets the choice on the UI thread."""
         ...
 
 
@@ -135,6 +130,8 @@ class DashboardSession(LaneObserver):
         """Live runs in the runs directory at the last look (any writer), newest first."""
         self.telemetry = TelemetryFeed(settings, self._deliver_telemetry, telemetry_sampler)
         """The sampling thread behind the view's ``telemetry`` (started after the first frame, unless off)."""
+        self.gate = HostGate(self)
+        """The host check, and whether it lets the engine start (no TensorFlow, the TPU held elsewhere)."""
 
     # -- wiring ---------------------------------------------------------------------------------
     @property
@@ -217,7 +214,12 @@ class DashboardSession(LaneObserver):
         from tpudash.engine.handle import EngineProcess
 
         self.store.prepare()
-        return EngineProcess(listener, self.settings, self.engine_log_path or session_log_path(self.runs_dir))
+        return EngineProcess(listener, self.engine_settings, self.engine_log_path or session_log_path(self.runs_dir))
+
+    @property
+    def engine_settings(self) -> Settings:
+        """What an engine starts with now: the TPU left alone (tpu "none") once the user chose the CPU beside its holder."""
+        return self.gate.engine_settings()
 
     def _wake_for_lane(self) -> None:
         """An engine message arrived (on a reader thread): poll the lane now rather than at the next tick."""
@@ -231,23 +233,25 @@ class DashboardSession(LaneObserver):
             self.lane_changed()
 
     def engine_needed(self) -> None:
-        """The Devices screen needs the runtime: start the engine unless it was ever started."""
-        if not self.quitting:
+        """The Devices screen needs the runtime: start the engine unless it was ever started, once the host check
+        allows it (``HostGate``: no engine without TensorFlow, nor beside another process that holds the TPU)."""
+        if not self.quitting and self.gate.engine_may_start():
             self.lane.ensure_engine()
             self._update_engine_status()
 
+    def host_checked(self, host_check: dict | None) -> None:
+        """The host scan answered (None: it failed): what it means for the engine; start it if it was wanted."""
+        if self.gate.checked(host_check):
+            self.engine_needed()
+
     def reinitialize_runtime(self) -> str | None:
-        """A new engine, TensorFlow set up from scratch; why not, when a run holds the engine."""
+        """A new engine, TensorFlow set up from scratch (even where the host check withheld it); why not, when a
+        run holds the engine."""
+        beside = self.gate.before_restart() if not self.lane.busy else None
         refused = self.lane.restart_engine()
         if refused is not None:
             return refused
-        view = self.view
-        view.runtime_settled.clear()
-        # Errors first: screens redraw on ``runtime`` and show "connecting…" only without one.
-        view.runtime_error = None
-        view.tensorflow_missing = None
-        view.runtime = None
-        view.runtime_status = "connecting…"
+        self.gate.show_connecting(beside)
         self._update_engine_status()
         return None
 
@@ -283,13 +287,7 @@ class DashboardSession(LaneObserver):
         view = self.view
         view.runtime_settled.set()
         if failure.missing_tensorflow:
-            # Not a failure of the dashboard: everything but launching works.
-            missing = failure.message or failure.error
-            view.runtime_status = "no TensorFlow"
-            view.tensorflow_missing = missing
-            view.runtime_error = missing
-            view.runtime = None
-            view.notify(missing, title="No TensorFlow: jobs cannot run", severity="warning", timeout=15)
+            self.gate.show_missing_tensorflow(failure.message or failure.error)
             return
         error = failure.error or "unknown error"
         view.runtime_status = "runtime failed"
@@ -298,14 +296,7 @@ class DashboardSession(LaneObserver):
         view.notify(error, title="Runtime detection failed", severity="error", timeout=15)
 
     def lane_accelerator_held(self, held: AcceleratorHeld) -> None:
-        note = accelerator_held_note(held.holder)
-        view = self.view
-        view.runtime_settled.set()
-        view.runtime_status = RUNTIME_HELD_STATUS
-        view.tensorflow_missing = None
-        view.runtime_error = note
-        view.runtime = None
-        view.notify(note, title="The accelerator is in use", severity="warning", timeout=20)
+        self.gate.show_engine_lock_held(held.holder)
 
     def lane_run_settled(self, live: LiveRun) -> None:
         model = live.model
@@ -425,6 +416,8 @@ class DashboardSession(LaneObserver):
                 severity="warning",
             )
             return None
+        if self.gate.asked_to_run_on_cpu(spec, params):
+            return None  # the answer launches it, or not
         busy = self.lane.current
         live = self.lane.launch(spec, params)
         view.shown_run_id = live.run_id
