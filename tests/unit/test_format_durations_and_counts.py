@@ -72,6 +72,6 @@ def test_one_replica_and_one_problem_read_in_the_singular_headless(tmp_path):
     out = console.file.getvalue()
 
     assert "DefaultDistributionStrategy · 1 replica in sync" in out
-    assert "on GPU · DefaultDistributionStrategy · 1 replica\n" in out  # tpudash run's first line
+    assert "on GPU · DefaultDistributionStrategy, 1 replica\n" in out  # tpudash run's first line
     assert "(! 1 problem)" in out
     assert "1 replicas" not in out and "1 problems" not in out

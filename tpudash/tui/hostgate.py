@@ -239,24 +239,21 @@ class HostGate:
 
     def _show_tpu_held(self, withheld: Withheld) -> None:
         assert withheld.holder is not None
-        view = self._session.view
-        view.runtime_settled.set()  # nothing more comes until a launch or a re-initialise
-        view.runtime_status = tpu_held_status(withheld.holder)
-        view.tensorflow_missing = None
-        view.runtime_error = withheld.message
-        view.runtime = None
-        view.notify(withheld.message, title="The TPU is in use", severity="warning", timeout=20)
+        self._show_watching(tpu_held_status(withheld.holder), withheld.message, "The TPU is in use")
 
     def show_engine_lock_held(self, holder: str) -> None:
         """Another dashboard's engine holds the accelerator (its lock names it): this dashboard watches."""
-        note = accelerator_held_note(holder)
+        self._show_watching(RUNTIME_HELD_STATUS, accelerator_held_note(holder), "The accelerator is in use")
+
+    def _show_watching(self, status: str, note: str, title: str) -> None:
+        """Another process has the accelerator: no runtime comes until a launch or a re-initialise; say whose."""
         view = self._session.view
         view.runtime_settled.set()
-        view.runtime_status = RUNTIME_HELD_STATUS
+        view.runtime_status = status
         view.tensorflow_missing = None
         view.runtime_error = note
         view.runtime = None
-        view.notify(note, title="The accelerator is in use", severity="warning", timeout=20)
+        view.notify(note, title=title, severity="warning", timeout=20)
 
 
 def _no_tensorflow_message(check: Mapping) -> str:
