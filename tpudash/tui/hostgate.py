@@ -229,31 +229,25 @@ class HostGate:
 
     def show_missing_tensorflow(self, missing: str) -> None:
         """No TensorFlow here: everything but launching works; launches are refused with the install line."""
-        view = self._session.view
-        view.runtime_settled.set()
-        view.runtime_status = "no TensorFlow"
-        view.tensorflow_missing = missing
-        view.runtime_error = missing
-        view.runtime = None
-        view.notify(missing, title="No TensorFlow: jobs cannot run", severity="warning", timeout=15)
+        self._show_without_runtime("no TensorFlow", missing, "No TensorFlow: jobs cannot run", missing=missing)
 
     def _show_tpu_held(self, withheld: Withheld) -> None:
         assert withheld.holder is not None
-        self._show_watching(tpu_held_status(withheld.holder), withheld.message, "The TPU is in use")
+        self._show_without_runtime(tpu_held_status(withheld.holder), withheld.message, "The TPU is in use")
 
     def show_engine_lock_held(self, holder: str) -> None:
         """Another dashboard's engine holds the accelerator (its lock names it): this dashboard watches."""
-        self._show_watching(RUNTIME_HELD_STATUS, accelerator_held_note(holder), "The accelerator is in use")
+        self._show_without_runtime(RUNTIME_HELD_STATUS, accelerator_held_note(holder), "The accelerator is in use")
 
-    def _show_watching(self, status: str, note: str, title: str) -> None:
-        """Another process has the accelerator: no runtime comes until a launch or a re-initialise; say whose."""
+    def _show_without_runtime(self, status: str, note: str, title: str, missing: str | None = None) -> None:
+        """No runtime comes until a launch or a re-initialise: the status, why (``missing``: no TensorFlow), a notice."""
         view = self._session.view
         view.runtime_settled.set()
         view.runtime_status = status
-        view.tensorflow_missing = None
+        view.tensorflow_missing = missing
         view.runtime_error = note
         view.runtime = None
-        view.notify(note, title=title, severity="warning", timeout=20)
+        view.notify(note, title=title, severity="warning", timeout=15 if missing else 20)
 
 
 def _no_tensorflow_message(check: Mapping) -> str:
