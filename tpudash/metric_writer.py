@@ -34,7 +34,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from tpudash.recording import RecordedRun, RecordingError
+from tpudash.recording import RecordedRun, RecordingError, check_run_name_and_params
 
 # How a CLU loop names a metric's split: a prefix folder (``train/loss``) or Keras's ``val_`` prefix.
 SPLIT_FOLDERS = {
@@ -74,10 +74,7 @@ class TpudashWriter:
         run_id: str | None = None,
     ):
         """``name``, ``params``, ``runs_dir``, ``worker``, ``run_id``: as ``tpudash.record`` takes them."""
-        if not isinstance(name, str) or not name.strip():
-            raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty text naming the run")
-        if params is not None and not isinstance(params, Mapping):
-            raise RecordingError(f"params: {type(params).__name__} is not allowed; allowed: a dict of name → value")
+        check_run_name_and_params(name, params)  # said now, though the run starts at the first write
         self.name = name
         self.params = dict(params or {})
         self._options: dict[str, Any] = {"runs_dir": runs_dir, "worker": worker, "run_id": run_id}

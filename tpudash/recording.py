@@ -298,6 +298,14 @@ def _step(field: str, value: Any) -> int:
     return int(number)
 
 
+def check_run_name_and_params(name: Any, params: Any) -> None:
+    """RecordingError unless ``name`` names a run (non-empty text) and ``params`` is a mapping or None."""
+    if not isinstance(name, str) or not name.strip():
+        raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty text naming the run")
+    if params is not None and not isinstance(params, Mapping):
+        raise RecordingError(f"params: {type(params).__name__} is not allowed; allowed: a dict of name → value")
+
+
 class RecordedRun:
     """One run written from the user's process; see the module docstring."""
 
@@ -314,10 +322,7 @@ class RecordedRun:
         run_id: str | None = None,
     ):
         """``worker`` and ``run_id``: which worker of a cluster this is and the run they share (module docstring)."""
-        if not isinstance(name, str) or not name.strip():
-            raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty text naming the run")
-        if params is not None and not isinstance(params, Mapping):
-            raise RecordingError(f"params: {type(params).__name__} is not allowed; allowed: a dict of name → value")
+        check_run_name_and_params(name, params)
         self.name = name.strip()
         self.params = to_jsonable(dict(params or {}))
         self.runtime = dict(runtime) if runtime is not None else session_runtime(strategy)
