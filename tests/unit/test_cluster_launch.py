@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -219,3 +220,29 @@ def test_the_runner_launches_a_run_on_workers_and_its_sinks_hear_it_as_any_run(t
     assert run.state == "done"
     assert heard[0] == "run_started" and heard[-1] == "run_finished" and heard.count("run_finished") == 1
     assert store.info(run.run_id).status == "done"
+
+
+# -- a worker never outlives its launcher ------------------------------------------------------------------
+# The launcher: starts a worker that shares its stdout, then waits. The worker ties itself to the launcher as
+# `tpudash run --worker-index` does, says so, and blocks on nothing the launcher's death would end.
+LAUNCHER_SCRIPT = """
+import os, subprocess, sys
+worker = (
+    "from tpudash.engine.cluster import die_with_launcher; import os, threading; die_with_launcher(os.environ); "
+    "print('tied', flush=True); threading.Event().wait()"
+)
+subprocess.Popen([sys.executable, "-c", worker], env=dict(os.environ, TPUDASH_LAUNCHER_PID=str(os.getpid())))
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_launched_worker_dies_with_its_launcher_killed():
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert launcher.stdout is not None and launcher.stdout.readline().strip() == "tied"
+    launcher.kill()
+    # The worker holds the same stdout: it reaches its end only once the worker has died too.
+    remaining, _ = launcher.communicate(timeout=WAIT_SECONDS)
+    assert remaining == "" and launcher.returncode == -signal.SIGKILL

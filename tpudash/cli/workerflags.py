@@ -26,11 +26,12 @@ def join_cluster(args: argparse.Namespace) -> int | None:
     Returns the cluster's size, or None when neither flag is given (a TF_CONFIG the user exported is
     then used as it is). BadInput names the flag that cannot be used and what it may be.
     """
-    from tpudash.engine.cluster import ClusterFlagError, cluster_addresses, tf_config, worker_index
+    from tpudash.engine.cluster import ClusterFlagError, cluster_addresses, die_with_launcher, tf_config, worker_index
 
     index_text, cluster_text = getattr(args, "worker_index", None), getattr(args, "cluster", None)
     if index_text is None and cluster_text is None:
         return None
+    die_with_launcher(os.environ)  # a worker `tpudash run --workers N` started: never an orphan that trains on
     if index_text is None or cluster_text is None:
         raise BadInput(
             "--worker-index and --cluster go together: --worker-index I --cluster HOST:PORT,HOST:PORT,… "

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import queue
 import signal
 import socket
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from jobs.events import Event, RunFinished, decode_event_line
+from tpudash.childproc import parent_death_signal
 
 MAX_WORKERS = 64
 STOP_GRACE_SECONDS = 3.0
@@ -120,6 +122,10 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exited with status {returncode}"
+
+
+LAUNCHER_VARIABLE = "TPUDASH_LAUNCHER_PID"
+"""Set for every launched worker: the launcher's pid, which the worker dies with (``die_with_launcher``)."""
 
 
 @dataclass
@@ -238,6 +244,7 @@ class ClusterLaunch:
         environment["TPUDASH_NATIVE_STDERR"] = "terminal"
         # The session that launched them samples the run's telemetry (one sampler per host, as for the engine's jobs).
         environment["TPUDASH_TELEMETRY_INTERVAL"] = "0"
+        environment[LAUNCHER_VARIABLE] = str(os.getpid())  # each worker ties itself to this process (die_with_launcher)
         for index in range(self.count):
             log = WorkerLog(self.log_dir / f"worker-{index}.log")
             process = subprocess.Popen(
@@ -250,7 +257,6 @@ class ClusterLaunch:
                 errors="replace",
                 # Ctrl-C at the terminal is the launcher's to handle (it stops every worker, in order).
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
             self.processes.append(process)
             self.logs.append(log)
@@ -389,16 +395,20 @@ class ClusterLaunch:
         return outcome
 
 
-def _die_with_parent() -> None:
-    """In the worker, before it starts: die with the launcher, so no orphan keeps training (Linux; elsewhere, nothing)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
+def die_with_launcher(environ: Mapping[str, str]) -> None:
+    """In a launched worker, first thing: die with the launcher, so no orphan keeps training (Linux; elsewhere, nothing).
 
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    The worker sets its own parent-death signal. Set by a ``preexec_fn`` instead, Python ran between fork
+    and exec in a launcher with threads (telemetry's gRPC channel, the workers' log readers), and one
+    worker start in eight died of SIGSEGV before it ran (measured: tests/cluster's bucket run, 1 of 8).
+    A launcher that died before the worker got here ends it at once.
+    """
+    launcher = environ.get(LAUNCHER_VARIABLE, "")
+    if not launcher.isdigit():
+        return
+    tie = parent_death_signal(signal.SIGKILL, expected_parent=int(launcher))
+    if tie is not None:
+        tie()
 
 
 def _report_exit(process: subprocess.Popen, index: int, exits: queue.Queue[int]) -> None:
