@@ -7,6 +7,9 @@ prints lines that are no protocol lines, one exits or is killed mid-request.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
 import signal
 import subprocess
 import sys
@@ -129,3 +132,53 @@ def test_a_child_that_outlives_the_parent_it_expected_exits_at_once():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, timeout=WAIT)
     assert (result.returncode, result.stdout) == (1, "")
+
+
+# A launcher that starts a worker sharing its stdout, then waits. The worker says its pid, waits until its
+# launcher is dead (its parent changes: the order under test, so it polls that, bounded), and only then ties
+# itself to the launcher as `tpudash run --worker-index` does. Tied too late, it must end at once; a worker
+# that went on would train with nobody to stop it, holding the TPU.
+LAUNCHER_DEAD_BEFORE_THE_TIE = """
+import os, subprocess, sys
+worker = '''
+import os, sys, time
+from tpudash.engine.cluster import die_with_launcher
+launcher = int(os.environ["TPUDASH_LAUNCHER_PID"])
+print(os.getpid(), flush=True)
+deadline = time.monotonic() + 30
+while os.getppid() == launcher and time.monotonic() < deadline:
+    time.sleep(0.005)
+die_with_launcher(os.environ)
+print("outlived its launcher", flush=True)
+time.sleep(60)
+'''
+subprocess.Popen([sys.executable, "-c", worker], env=dict(os.environ, TPUDASH_LAUNCHER_PID=str(os.getpid())))
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the parent-death signal and pidfd are Linux's")
+def test_a_launched_worker_dies_with_its_launcher_killed_before_it_tied_itself():
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER_DEAD_BEFORE_THE_TIE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    assert launcher.stdout is not None
+    worker_pid = int(launcher.stdout.readline())
+    worker = os.pidfd_open(worker_pid)  # opened while the worker is alive: it is this worker, whatever comes
+    try:
+        launcher.kill()
+        # A pidfd turns readable when its process has exited: a bounded wait on the worker's own end.
+        ended, _, _ = select.select([worker], [], [], WAIT)
+        assert ended, f"the worker (pid {worker_pid}) was still running {WAIT:g} s after its launcher was killed"
+        remaining, _ = launcher.communicate(timeout=WAIT)
+        assert remaining == ""  # it never went on past the tie
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(worker, signal.SIGKILL)  # a worker that outlived the test ends with it
+        os.close(worker)
+        launcher.kill()
+        launcher.wait()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -165,9 +167,14 @@ def test_an_exception_in_the_loop_finishes_the_run_as_record_does(store, raised,
     assert only_run(store).info.status == status
 
 
+@pytest.mark.parametrize("name", ["", "   ", "\t\n"])
+def test_an_empty_or_blank_name_is_refused_naming_the_field_before_any_run_exists(store, name):
+    with pytest.raises(RecordingError, match=f"^name: {re.escape(repr(name))} is not allowed; allowed: a non-empty"):
+        TpudashWriter(name)
+    assert store.run_ids() == []
+
+
 def test_bad_input_names_the_field(store):
-    with pytest.raises(RecordingError, match="name: '' is not allowed"):
-        TpudashWriter("")
     with pytest.raises(RecordingError, match="hparams: list is not allowed"):
         TpudashWriter("x").write_hparams([1, 2])
     with TpudashWriter("bad value") as writer, pytest.raises(RecordingError, match="value: 'high' is not a number"):

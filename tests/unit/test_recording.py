@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -106,9 +107,14 @@ def test_bad_input_names_the_argument_and_what_is_allowed_and_the_run_goes_on(st
     assert data.info.status == "done" and data.info.final_metrics == {"loss": 0.5}
 
 
-def test_a_bad_name_or_params_is_refused_before_any_run_directory_exists(store):
-    with pytest.raises(RecordingError, match="name: '' is not allowed"):
-        tpudash.record("")
+@pytest.mark.parametrize("name", ["", "   ", "\t\n"])
+def test_an_empty_or_blank_name_is_refused_naming_the_field_before_any_run_directory_exists(store, name):
+    with pytest.raises(RecordingError, match=f"^name: {re.escape(repr(name))} is not allowed; allowed: a non-empty"):
+        tpudash.record(name)
+    assert store.run_ids() == []
+
+
+def test_bad_params_are_refused_before_any_run_directory_exists(store):
     with pytest.raises(RecordingError, match="params: list is not allowed"):
         tpudash.record("run", params=[1, 2])
     assert store.run_ids() == []
