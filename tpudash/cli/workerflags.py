@@ -85,13 +85,20 @@ def requested_workers(
 
 def checked_run_id(run_id: str | None) -> str | None:
     """``--run-id`` when it can name a run, or BadInput naming the flag and what it may be."""
-    from tpudash.runs.layout import is_run_id
+    from tpudash.runs.layout import RESERVED_FOLDERS, is_reserved_name, is_run_id
 
     if run_id is None:
         return None
     if not is_run_id(run_id) or len(run_id) > MAX_RUN_ID_CHARS or not run_id.isprintable() or run_id.strip() != run_id:
+        reserved = ", ".join(repr(name) for name in sorted(RESERVED_FOLDERS))
+        why = (
+            "is reserved: that folder of the runs directory holds the host agents' reports"
+            if is_reserved_name(run_id)
+            else "cannot name a run"
+        )
         raise BadInput(
-            f"--run-id: {run_id!r:.80} cannot name a run; allowed: a plain name of up to {MAX_RUN_ID_CHARS} printable characters "
-            "(no '/', no leading '.'), the same on every worker, e.g. 20260101-120000-train-1a2b3c"
+            f"--run-id: {run_id!r:.80} {why}; allowed: a plain name of up to {MAX_RUN_ID_CHARS} printable "
+            f"characters (no '/', no leading '.', not {reserved}), the same on every worker, "
+            "e.g. 20260101-120000-train-1a2b3c"
         )
     return run_id

@@ -21,19 +21,18 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+from tpudash.runs.layout import HOSTS_FOLDER as HOSTS_FOLDER  # defined with the run id's rule, used from here too
+from tpudash.runs.layout import RESERVED_FOLDERS as RESERVED_FOLDERS
 from tpudash.runs.layout import RefusedFile, is_run_id, open_regular, size_words, write_bytes_atomically
 from tpudash.runs.location import is_store_url, open_filesystem
 
 # How many objects a store is asked for at once when many small files are read (History's first look).
 STORE_READ_CONCURRENCY = 64
-# Folders of a runs directory that are not runs: ``hosts/`` holds each host agent's stream (``tpudash.runs.hosts``).
-HOSTS_FOLDER = "hosts"
-RESERVED_FOLDERS = frozenset({HOSTS_FOLDER})
 
 
 def is_listed_run_id(name: str) -> bool:
     """Whether a runs directory's entry named ``name`` is listed as a run: a run id, and no reserved folder."""
-    return is_run_id(name) and name not in RESERVED_FOLDERS
+    return is_run_id(name)  # which refuses the reserved folders (``layout.is_reserved_name``)
 
 
 class RunFiles(Protocol):

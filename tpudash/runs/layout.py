@@ -44,8 +44,16 @@ SOURCE_CALLBACK = "keras-callback"
 SOURCE_RECORD = "record"
 # Records are small: a run.json larger than this was not written by tpudash and is not read.
 MAX_RUN_FILE_BYTES = 1 << 20
+# Folders of a runs directory that are not runs: ``hosts/`` holds each host agent's reports
+# (``tpudash.runs.hosts``). The one definition: listing leaves them out, and every entrance that
+# takes a run id (--run-id, run_id= and TPUDASH_RUN_ID, copy, the store's create and join) refuses them.
+HOSTS_FOLDER = "hosts"
+RESERVED_FOLDERS = frozenset({HOSTS_FOLDER})
 # What a run id may be, as errors say it: one directory name inside the runs directory.
-RUN_ID_RULE = "a run id is the name of a directory in the runs directory (no '/', not starting with '.')"
+RUN_ID_RULE = (
+    "a run id is the name of a directory in the runs directory (no '/', not starting with '.', "
+    f"not {' or '.join(repr(name) for name in sorted(RESERVED_FOLDERS))}: that folder holds the host agents' reports)"
+)
 
 
 class RefusedFile(OSError):
@@ -130,16 +138,33 @@ def parse_run_file(data: bytes) -> Any:
         raise ValueError("not UTF-8 text") from None
 
 
+def is_reserved_name(name: str) -> bool:
+    """Whether ``name`` is a folder of the runs directory that is not a run (``hosts``), in any case.
+
+    Any case: on a disk that does not tell cases apart (macOS, Windows) ``HOSTS`` is the same folder.
+    """
+    return name.casefold() in RESERVED_FOLDERS
+
+
 def is_run_id(run_id: str) -> bool:
-    """Whether ``run_id`` may name a run: a plain directory name, never ``..`` or a hidden one."""
+    """Whether ``run_id`` may name a run: a plain directory name, never ``..``, a hidden one or a reserved one."""
     return (
         bool(run_id)
         and not run_id.startswith(".")
+        and not is_reserved_name(run_id)
         and "/" not in run_id
         and os.sep not in run_id
         and (os.altsep is None or os.altsep not in run_id)
         and "\0" not in run_id
     )
+
+
+def checked_run_id(run_id: object, field: str | None = "run_id") -> str:
+    """``run_id`` if a run may take it, else ValueError naming ``field`` (if any) and what it may be (never ``hosts``)."""
+    if not isinstance(run_id, str) or not is_run_id(run_id):
+        why = "is reserved" if isinstance(run_id, str) and is_reserved_name(run_id) else "cannot name a run"
+        raise ValueError(f"{f'{field}: ' if field else ''}{run_id!r:.80} {why}; allowed: {RUN_ID_RULE}")
+    return run_id
 
 
 def new_run_id(job: str, now: float | None = None) -> str:

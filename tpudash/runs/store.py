@@ -17,16 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.events import (
-    MAX_NAME_CHARS,
-    MAX_TEXT_CHARS,
-    Event,
-    Metric,
-    RunFinished,
-    RunStarted,
-    is_sane_timestamp,
-    json_size,
-)
+from jobs.events import Event, Metric, RunFinished, RunStarted
 from tpudash.runs import liveness
 from tpudash.runs.backends import LocalRoot, LocalRunFiles, RunFiles, runs_root
 from tpudash.runs.export import export_run
@@ -42,73 +33,20 @@ from tpudash.runs.layout import (
     STATUS_STALE,
     TELEMETRY_STREAM,
     RefusedFile,
+    checked_run_id,
     is_run_id,
     parse_run_file,
     readable_run_name,
 )
+from tpudash.runs.record_fields import bounded_dict, checked_field
 from tpudash.runs.recorder import RunRecorder
 from tpudash.runs.segments import StreamTail
 from tpudash.runs.tail import fold_events, read_events
 from tpudash.runs.uploader import StoreRecorder, local_run_dir
 from tpudash.runs.worker_recorder import JoinedRecorder
-from tpudash.runs.workers import MAX_WORKERS, WorkerIdentity
+from tpudash.runs.workers import WorkerIdentity
 
 Recorder = RunRecorder | StoreRecorder | JoinedRecorder
-
-# A pid as Linux gives them (pid_max is at most 2**22): anything else in run.json is not a process to look at.
-MAX_PID = 2**22
-# params, summary and final_metrics: values counted through every level.
-MAX_RECORD_VALUES = 10_000
-
-
-def checked_field(meta: dict, name: str, problems: list[str]) -> Any:
-    """run.json's ``name`` if it is what the field may hold, else None with the problem named."""
-    value = meta.get(name)
-    if value is None:
-        return None
-    allowed = RUN_FIELD_RULES[name]
-    if allowed[1](value):
-        return value
-    problems.append(f"{RUN_FILE}: {name} must be {allowed[0]}, not {value!r:.40}")
-    return None
-
-
-def _bounded_dict(value: Any) -> bool:
-    try:
-        return isinstance(value, dict) and json_size(value) <= MAX_RECORD_VALUES
-    except ValueError:  # nested too deeply
-        return False
-
-
-def _workers_record(value: Any) -> bool:
-    count = value.get("count") if isinstance(value, dict) else None
-    return isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= MAX_WORKERS
-
-
-# What each field of run.json may hold, as errors say it, and the check.
-RUN_FIELD_RULES: dict[str, tuple[str, Any]] = {
-    **{name: ("a unix time (1970 to 9999)", is_sane_timestamp) for name in ("started", "finished", "pid_start_time")},
-    "pid": (
-        f"a process id from 1 to {MAX_PID}",
-        lambda value: isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_PID,
-    ),
-    **{
-        name: (
-            f"text of at most {MAX_NAME_CHARS} characters",
-            lambda value: isinstance(value, str) and len(value) <= MAX_NAME_CHARS,
-        )
-        for name in ("job", "name", "status", "source", "host", "pid_start")
-    },
-    "error": (
-        f"text of at most {MAX_TEXT_CHARS} characters",
-        lambda value: isinstance(value, str) and len(value) <= MAX_TEXT_CHARS,
-    ),
-    **{
-        name: (f"a JSON object of at most {MAX_RECORD_VALUES} values", _bounded_dict)
-        for name in ("params", "summary", "final_metrics")
-    },
-    "workers": (f'{{"count": N}} with N from 1 to {MAX_WORKERS}', _workers_record),
-}
 
 
 @dataclass
@@ -287,7 +225,7 @@ class RunStore:
         """
         meta = {
             "source": source,
-            "run_id": run_id,
+            "run_id": checked_run_id(run_id),
             "job": job,
             "name": name or readable_run_name(job, params),
             "params": params,
@@ -317,7 +255,13 @@ class RunStore:
         """
         if worker.is_chief:
             raise ValueError("worker: the chief (0) creates the run with create(); the other workers join it")
-        meta = {"run_id": run_id, "job": job, "params": params, "runtime": runtime, "worker": worker.index}
+        meta = {
+            "run_id": checked_run_id(run_id),
+            "job": job,
+            "params": params,
+            "runtime": runtime,
+            "worker": worker.index,
+        }
         return JoinedRecorder(self.files(run_id), meta, worker=worker, spill_root=self.spill_root)
 
     def _recorder(
@@ -512,7 +456,7 @@ class RunStore:
             if isinstance(event, RunStarted):
                 info.job, info.params, info.started = event.job, event.params, event.time
                 # (A RunStarted's params passed the event's checks; bound them as run.json's are.)
-                if not _bounded_dict(info.params):
+                if not bounded_dict(info.params):
                     info.params = {}
             elif isinstance(event, RunFinished):
                 info.status, info.summary, info.error, info.finished = event.status, event.summary, event.error, stamp
