@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 def command_copy(args: argparse.Namespace, settings: Settings) -> int:
     """Copy runs into another runs directory (a path or a store URL), each file once (``tpudash.runs.transfer``)."""
     from tpudash.runs.store import RunStore
-    from tpudash.runs.transfer import copy_run, same_place
+    from tpudash.runs.transfer import LinkInTheWay, copy_run, same_place
 
     destination = copy_destination(args.dest)
     if args.all:
@@ -53,7 +53,10 @@ def command_copy(args: argparse.Namespace, settings: Settings) -> int:
         doing = f"; copying {run_id} stopped: the same command goes on where it stopped"
         try:
             with reaching(runs_dir, doing), reaching(destination, doing):
-                report = copy_run(RunStore(runs_dir), run_id, target)
+                try:
+                    report = copy_run(RunStore(runs_dir), run_id, target)
+                except LinkInTheWay as error:  # raised in here: ``reaching`` says a store's errors, not this one
+                    raise BadInput(f"DEST: cannot copy {run_id}: {error}") from None
         except OSError as error:  # this host's disk: full, or not writable
             print(f"tpudash: error: cannot copy {run_id} to {destination}: {one_line(error)}", file=sys.stderr)
             return EXIT_FAILED

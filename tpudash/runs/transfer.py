@@ -14,6 +14,12 @@ from a disk to a bucket, a bucket to a disk, or a spill directory
 - run.json is written last: a reader that finds it finds the events it describes.
 - ``writer.lock`` (a local flock, meaningless elsewhere) and names starting
   with "." (a writer's temporary files) are not copied.
+- A symbolic link at ``DEST/<run id>`` or anywhere inside it is never
+  written through (nor replaced): the copy is refused before any file is
+  written, naming the link (``LinkInTheWay``), and each local file is then
+  written through descriptors that follow no link, so one swapped in while
+  the copy runs is refused too. The runs directory ``DEST`` itself may be a
+  link: that is where the user keeps runs.
 - A local run whose writer died without finishing it reads as
   ``interrupted`` here, but a store judges liveness by heartbeats only, and
   a copy has none: its run.json is copied with the status ``interrupted``
@@ -23,18 +29,24 @@ from a disk to a bucket, a bucket to a disk, or a spill directory
 
 from __future__ import annotations
 
+import errno
+import os
+import secrets
+import stat
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tpudash.runs.backends import LocalRunFiles, RunFiles
 from tpudash.runs.layout import (
     EVENTS_STREAM,
     MAX_RUN_FILE_BYTES,
     RUN_FILE,
-    RUN_ID_RULE,
     STATUS_INTERRUPTED,
     STATUS_RUNNING,
     RefusedFile,
-    is_run_id,
+    checked_run_id,
     parse_run_file,
     record_bytes,
 )
@@ -81,9 +93,7 @@ def split_run_location(location: Path | str) -> tuple[Path | str, str]:
     else:
         location = location.absolute()
         runs_dir, run_id = location.parent, location.name
-    if not is_run_id(run_id):
-        raise ValueError(RUN_ID_RULE)
-    return runs_dir, run_id
+    return runs_dir, checked_run_id(run_id, field=None)
 
 
 def same_place(one: Path | str, other: Path | str) -> bool:
@@ -100,11 +110,13 @@ def copy_run(source: RunStore, run_id: str, destination: RunStore) -> CopyReport
     again goes on where this one stopped); a file that cannot be copied (too
     large, not a regular file) is named in the report.
     """
-    source_files, target = source.files(run_id), destination.files(run_id)
+    source_files, target = source.files(checked_run_id(run_id)), destination.files(run_id)
     report = CopyReport(run_id=run_id, destination=target.where)
     present = {name: size for name, size in source_files.walk().items() if is_copied(name)}
     if not present:
         raise FileNotFoundError(f"{source_files.where}: no such run, or it holds no files")
+    if isinstance(target, LocalRunFiles):
+        refuse_links_in_the_way(target.run_dir, present)  # before anything is written, or listed through a link
     there = target.walk()
     refused: list[str] = []
     # run.json last (a reader that finds it finds its events); the events before the rest.
@@ -126,11 +138,97 @@ def copy_run(source: RunStore, run_id: str, destination: RunStore) -> CopyReport
         except RefusedFile as error:  # too large, or not a regular file: named, and the rest still goes
             refused.append(f"{name}: {error}")
             continue
-        target.write(name, data)
+        _write(target, name, data)
         report.copied += 1
         report.copied_bytes += len(data)
     report.refused = tuple(refused)
     return report
+
+
+class LinkInTheWay(RefusedFile):
+    """A symbolic link where a copy would write (``DEST/<run id>`` or inside it): never written through."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(errno.ELOOP, f"{path}: a symbolic link; a copy never writes through one (remove it)")
+        self.path = path
+
+
+def refuse_links_in_the_way(run_dir: Path, names: Iterable[str]) -> None:
+    """LinkInTheWay naming the first link at ``run_dir`` or on the way to one of ``names`` (files inside it)."""
+    checked: set[Path] = set()
+    for name in ["", *names]:
+        path = run_dir
+        for part in [None, *(name.split("/") if name else [])]:
+            path = path / part if part else path
+            if path in checked:
+                continue
+            checked.add(path)
+            try:
+                if stat.S_ISLNK(os.lstat(path).st_mode):
+                    raise LinkInTheWay(path)
+            except FileNotFoundError:
+                break  # nothing there yet: the copy makes it, and below it nothing is there either
+
+
+def _write(target: RunFiles, name: str, data: bytes) -> None:
+    if isinstance(target, LocalRunFiles):
+        write_without_links(target.run_dir, name, data)
+    else:
+        target.write(name, data)  # a store: an object replaced whole, no links
+
+
+def write_without_links(run_dir: Path, name: str, data: bytes) -> None:
+    """``name`` (a '/'-separated path inside ``run_dir``) written whole, through no symbolic link.
+
+    Folders are made and opened one by one with O_NOFOLLOW from ``run_dir``
+    down (its parent, the runs directory, is the user's and may be a link);
+    the file goes to a fresh temp file beside its name (O_EXCL), is fsynced,
+    then renamed over it, so a reader sees the old file or the new one.
+    LinkInTheWay when a link is met, whenever it was put there.
+    """
+    *folders, leaf = name.split("/")
+    run_dir.parent.mkdir(parents=True, exist_ok=True)  # the runs directory: the user's, links and all
+    descriptor = _open_folder(None, run_dir, run_dir)
+    try:
+        shown = run_dir
+        for folder in folders:
+            shown = shown / folder
+            inner = _open_folder(descriptor, folder, shown)
+            os.close(descriptor)
+            descriptor = inner
+        try:
+            if stat.S_ISLNK(os.stat(leaf, dir_fd=descriptor, follow_symlinks=False).st_mode):
+                raise LinkInTheWay(shown / leaf)
+        except FileNotFoundError:
+            pass
+        temporary = f".{leaf}.{os.getpid()}.{threading.get_ident()}.{secrets.token_hex(4)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        handle = os.open(temporary, flags, 0o644, dir_fd=descriptor)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                stream.write(data)
+                stream.flush()
+                os.fsync(stream.fileno())
+            os.replace(temporary, leaf, src_dir_fd=descriptor, dst_dir_fd=descriptor)
+        except BaseException:
+            os.unlink(temporary, dir_fd=descriptor)
+            raise
+    finally:
+        os.close(descriptor)
+
+
+def _open_folder(parent: int | None, name: str | Path, shown: Path) -> int:
+    """A descriptor of the folder ``name`` (in ``parent``), made if absent, never through a link."""
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+    except FileExistsError:
+        pass
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR) and shown.is_symlink():
+            raise LinkInTheWay(shown) from None
+        raise
 
 
 def _record_to_copy(source: RunStore, run_id: str, report: CopyReport) -> bytes:
