@@ -249,6 +249,28 @@ def format_value(value: object, device_names: Mapping[str, str] | None = None) -
     return str(value)
 
 
+# The range a live metric is written out in full: `{:.4g}` turns 14080 into `1.408e+04` while 6042
+# stays `6042`, so one series (examples/s epoch after epoch) read in two formats.
+PLAIN_NUMBER_RANGE = (1e-8, 1e15)
+
+
+def format_reading(value: float, digits: int = 4) -> str:
+    """A live metric as ``tpudash run`` and ``watch`` print it: ``digits`` significant digits, never an exponent.
+
+    ``14080``, ``6042``, ``2.303``, ``0.09375``, ``0.00005``: the digits of
+    ``{:.4g}``, without its switch to ``1.408e+04`` at 10,000 or ``5e-05``
+    under 0.0001, so the numbers of one column or one series share one
+    format. Only what is outside ``PLAIN_NUMBER_RANGE`` (or not finite) is
+    ``{:.4g}``'s.
+    """
+    low, high = PLAIN_NUMBER_RANGE
+    if not math.isfinite(value) or value == 0 or not low <= abs(value) < high:
+        return f"{value:.{digits}g}"
+    exponent = math.floor(math.log10(abs(value)))
+    text = f"{value:.{max(0, digits - 1 - exponent)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def brief_metrics(metrics: Mapping[str, Any], limit: int = 4) -> str:
     """A run's final metrics in a runs list, ``name=value``, at most ``limit``.
 

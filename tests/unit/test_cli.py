@@ -347,6 +347,10 @@ def test_runs_at_80_columns_shows_every_run_id_whole(isolated_runs_dir, monkeypa
 
 def test_the_matmul_table_at_80_columns_names_each_device_briefly_and_distinctly(monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "80")
+    # A terminal 80 columns wide, without colour codes (into a pipe, lines are as long as they need).
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("TERM", "dumb")
     assert cli.main(["run", "matmul", "--set", "m=32", "--set", "k=32", "--set", "n=32", "--set", "repeats=1"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if re.match(r"│ CPU:\d ", line)]

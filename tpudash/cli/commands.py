@@ -236,17 +236,15 @@ def checked_run_name(name: str | None) -> str | None:
 
 def show_run_help(run_parser: argparse.ArgumentParser, spec: JobSpec | None) -> int:
     """``tpudash run [JOB] --help``: the command's help, then the job's params."""
-    from rich.console import Console
-
     from jobs import registry
-    from tpudash.cli.render import render_job
+    from tpudash.cli.render import output_console, render_job
 
     run_parser.print_help()
     print()
     if spec is None:
         print(f"jobs: {', '.join(registry())}")
     else:
-        render_job(spec, Console(highlight=False))
+        render_job(spec, output_console(highlight=False))
     return EXIT_DONE
 
 
@@ -314,7 +312,7 @@ def execute_headless(
 
 
 def command_runs(args: argparse.Namespace, settings: Settings) -> int:
-    from tpudash.cli.render import render_runs
+    from tpudash.cli.render import newest_first, render_runs
     from tpudash.runs.store import RunStore
 
     runs_dir = readable_runs_dir(settings)
@@ -325,7 +323,7 @@ def command_runs(args: argparse.Namespace, settings: Settings) -> int:
             "(default $XDG_DATA_HOME/tpudash/runs; a run creates it)"
         )
     with reaching(runs_dir):
-        runs = RunStore(runs_dir).list_runs()
+        runs = newest_first(RunStore(runs_dir).list_runs())  # as History lists them, and so does --json
     if args.json:
         print(json.dumps([run.to_dict() for run in runs], indent=2, default=str))
     else:

@@ -28,8 +28,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, NoReturn
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from tpudash.cli import commands, copying, hosts
 from tpudash.cli.exits import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_DONE, EXIT_FAILED, BadInput
@@ -48,13 +49,31 @@ COMMANDS = {
     "devices": ("tpudash devices", "detect the accelerator and describe its devices"),
     "jobs": ("tpudash jobs", "list the jobs and their params"),
     "run": ("tpudash run JOB", "run a job headless (tpudash run JOB --help: its params)"),
-    "runs": ("tpudash runs", "list recorded runs"),
+    "runs": ("tpudash runs", "list recorded runs, newest first"),
     "watch": ("tpudash watch [RUN]", "follow a run as it grows (default: the newest live run)"),
     "telemetry": ("tpudash telemetry", "TPU duty cycle and HBM, host CPU and memory, every interval"),
     "export": ("tpudash export RUN", "export a run's metrics and telemetry"),
     "copy": ("tpudash copy RUN DEST", "copy runs to another runs directory or a bucket (gs://, s3://)"),
     "serve": ("tpudash serve", "the dashboard in a web browser (one dashboard per tab)"),
     **hosts.COMMANDS,
+}
+# The global flags each command's help lists: the ones it uses. Every command accepts all of them, before
+# or after its name (where a flag goes on the line never matters), but `tpudash runs --help` listing
+# --cancel-grace would only say that it means something there.
+RUNS_DIR_FLAGS = ("runs_dir", "store_timeout")
+"""Where the runs are, and how long a store there may take to answer: every command that reads or writes runs."""
+FLAGS_USED = {
+    "devices": ("tpu", "cpu_devices"),
+    "jobs": (),
+    "run": GLOBAL_FLAGS,
+    "runs": RUNS_DIR_FLAGS,
+    "watch": (*RUNS_DIR_FLAGS, "tpu_metrics", "telemetry_interval"),  # it samples a live run of this host
+    "telemetry": ("tpu_metrics", "telemetry_interval"),
+    "export": RUNS_DIR_FLAGS,
+    "copy": RUNS_DIR_FLAGS,
+    "serve": GLOBAL_FLAGS + DASHBOARD_FLAGS,  # each tab's dashboard
+    "hosts": RUNS_DIR_FLAGS,
+    "agent": (*RUNS_DIR_FLAGS, "tpu_metrics"),  # its own --interval
 }
 # Set in every Colab runtime (CPU, GPU and TPU): cheap to read, no import needed.
 COLAB_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_TPU_ADDR")
@@ -63,15 +82,88 @@ COLAB_VARIABLES = ("COLAB_RELEASE_TAG", "COLAB_GPU", "COLAB_TPU_ADDR")
 class _Parser(argparse.ArgumentParser):
     epilog_when_shown: Callable[[], str] | None = None
     """Makes the epilog only when help is shown: what it needs stays unimported on the dashboard's way to its frame."""
+    flags_shown: tuple[str, ...] | None = None
+    """The global flags this parser's help and usage list (``FLAGS_USED``); None: all of them."""
 
     def format_help(self) -> str:
         if self.epilog_when_shown is not None:
             self.epilog = self.epilog_when_shown()
-        return super().format_help()
+        with self._listing_only_flags_shown():
+            return super().format_help()
+
+    def format_usage(self) -> str:
+        with self._listing_only_flags_shown():
+            return super().format_usage()
+
+    @contextmanager
+    def _listing_only_flags_shown(self) -> Iterator[None]:
+        """The global flags not in ``flags_shown`` left out of the help meanwhile (still parsed).
+
+        Every command's parser shares the global flags' actions (argparse's
+        ``parents``), so each hides them only while its own help is written.
+        """
+        hidden = [
+            action
+            for action in self._actions
+            if self.flags_shown is not None
+            and action.dest in GLOBAL_FLAGS + DASHBOARD_FLAGS
+            and action.dest not in self.flags_shown
+        ]
+        helps = [action.help for action in hidden]
+        for action in hidden:
+            action.help = argparse.SUPPRESS
+        try:
+            yield
+        finally:
+            for action, help_text in zip(hidden, helps):
+                action.help = help_text
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a choice; a mistyped command (``tpudash runz``) also gets the nearest one."""
+        try:
+            super()._check_value(action, value)  # argparse's own (private): its message is kept
+        except argparse.ArgumentError as error:
+            if not isinstance(action, argparse._SubParsersAction) or not isinstance(value, str):
+                raise
+            near = nearest_names(value, action.choices)
+            hint = f"; did you mean {' or '.join(repr(name) for name in near)}?" if near else ""
+            raise argparse.ArgumentError(action, f"{error.message}{hint}") from None
 
     def error(self, message: str) -> NoReturn:  # argparse's own errors: same prefix, exit 2
         self.print_usage(sys.stderr)
         self.exit(EXIT_BAD_INPUT, f"tpudash: error: {message}\n")
+
+
+def nearest_names(word: str, names: Iterable[str]) -> list[str]:
+    """The names one typo away from ``word`` (two for a longer word), nearest first: ``runz`` → runs, run.
+
+    A typo is a letter wrong, missing, added, or two swapped (``wtach``).
+    Every name as near as the nearest is given: ``runz`` is as near ``run``
+    as ``runs``, and a guess of one would be wrong half the time.
+    """
+    typed = word.casefold()
+    allowed = 1 if len(typed) < 6 else 2
+    distances = {name: typos_between(typed, name.casefold()) for name in names}
+    nearest = min(distances.values(), default=allowed + 1)
+    if nearest > allowed:
+        return []
+    return sorted(
+        (name for name, distance in distances.items() if distance == nearest),
+        key=lambda name: (abs(len(name) - len(typed)), name),
+    )
+
+
+def typos_between(first: str, second: str) -> int:
+    """How many letters wrong, missing, added or swapped with their neighbour make ``first`` into ``second``."""
+    previous: list[int] = []
+    row = list(range(len(second) + 1))
+    for i, letter in enumerate(first, 1):
+        before, previous, row = previous, row, [i] + [0] * len(second)
+        for j, other in enumerate(second, 1):
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (letter != other))
+            if i > 1 and j > 1 and letter == second[j - 2] and first[i - 2] == other:
+                row[j] = min(row[j], before[j - 2] + 1)
+    return row[-1]
 
 
 def _global_flags() -> _Parser:
@@ -207,10 +299,10 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[flags],
         help=COMMANDS["runs"][1],
         description="List the runs in the runs directory (--runs-dir, else TPUDASH_RUNS_DIR, else "
-        "$XDG_DATA_HOME/tpudash/runs). A directory that does not exist is an error (exit 2); "
-        "an empty one lists nothing (exit 0).",
+        "$XDG_DATA_HOME/tpudash/runs), newest first as History lists them. A directory that does not "
+        "exist is an error (exit 2); an empty one lists nothing (exit 0).",
     )
-    runs.add_argument("--json", action="store_true", help="print the runs as JSON")
+    runs.add_argument("--json", action="store_true", help="print the runs as JSON (a list, newest first)")
 
     watch = commands.add_parser(
         "watch",
@@ -300,6 +392,9 @@ def build_parser() -> argparse.ArgumentParser:
     copy.add_argument("dest", metavar="DEST", help="the runs directory to copy into: a path, gs://… or s3://…")
     copy.add_argument("--all", action="store_true", help="copy every run of the runs directory (--runs-dir)")
     hosts.add_hosts_parsers(commands, flags)
+    for name, command in commands.choices.items():
+        if isinstance(command, _Parser):
+            command.flags_shown = FLAGS_USED[name]
     return parser
 
 

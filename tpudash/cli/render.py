@@ -1,15 +1,19 @@
 """The headless commands' rich output: result tables, what ``devices``, ``jobs`` and ``runs`` print, a run's workers.
 
 Every table is sized to the terminal without cutting a word: a name or a
-run id is what the user copies into the next command. The rules for values,
+run id is what the user copies into the next command. Into a pipe or a file
+(``output_console``) nothing is sized to 80 columns: every line is as long
+as what it says, with no spaces padding its end. The rules for values,
 device names and statuses are ``tpudash.format``'s, shared with the
 dashboard; the run sinks (``tpudash.cli.sinks``) print a run with these tables.
 """
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from rich import box
 from rich.console import Console
@@ -47,6 +51,63 @@ if TYPE_CHECKING:
 UNLIMITED_WIDTH = 10_000
 # The narrowest a column whose words are broken may get.
 MIN_FOLDED_WIDTH = 4
+# Spaces that end a line, before the style codes that may close it (FORCE_COLOR into a pipe).
+TRAILING_SPACES = re.compile(r" +((?:\x1b\[[0-9;]*m)*)\n")
+
+
+class PipedOutput:
+    """Standard output that is no terminal, as rich's file: every line written without the spaces that end it.
+
+    rich pads a table's cells and a padded block to their width; on a
+    terminal that is invisible, in a pipe or a file every such line ends in
+    blanks (``tpudash jobs | cat -A``). Spaces at the end of a write are held
+    back until the next shows whether the line goes on (``label: `` then its
+    value) or ends there.
+    """
+
+    def __init__(self, stream: IO[str] | None = None):
+        self._stream = stream
+        self._held = ""
+
+    @property
+    def stream(self) -> IO[str]:
+        """The stream written to: standard output as it is now, unless one was given."""
+        return self._stream or sys.stdout
+
+    def write(self, text: str) -> int:
+        joined = TRAILING_SPACES.sub(r"\1\n", self._held + text)
+        kept = joined.rstrip(" ")
+        self._held = joined[len(kept) :]
+        if kept:
+            self.stream.write(kept)
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+
+def output_console(**options: Any) -> Console:
+    """The console a command prints its output on: standard output, at the terminal's width or, piped, unwrapped.
+
+    Into a pipe or a file rich would wrap every line at 80 columns (``on
+    TensorFlow⏎2.21.0``) and cut a table's cell (a TensorBoard path) to
+    fit: there, lines are as long as what they say, so ``grep`` finds a
+    value whole, and end without padding (``PipedOutput``).
+    """
+    console = Console(**options)
+    if console.is_terminal or console.is_jupyter:
+        return console
+    return Console(file=cast("IO[str]", PipedOutput()), width=UNLIMITED_WIDTH, soft_wrap=True, **options)
 
 
 def rich_table(
@@ -55,7 +116,9 @@ def rich_table(
     """A job's result table; ``device_names`` shortens device names (a device column never wraps)."""
     table = RichTable(title=title, title_justify="left")
     for column in columns:
-        table.add_column(str(column), no_wrap=column_key(str(column)) == "device")
+        # A long value (a path, a matrix) folds at a narrow terminal rather than ending in "…".
+        device = column_key(str(column)) == "device"
+        table.add_column(str(column), no_wrap=device, overflow="ellipsis" if device else "fold")
     for row in rows:
         cells = []
         for cell in row:
@@ -72,7 +135,7 @@ def rich_table(
 def summary_table(summary: Mapping[str, Any], device_names: Mapping[str, str] | None = None) -> RichTable:
     table = RichTable(title="summary", title_justify="left", show_header=False)
     table.add_column("key", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # a TensorBoard path whole, over several lines if it must
     for key, value in summary.items():
         empty = isinstance(value, (list, dict)) and not value
         table.add_row(str(key), "none" if empty else format_value(value, device_names))
@@ -143,14 +206,14 @@ def print_fitted(
 def render_host(host_check: dict[str, Any], console: Console | None = None) -> None:
     from tpudash.accel.hostcheck import host_lines
 
-    console = console or Console()
+    console = console or output_console()
     for label, text, style in host_lines(host_check):
         console.print(f"[dim]{label}:[/] ", end="")
         console.print(text, style=style or None, markup=False, highlight=False)
 
 
 def render_devices(description: RuntimeDescription, console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or output_console()
     if description.host_check:
         render_host(description.host_check, console)
     simulated = " (simulated replicas)" if description.simulated else ""
@@ -214,7 +277,7 @@ def devices_table(description: RuntimeDescription, leave_out: Iterable[str] = ()
 
 
 def render_jobs(specs: Iterable[JobSpec], console: Console | None = None) -> None:
-    console = console or Console()
+    console = console or output_console()
     for spec in specs:
         render_job(spec, console)
 
@@ -223,7 +286,7 @@ def render_job(spec: JobSpec, console: Console) -> None:
     """A job's name, title, description and every param: ``--set name=default``, what it allows, what it does."""
     key = f" [dim](key {spec.key})[/]" if spec.key else ""
     console.print(f"[bold]{spec.name}[/]{key} — {spec.title}")
-    console.print(Padding(Text(spec.description, style="dim"), (0, 0, 0, 2)))
+    console.print(Padding(Text(spec.description, style="dim"), (0, 0, 0, 2), expand=False))
     params = RichTable.grid(padding=(0, 2), pad_edge=True)
     params.add_column(no_wrap=True)
     params.add_column(overflow="fold")
@@ -237,7 +300,7 @@ def render_job(spec: JobSpec, console: Console) -> None:
 
 def render_runs(runs: Sequence[RunInfo], runs_dir: Path | str, console: Console | None = None) -> None:
     """The runs as a table sized to the terminal; into a pipe or a file, one line per run, however long."""
-    console = console or Console()
+    console = console or output_console()
     if not runs:
         console.print(f"no runs yet in {runs_dir}")
         return
@@ -249,6 +312,11 @@ def render_runs(runs: Sequence[RunInfo], runs_dir: Path | str, console: Console 
         return
     # A narrow terminal loses the name, then the start: the run id holds the job and the start (in UTC).
     print_fitted(console, lambda left_out: runs_table(runs, runs_dir, left_out), [("name",), ("started",)])
+
+
+def newest_first(runs: Iterable[RunInfo]) -> list[RunInfo]:
+    """The runs newest first by their start, as the History screen lists them (a run id counts only to the second)."""
+    return sorted(runs, key=lambda info: (info.started or 0.0, info.run_id), reverse=True)
 
 
 RUNS_COLUMNS = ("run", "name", "started", "duration", "status", "final metrics")

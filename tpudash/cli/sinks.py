@@ -52,8 +52,16 @@ from jobs.events import (
     dumps,
 )
 from jobs.events import Progress as ProgressEvent
-from tpudash.cli.render import rich_table, summary_table, worker_cells, workers_lines
-from tpudash.format import DeviceNames, column_key, format_value, runtime_line, status_text, table_devices
+from tpudash.cli.render import output_console, rich_table, summary_table, worker_cells, workers_lines
+from tpudash.format import (
+    DeviceNames,
+    column_key,
+    format_reading,
+    format_value,
+    runtime_line,
+    status_text,
+    table_devices,
+)
 from tpudash.runs.model import StageTimeline
 
 if TYPE_CHECKING:
@@ -125,7 +133,8 @@ class ConsoleSink:
         clock: Callable[[], float] | None = None,
     ):
         """``clock``: what the bars' elapsed time and ETA are measured with (default: the console's, monotonic)."""
-        self.console = console or Console(stderr=False, highlight=False)
+        # Into a pipe or a file: lines as long as they are (a path whole), no padding (``output_console``).
+        self.console = console or output_console(highlight=False)
         self.on_output_closed = on_output_closed
         self.output_closed = False
         # rich's default raises SystemExit, which would unwind the job from
@@ -197,7 +206,7 @@ class ConsoleSink:
 
     def _metrics_text(self) -> str:
         shown = list(self._latest.items())[-4:]
-        return "  ".join(f"{name} {value:.4g}" for name, value in shown)
+        return "  ".join(f"{name} {format_reading(value)}" for name, value in shown)
 
     def __call__(self, run: object, event: Event, timestamp: float | None = None) -> None:
         with self._lock:
@@ -288,7 +297,7 @@ class ConsoleSink:
         table = RichTable(title=event.name, title_justify="left")
         table.add_column("replica", justify="right")
         table.add_column("device", no_wrap=True)
-        table.add_column("value")
+        table.add_column("value", overflow="fold")
         for index, (device, value) in enumerate(zip(event.devices, event.values)):
             table.add_row(str(index), names.get(str(device), str(device)), format_value(value))
         self.console.print(table)
@@ -320,7 +329,7 @@ class ConsoleSink:
         self._progress.update(self._stage_task, completed=event.done or 0, total=event.total)
 
     def _epoch_line(self) -> str:
-        return "  ".join(f"{name} {value:.4g}" for name, value in self._latest.items())
+        return "  ".join(f"{name} {format_reading(value)}" for name, value in self._latest.items())
 
     def _stop_progress(self) -> None:
         if self._started:
