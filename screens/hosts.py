@@ -2,8 +2,11 @@
 
 Each row: the host's name, its chips (how many, their mean duty cycle, a
 bar of each chip's duty cycle, HBM used of total), its CPU and memory, how
-long ago its last heartbeat was and whether it is live or stale (in words,
-not only in colour), and the runs it samples (or why it has no chips).
+long ago its last heartbeat was and its state by the one staleness rule
+(``tpudash.runs.heartbeat``: live, stale, stopped when its agent stopped
+cleanly, clock ahead when its heartbeat is from the future; in words, not
+only in colour), and the runs it samples (or why it has no chips). A
+stopped host shows no figures: its last ones are not current.
 ``hosts/<name>/host.json`` is read off the UI thread every
 ``READ_SECONDS`` while the screen is shown; a read updates the rows in place
 (a cell is touched only when its text changed). From 1 host to 64 the table
@@ -28,14 +31,15 @@ from textual.worker import Worker, WorkerState
 
 from screens.base import DashScreen
 from tpudash.format import counted, format_timestamp, format_used_of, sparkline
-from tpudash.runs.hosts import HOST_INTERVAL_SECONDS, STALE_AFTER_INTERVALS
+from tpudash.runs.heartbeat import CLOCK_AHEAD, STALE, STOPPED, seconds_words, stale_after
+from tpudash.runs.hosts import HOST_INTERVAL_SECONDS
 
 if TYPE_CHECKING:
     from tpudash.runs.hosts import HostStatus
 
 READ_SECONDS = 2.0
 """How often the shown screen reads the hosts: under an agent's interval, so a new heartbeat shows within 2 s."""
-STALE_AFTER_SECONDS = STALE_AFTER_INTERVALS * HOST_INTERVAL_SECONDS
+STALE_AFTER_SECONDS = stale_after(HOST_INTERVAL_SECONDS)
 PER_CHIP_BAR_CHIPS = 16
 """Up to this many chips a host's per-chip bar has a cell per chip; beyond it the busiest chip is named instead."""
 HOST_NAME_WIDTH = 20
@@ -55,7 +59,7 @@ HOST_COLUMNS = (
     ("memory", "memory"),
     ("runs", "runs"),
 )
-RESERVED_WIDTHS = {"heartbeat": cell_len("stale 99 min ago"), "duty": cell_len("100%"), "cpu": cell_len("100%")}
+RESERVED_WIDTHS = {"heartbeat": cell_len("stopped 99 min ago"), "duty": cell_len("100%"), "cpu": cell_len("100%")}
 """Room kept for the cells that change on every read, so an age going from 9 s to 10 s refits no column."""
 DROPPED_FIRST = ("per_chip", "memory", "chips", "cpu")
 """The columns a narrow terminal gives up, in this order, until the rest (and some room for runs) fit."""
@@ -97,9 +101,14 @@ def format_percent(percent: float | None) -> str:
 
 
 def heartbeat_text(host: HostStatus, now: float) -> Text:
-    """``live 2 s ago`` or ``stale 41 s ago``: the state in a word, then the heartbeat's age."""
-    if host.stale(now):
+    """``live 2 s ago``, ``stale 41 s ago``, ``stopped 3 min ago``, ``clock ahead 2 h``: the state, then the age."""
+    state = host.state(now)
+    if state == STALE:
         return Text.assemble(("stale ", "bold red"), (format_age(host.age(now)), "red"))
+    if state == STOPPED:
+        return Text.assemble(("stopped ", "bold yellow"), (format_age(host.age(now)), "yellow"))
+    if state == CLOCK_AHEAD:
+        return Text.assemble(("clock ahead ", "bold magenta"), (seconds_words(host.heartbeat - now), "magenta"))
     return Text.assemble(("live ", "bold green"), format_age(host.age(now)))
 
 
@@ -145,7 +154,15 @@ def runs_text(host: HostStatus) -> Text:
 
 
 def host_cells(host: HostStatus, now: float) -> dict[str, Text | str]:
-    """Every column's cell for ``host`` as of ``now``."""
+    """Every column's cell for ``host`` as of ``now``; a stopped host's figures are blank (they are not current)."""
+    if host.state(now) == STOPPED:
+        return {
+            "host": host.name,
+            "heartbeat": heartbeat_text(host, now),
+            "chips": str(len(host.chips)) if host.chips else "none",
+            **dict.fromkeys(("duty", "per_chip", "hbm", "cpu", "memory"), ""),
+            "runs": Text("agent stopped", style="dim"),
+        }
     return {
         "host": host.name,
         "heartbeat": heartbeat_text(host, now),
@@ -265,15 +282,15 @@ class HostsScreen(DashScreen):
         description="Read every host's heartbeat and latest sample from the store",
     )
     def read_hosts(self) -> None:
-        now = wall_clock()
         try:
             if self._reader is None:
                 self._reader = open_hosts_reader(self.dashboard.session.runs_dir)
-            hosts = self._reader.read(now)
+            hosts = self._reader.read(wall_clock())
         except Exception as error:  # noqa: BLE001 - any failure of the store is shown on the screen, rows kept
-            self.post_message(HostsUnreadable(error, now))
+            self.post_message(HostsUnreadable(error, wall_clock()))
             return
-        self.post_message(HostsRead(hosts, now, getattr(self._reader, "problems", ())))
+        # Judged as of the read's end: a heartbeat written while a slow store answered is not from the future.
+        self.post_message(HostsRead(hosts, wall_clock(), getattr(self._reader, "problems", ())))
 
     def on_hosts_read(self, message: HostsRead) -> None:
         started = time.perf_counter()
@@ -391,16 +408,17 @@ class HostsScreen(DashScreen):
         if self.read_at is None and self.read_error is None:
             text.append(f"Reading the hosts in {where}…", style="dim")
         else:
-            stale = sum(1 for host in self.hosts.values() if self.read_at is not None and host.stale(self.read_at))
+            states = [host.state(self.read_at) for host in self.hosts.values() if self.read_at is not None]
             text.append(counted(len(self.hosts), "host"), style="bold")
             text.append(f" in {where}")
-            if stale:
-                text.append(f"   {stale} stale", style="bold red")
+            for state, style in ((STALE, "bold red"), (STOPPED, "bold yellow"), (CLOCK_AHEAD, "bold magenta")):
+                if states.count(state):
+                    text.append(f"   {states.count(state)} {state}", style=style)
             hint = f"   stale after {STALE_AFTER_SECONDS:g} s without a heartbeat · read every {READ_SECONDS:g} s"
             if text.cell_len + cell_len(hint) <= title.content_size.width:  # one line: else Help says it
                 text.append(hint, style="dim")
         if self.skipped:
-            text.append(f"\n⚠ skipped {self.skipped[0]}", style="yellow")
+            text.append(f"\n⚠ {self.skipped[0]}", style="yellow")
             if len(self.skipped) > 1:
                 text.append(f" (and {len(self.skipped) - 1} more)", style="yellow")
         if self.read_error is not None:

@@ -337,3 +337,37 @@ def test_the_agent_stops_adding_to_a_run_within_one_scan_of_its_end(
     assert landed[-1] <= taken_before_the_scan + 1, f"samples added after the scan that found the run ended: {landed}"
     assert listed_runs(setting) == []
     assert not agent.store_runs and not agent.local_runs.recording
+
+
+def test_a_run_whose_record_names_no_host_is_listed_but_never_recorded_by_a_workers_host(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """run.json without a host (written by hand, or by an older writer): no agent can tell it is the chief's host.
+
+    A worker of the run beats from this host, so host.json lists the run; but its one telemetry stream is the
+    chief's host's agent's to write, and a run whose chief is unknown is recorded by no agent at all.
+    """
+    store = RunStore(f"memory://agent-runs-{uuid.uuid4().hex[:8]}/runs", spill_root=tmp_path / "run-unsent")
+    setting = Setting(store.root, store, tmp_path)
+    run_id = f"20261121-025100-train-{uuid.uuid4().hex[:6]}"
+    files = runs_root(setting.runs_dir).files(run_id)
+    record = {"run_id": run_id, "job": "train", "status": "running", "started": clock() - 60, "pid": 1}
+    files.write(RUN_FILE, json.dumps(record).encode())
+    chief_beat = {"heartbeat": time.time(), "interval": 5.0, "pid": 1, "writer": "c0c0c0"}
+    files.write(f"{WRITERS_FOLDER}/c0c0c0.json", json.dumps(chief_beat).encode())
+    assert store.info(run_id).live and store.info(run_id).host is None
+    worker = store.join(run_id, "train", {}, {}, worker=WorkerIdentity(1, 2, "worker", socket.gethostname()))
+    assert worker.heartbeat.beat(), "the worker's heartbeat never reached the store"
+    made: list[HostAgent] = []
+    agent = an_agent(setting, clock, made)
+    try:
+        agent.tick()  # the run is old enough at the first scan: adopted then, if ever
+        ticks(agent, clock, 2)
+        settle(agent)
+
+        assert listed_runs(setting) == [run_id]
+        assert exported_samples(setting, run_id) == [], "an agent recorded a run whose chief's host is unknown"
+        assert not agent.store_runs
+    finally:
+        agent.close(timeout=UPLOAD_WAIT)
+        worker.close()

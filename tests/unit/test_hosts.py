@@ -113,7 +113,8 @@ def test_a_host_turns_stale_after_three_of_its_own_intervals(runs_dir: Path | st
     assert not fast.stale(NOW + 1.5) and fast.stale(NOW + 1.6)
     assert not slow.stale(NOW + 15.0) and slow.stale(NOW + 15.1)
     assert fast.to_dict(NOW + 2)["stale"] is True and fast.to_dict(NOW + 2)["age"] == 2.0
-    assert not slow.stale(NOW - 60)  # an agent's clock a little ahead of the reader's is not stale
+    assert slow.state(NOW - 3) == "live"  # an agent's clock a little ahead of the reader's: within the skew
+    assert slow.state(NOW - 60) == "clock ahead" and not slow.stale(NOW - 60)
 
 
 def test_hosts_is_never_listed_as_a_run(runs_dir: Path | str) -> None:
@@ -154,12 +155,13 @@ def test_an_agent_tick_reports_the_host_and_appends_its_sample(runs_dir: Path | 
     agent = HostAgent(runs_dir, "sim-1", ScriptedSampler(), interval=0.5, hostname="vm", spill_root=tmp_path / "unsent")
     for _ in range(3):
         agent.tick()
-    assert agent.close(timeout=5.0)
 
     (host,) = HostsReader(runs_dir).read()
     assert (host.name, host.hostname, host.interval, host.cpu_percent) == ("sim-1", "vm", 0.5, 20.0)
     assert [chip.duty_cycle for chip in host.chips] == [3.0, 3.0]
     assert (host.memory_used, host.memory_total) == (2 * GIB, 8 * GIB)
+    assert not host.stopped
+    assert agent.close(timeout=5.0)
     samples = runs_root(runs_dir).files(host_prefix("sim-1"))
     lines = b"".join(samples.read(f"samples/{name}", 1 << 20) for name in samples.list("samples")).splitlines()
     assert len(lines) == 3 and all(json.loads(line)["type"] == "telemetry" for line in lines)
@@ -191,3 +193,70 @@ def test_the_hosts_table_says_which_host_is_stale() -> None:
     gone_line = next(line for line in text.splitlines() if "gone-one" in line)
     assert "live" in live_line and "88 -%" in live_line and "0 s ago" in live_line
     assert "stale" in gone_line and "60 s ago" in gone_line
+
+
+def test_a_cleanly_stopped_agent_says_stopped_and_its_last_figures_are_not_shown_as_current(
+    runs_dir: Path | str, tmp_path: Path
+) -> None:
+    from rich.console import Console
+
+    agent = HostAgent(runs_dir, "sim-1", ScriptedSampler(), interval=0.5, hostname="vm", spill_root=tmp_path / "unsent")
+    agent.tick()
+    assert agent.close(timeout=5.0)
+
+    (host,) = HostsReader(runs_dir).read()
+    an_hour_later = host.heartbeat + 3600
+    assert host.stopped and host.state(an_hour_later) == "stopped" and not host.stale(an_hour_later)
+    assert (host.cpu_percent, host.memory_used, host.runs) == (None, None, ())
+    assert [(chip.duty_cycle, chip.hbm_used, chip.hbm_total) for chip in host.chips] == [(None, None, 16 * GIB)] * 2
+    assert host.to_dict(an_hour_later)["state"] == "stopped"
+
+    console = Console(width=160, record=True)
+    console.print(hosts_table([host, a_host("busy", heartbeat=an_hour_later)], an_hour_later))
+    row = next(line for line in console.export_text().splitlines() if "sim-1" in line)
+    assert "stopped 60 min ago" in row and "%" not in row and "GiB" not in row
+
+
+def test_a_tick_that_outlives_the_stop_does_not_overwrite_the_stopped_report(runs_dir: Path | str, tmp_path: Path):
+    agent = HostAgent(runs_dir, "sim-1", ScriptedSampler(), interval=0.5, hostname="vm", spill_root=tmp_path / "unsent")
+    agent.tick()
+    assert agent.close(timeout=5.0)
+    agent.tick()  # the ticking thread, late
+
+    (host,) = HostsReader(runs_dir).read()
+    assert host.stopped
+
+
+def test_an_agent_that_never_reported_writes_nothing_when_it_stops(runs_dir: Path | str, tmp_path: Path) -> None:
+    agent = HostAgent(runs_dir, "sim-1", ScriptedSampler(), interval=0.5, hostname="vm", spill_root=tmp_path / "unsent")
+    assert agent.close(timeout=5.0)
+    assert HostsReader(runs_dir).read() == []
+
+
+def test_stopped_must_be_true_or_false(runs_dir: Path | str) -> None:
+    record = json.loads(host_record(a_host("odd")))
+    put(runs_dir, "odd", json.dumps(dict(record, stopped="yes")).encode())
+    reader = HostsReader(runs_dir)
+    assert reader.read() == []
+    assert reader.problems == ["hosts/odd/host.json: stopped must be true or false, not 'yes'; skipped"]
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "state", "cell"),
+    [
+        (NOW - 15.0, "live", "live 15 s ago"),
+        (NOW - 15.1, "stale", "stale 15 s ago"),
+        (NOW + 5.0, "live", "live 0 s ago"),  # within the clocks' skew
+        (NOW + 5.1, "clock ahead", "clock ahead 5 s"),
+        (NOW + 7200, "clock ahead", "clock ahead 2 h"),
+    ],
+)
+def test_a_hosts_state_is_the_one_rule_at_its_boundaries(heartbeat: float, state: str, cell: str) -> None:
+    from rich.console import Console
+
+    host = a_host("edge", heartbeat=heartbeat, interval=5.0)
+    assert host.state(NOW) == state
+    assert host.to_dict(NOW)["stale"] is (state == "stale")
+    console = Console(width=160, record=True)
+    console.print(hosts_table([host], NOW))
+    assert cell in console.export_text()

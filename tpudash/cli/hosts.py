@@ -3,7 +3,13 @@
 ``agent`` runs once per host (``tpudash.telemetry.agent``): it samples the
 host and writes it into the runs directory until SIGTERM or Ctrl-C (exit 0).
 ``hosts`` reads every host's latest report from the runs directory
-(``tpudash.runs.hosts``): a table, or one JSON object per host. Exit codes:
+(``tpudash.runs.hosts``): a table, or one JSON object per host. Every cell
+is whole: a host's state and age in words (``live 2 s ago``, ``stale 5 min
+ago``, ``stopped 3 min ago``, ``clock ahead 2 h``), and why a host has no
+chip figures on a line of its own under the table, never cut. On a terminal
+the table fits its width (the host name, then the runs, left out first);
+piped, it is one line per host at its own width, so ``grep`` and ``cut``
+see whole rows. Exit codes:
 0 done, 2 bad input; a store that does not answer is one line and 1 (as
 every command that reads a store).
 
@@ -26,6 +32,7 @@ from tpudash.cli.exits import EXIT_DONE, BadInput
 
 if TYPE_CHECKING:
     from rich.table import Table as RichTable
+    from rich.text import Text
 
     from tpudash.config import Settings
     from tpudash.runs.hosts import HostStatus
@@ -36,6 +43,10 @@ COMMANDS = {
 }
 # Per-chip duty cycles are listed up to this many chips; more are summed up as their mean.
 MAX_CHIPS_LISTED = 8
+# The columns a narrow terminal gives up, in this order, before a cell is cut.
+OPTIONAL_COLUMNS = [("host name",), ("runs",), ("memory",), ("HBM",)]
+# The columns that may wrap, at spaces only (a name, a list of runs, a list of duty cycles); the rest stay whole.
+WRAPPING_COLUMNS = ("host name", "duty cycle", "runs")
 
 
 def add_hosts_parsers(subparsers: Any, flags: argparse.ArgumentParser) -> None:
@@ -46,7 +57,8 @@ def add_hosts_parsers(subparsers: Any, flags: argparse.ArgumentParser) -> None:
         help=COMMANDS["hosts"][1],
         description="List the hosts whose agents (`tpudash agent`) report into the runs directory: each host's "
         "chips (duty cycle, HBM used of total), CPU, memory, and how long ago it last reported. A host whose "
-        "agent stops reporting turns stale after three of its intervals (15 s at the default interval).",
+        "agent stops reporting turns stale after three of its intervals (15 s at the default interval); one "
+        "whose agent was stopped says stopped; one whose heartbeat is from the future says clock ahead.",
     )
     hosts.add_argument("--json", action="store_true", help="print one JSON object per host (a JSON list)")
 
@@ -86,7 +98,7 @@ def command_hosts(args: argparse.Namespace, settings: Settings) -> int:
     with reaching(runs_dir):
         reader = HostsReader(runs_dir)
         hosts = reader.read()
-    now = time.time()
+    now = time.time()  # after the read: a heartbeat written while a slow store answered is not from the future
     for problem in reader.problems:
         print(f"tpudash: {problem}", file=sys.stderr)
     if args.json:
@@ -98,11 +110,12 @@ def command_hosts(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return EXIT_DONE
-    from rich.console import Console
+    from tpudash.cli.render import output_console, print_fitted
 
-    from tpudash.cli.render import print_fitted
-
-    print_fitted(Console(), lambda left_out: hosts_table(hosts, now, left_out), [("host name",), ("runs",)])
+    console = output_console()  # piped: whole rows, one line per host, for grep and cut
+    print_fitted(console, lambda left_out: hosts_table(hosts, now, left_out), OPTIONAL_COLUMNS)
+    for line in host_notes(hosts, now):
+        console.print(line)
     return EXIT_DONE
 
 
@@ -126,35 +139,72 @@ def age_words(seconds: float) -> str:
     return f"{seconds / 3600:.0f} h ago"
 
 
+STATE_STYLES = {"live": "green", "stale": "red", "stopped": "yellow", "clock ahead": "magenta"}
+
+
+def state_words(host: HostStatus, now: float) -> str:
+    """``live 2 s ago``, ``stale 5 min ago``, ``stopped 3 min ago``, ``clock ahead 2 h``: the state, then the age."""
+    from tpudash.runs.heartbeat import CLOCK_AHEAD, seconds_words
+
+    state = host.state(now)
+    if state == CLOCK_AHEAD:
+        return f"{state} {seconds_words(host.heartbeat - now)}"
+    return f"{state} {age_words(host.age(now))}"
+
+
+def host_notes(hosts: list[HostStatus], now: float) -> list[Text]:
+    """The lines under the table: why a host has no chip figures, whole (a cell would cut it)."""
+    from rich.text import Text
+
+    return [
+        Text.assemble(("⚠ ", "yellow"), (f"{host.name}: ", "bold"), (host.problem, "yellow"))
+        for host in hosts
+        if host.problem and host.state(now) != "stopped"
+    ]
+
+
 def hosts_table(hosts: list[HostStatus], now: float, left_out: tuple[str, ...] = ()) -> RichTable:
-    """The hosts as ``tpudash hosts`` prints them; ``left_out``: columns dropped to fit the terminal."""
+    """The hosts as ``tpudash hosts`` prints them; ``left_out``: columns dropped to fit the terminal.
+
+    Only ``WRAPPING_COLUMNS`` may wrap, at spaces; every other cell is one
+    line, whole (its column is never narrower than its widest cell). A host whose agent stopped shows no figures: its last ones are not current.
+    """
     from rich.table import Table as RichTable
     from rich.text import Text
 
     from tpudash.format import format_used_of
 
-    columns = ["host", "host name", "chips", "duty cycle", "HBM", "CPU", "memory", "heartbeat", "state", "runs"]
+    columns = ["host", "host name", "state", "chips", "duty cycle", "HBM", "CPU", "memory", "runs"]
     shown = [column for column in columns if column not in left_out]
-    table = RichTable(title_justify="left")
-    for column in shown:
-        table.add_column(column, no_wrap=column in ("host", "state"))
+    rows = []
     for host in hosts:
-        stale = host.stale(now)
+        state = host.state(now)
+        current = state != "stopped"
         used = [chip.hbm_used for chip in host.chips if chip.hbm_used is not None]
         totals = [chip.hbm_total for chip in host.chips if chip.hbm_total is not None]
         cells = {
             "host": Text(host.name, style="bold"),
             "host name": Text(host.hostname if host.hostname != host.name else ""),
-            "chips": Text(str(len(host.chips)) if host.chips else (host.problem or "none")[:60]),
-            "duty cycle": Text(duty_cycles(host)),
-            "HBM": Text(format_used_of(sum(used) if used else None, sum(totals) if totals else None) or "n/a"),
-            "CPU": Text("n/a" if host.cpu_percent is None else f"{host.cpu_percent:.0f}%"),
-            "memory": Text(format_used_of(host.memory_used, host.memory_total) or "n/a"),
-            "heartbeat": Text(age_words(host.age(now))),
-            "state": Text("stale", style="red") if stale else Text("live", style="green"),
-            "runs": Text(" ".join(host.runs)),
+            "state": Text(state_words(host, now), style=STATE_STYLES.get(state, "")),
+            "chips": Text(str(len(host.chips)) if host.chips else "none" + (" ⚠" if host.problem else "")),
+            "duty cycle": Text(duty_cycles(host) if current else "—"),
+            "HBM": Text(
+                (format_used_of(sum(used) if used else None, sum(totals) if totals else None) or "n/a")
+                if current
+                else "—"
+            ),
+            "CPU": Text("—" if not current else "n/a" if host.cpu_percent is None else f"{host.cpu_percent:.0f}%"),
+            "memory": Text((format_used_of(host.memory_used, host.memory_total) or "n/a") if current else "—"),
+            "runs": Text(", ".join(host.runs)),
         }
-        table.add_row(*(cells[column] for column in shown))
+        rows.append([cells[column] for column in shown])
+    table = RichTable(title_justify="left")
+    for position, column in enumerate(shown):
+        whole = column not in WRAPPING_COLUMNS
+        widest = max([len(column), *(row[position].cell_len for row in rows)]) if whole else None
+        table.add_column(column, no_wrap=whole, min_width=widest)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 

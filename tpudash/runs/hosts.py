@@ -13,13 +13,21 @@ writes under ``<runs dir>/hosts/<name>/``:
 ``hosts`` is reserved in a runs directory: it is never listed as a run
 (``backends.RESERVED_FOLDERS``).
 
-``HostsReader.read`` lists ``hosts/`` once and fetches every host.json in
-one concurrent batch (a bucket's ``read_many``; plain reads locally). A
-host.json comes from another host, perhaps another user: its size is
-capped, every field's type and range is checked, and a file that fails is
-skipped and named in ``problems``; reading never raises for one bad host.
-A host whose heartbeat is older than ``STALE_AFTER_INTERVALS`` of its own
-interval is stale (the hosts' clocks must agree to within an interval).
+``HostsReader.read`` lists ``hosts/`` once and fetches the host.json files
+in concurrent batches (a bucket's ``read_many``; plain reads locally),
+newest folder first where the listing tells (locally: a folder's time
+changes whenever its host.json is replaced). A host.json comes from another
+host, perhaps another user: its size is capped, every field's type and
+range is checked, and a file that fails is skipped and named in
+``problems``; reading never raises for one bad host. Folders without a
+host.json are counted and named in one problem line and never take a real
+host's place: reading goes on past them, up to ``MAX_HOST_FOLDERS_READ``
+folders, until ``MAX_HOSTS`` hosts are found.
+
+A host's state is the one staleness rule's (``tpudash.runs.heartbeat``):
+live, stale after ``STALE_AFTER_INTERVALS`` of its own intervals, ``clock
+ahead`` when its heartbeat is from the future, and ``stopped`` when its
+agent stopped cleanly (its last host.json says so, with no figures).
 """
 
 from __future__ import annotations
@@ -32,7 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from jobs.events import is_finite_number, is_sane_timestamp
+from tpudash.runs import heartbeat
 from tpudash.runs.backends import HOSTS_FOLDER, BucketRoot, LocalRoot, runs_root
+from tpudash.runs.heartbeat import INTERVAL_RANGE_SECONDS as INTERVAL_RANGE_SECONDS
+from tpudash.runs.heartbeat import STALE_AFTER_INTERVALS as STALE_AFTER_INTERVALS
 from tpudash.runs.layout import RefusedFile, is_run_id, parse_run_file
 
 __all__ = [
@@ -49,16 +60,15 @@ __all__ = [
 HOST_FILE = "host.json"
 SAMPLES_STREAM = "samples"
 HOST_INTERVAL_SECONDS = 5.0
-STALE_AFTER_INTERVALS = 3
 # A host.json names a few chips and runs: anything larger is not one an agent wrote.
 MAX_HOST_FILE_BYTES = 64 << 10
 # At most this many hosts are read (the Hosts view is built for 1 to 64; a pod slice has at most a few hundred).
 MAX_HOSTS = 1024
+# At most this many folders are tried for a host.json in one read: folders without one never hide the hosts behind.
+MAX_HOST_FOLDERS_READ = 4 * MAX_HOSTS
 MAX_CHIPS = 256
 MAX_RUNS = 64
 MAX_TEXT_CHARS = 500
-# What a host.json's ``interval`` may say (seconds); outside it, the reader counts it as not one an agent wrote.
-INTERVAL_RANGE_SECONDS = (0.01, 3600.0)
 # Bytes of HBM or memory a field may hold: far beyond any machine, short of nonsense.
 MAX_BYTES = 1 << 60
 HOST_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
@@ -107,14 +117,24 @@ class HostStatus:
     problem: str | None
     """Why chips are missing (libtpu's service unreachable, no chips on the host…), in words; None when read."""
     pid: int | None = field(default=None, compare=False)
+    stopped: bool = False
+    """Its agent stopped cleanly and said so in this, its last host.json (whose figures are then not current)."""
 
     def age(self, now: float) -> float:
         """Seconds since the heartbeat (0 when the agent's clock is ahead of this one)."""
         return max(0.0, now - self.heartbeat)
 
+    def state(self, now: float) -> str:
+        """``live``, ``stale``, ``clock ahead`` or ``stopped`` at ``now``: the one rule (``heartbeat.judge``)."""
+        return heartbeat.judge(self.heartbeat, self.interval, now, stopped=self.stopped)
+
     def stale(self, now: float) -> bool:
-        """The agent stopped writing: more than ``STALE_AFTER_INTERVALS`` of its intervals since its heartbeat."""
-        return self.age(now) > STALE_AFTER_INTERVALS * self.interval
+        """The agent stopped writing without a word: more than ``STALE_AFTER_INTERVALS`` intervals since its heartbeat."""
+        return self.state(now) == heartbeat.STALE
+
+    def live(self, now: float) -> bool:
+        """Its agent reports: its figures are current."""
+        return self.state(now) == heartbeat.LIVE
 
     def to_dict(self, now: float) -> dict[str, Any]:
         """The host as ``tpudash hosts --json`` prints it: its fields, its heartbeat's age and whether it is stale."""
@@ -124,6 +144,7 @@ class HostStatus:
             "heartbeat": self.heartbeat,
             "age": round(self.age(now), 3),
             "interval": self.interval,
+            "state": self.state(now),
             "stale": self.stale(now),
             "cpu_percent": self.cpu_percent,
             "memory_used": self.memory_used,
@@ -164,6 +185,8 @@ def host_record(status: HostStatus) -> bytes:
         "runs": list(status.runs),
         "problem": status.problem,
     }
+    if status.stopped:
+        payload["stopped"] = True
     return json.dumps(payload, sort_keys=True).encode("utf-8")
 
 
@@ -242,13 +265,16 @@ def parse_host_record(data: bytes, name: str) -> HostStatus:
         raise BadHostFile("not a JSON object")
     if record.get("name") != name:
         raise BadHostFile(f"name must be the host's folder name {name!r}, not {record.get('name')!r:.40}")
-    heartbeat = record.get("heartbeat")
-    if not is_sane_timestamp(heartbeat):
-        raise BadHostFile(f"heartbeat must be a unix time (1970 to 9999), not {heartbeat!r:.40}")
+    beat = record.get("heartbeat")
+    if not is_sane_timestamp(beat):
+        raise BadHostFile(f"heartbeat must be a unix time (1970 to 9999), not {beat!r:.40}")
+    stopped = record.get("stopped", False)
+    if not isinstance(stopped, bool):
+        raise BadHostFile(f"stopped must be true or false, not {stopped!r:.40}")
     return HostStatus(
         name=name,
         hostname=_text(record, "hostname") or name,
-        heartbeat=float(heartbeat),  # type: ignore[arg-type]  # checked above: a sane unix time
+        heartbeat=float(beat),  # type: ignore[arg-type]  # checked above: a sane unix time
         interval=_number(record, "interval", *INTERVAL_RANGE_SECONDS, required=True),
         cpu_percent=_number(record, "cpu_percent", 0.0, 100.0),
         memory_used=_number(record, "memory_used", 0, MAX_BYTES, integer=True),
@@ -257,6 +283,7 @@ def parse_host_record(data: bytes, name: str) -> HostStatus:
         runs=_runs(record.get("runs")),
         problem=_text(record, "problem"),
         pid=_number(record, "pid", 1, 2**22, integer=True),
+        stopped=stopped,
     )
 
 
@@ -272,11 +299,20 @@ class HostsReader:
         self.problems: list[str] = []
 
     def host_names(self) -> list[str]:
-        """The hosts' folders under ``hosts/`` (one listing); a folder that is no host name is named in ``problems``."""
+        """The hosts' folders under ``hosts/`` (one listing), newest first where the listing tells, else by name.
+
+        A folder that is no host name is named in ``problems``.
+        """
+        timed: list[tuple[float, str]] = []
         if isinstance(self.root, LocalRoot):
             try:
                 with os.scandir(self.root.path / HOSTS_FOLDER) as scan:
-                    names = [entry.name for entry in scan if entry.is_dir(follow_symlinks=False)]
+                    for entry in scan:
+                        try:
+                            if entry.is_dir(follow_symlinks=False):
+                                timed.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+                        except OSError:
+                            continue  # gone since the listing
             except (FileNotFoundError, NotADirectoryError):
                 return []
         else:
@@ -285,23 +321,53 @@ class HostsReader:
                 entries = filesystem.ls(prefix, detail=True, refresh=True)
             except (FileNotFoundError, NotADirectoryError):
                 return []
-            names = [
-                entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.get("type") == "directory"
+            # A store's folders have no time of their own: by name.
+            timed = [
+                (0.0, entry["name"].rstrip("/").rsplit("/", 1)[-1])
+                for entry in entries
+                if entry.get("type") == "directory"
             ]
-        good = sorted(name for name in names if is_host_name(name))
-        for name in sorted(set(names) - set(good))[:10]:
+        names = {name for _, name in timed}
+        bad = sorted(name for name in names if not is_host_name(name))
+        for name in bad[:10]:
             if not name.startswith("."):
                 self.problems.append(f"{HOSTS_FOLDER}/{name!r:.80}: not a host name ({HOST_NAME_RULE}); skipped")
-        return good[:MAX_HOSTS]
+        good = [(stamp, name) for stamp, name in timed if is_host_name(name)]
+        return [name for _, name in sorted(good, key=lambda pair: (-pair[0], pair[1]))]
 
     def read(self, now: float | None = None) -> list[HostStatus]:
         """Every host that reports (sorted by name), stale ones included; ``now`` is accepted for the callers' symmetry.
 
-        Staleness is the caller's to judge at its own ``now`` (``HostStatus.stale``).
+        Staleness is the caller's to judge at its own ``now`` (``HostStatus.state``).
+        Batches of host.json are read until ``MAX_HOSTS`` hosts are found or
+        ``MAX_HOST_FOLDERS_READ`` folders were tried; the folders that hold no
+        host.json, and those left unread, are counted in ``problems``.
         """
         del now  # a host's record does not depend on when it is read
         self.problems = []
         names = self.host_names()
+        empty = heartbeat.Junk(HOSTS_FOLDER, "host reports")
+        hosts: list[HostStatus] = []
+        tried = 0
+        while tried < len(names) and len(hosts) < MAX_HOSTS and tried < MAX_HOST_FOLDERS_READ:
+            batch = names[tried : tried + min(MAX_HOSTS - len(hosts), MAX_HOST_FOLDERS_READ - tried)]
+            tried += len(batch)
+            hosts.extend(self._read_batch(batch, empty))
+        # A folder is empty for a moment while an agent writes its first host.json; many of them are junk.
+        if empty.count:
+            self.problems.append(
+                f"{HOSTS_FOLDER}/: {empty.count:,} {'folder holds' if empty.count == 1 else 'folders hold'} "
+                f"no {HOST_FILE} ({', '.join(empty.named)}{', …' if empty.count > len(empty.named) else ''}); skipped"
+            )
+        if tried < len(names):
+            self.problems.append(
+                f"{HOSTS_FOLDER}/: {len(names) - tried:,} more folders not read "
+                f"(at most {MAX_HOSTS} hosts and {MAX_HOST_FOLDERS_READ} folders are read)"
+            )
+        return sorted(hosts, key=lambda host: host.name)
+
+    def _read_batch(self, names: list[str], empty: heartbeat.Junk) -> list[HostStatus]:
+        """The host.json of each of ``names`` in one concurrent batch; a folder without one is added to ``empty``."""
         prefixes = {host_prefix(name): name for name in names}
         found = self.root.read_many(prefixes, HOST_FILE, MAX_HOST_FILE_BYTES)
         hosts = []
@@ -309,7 +375,8 @@ class HostsReader:
             data = found.get(prefix)
             where = f"{prefix}/{HOST_FILE}"
             if data is None or isinstance(data, FileNotFoundError):
-                continue  # an agent that has not written its first host.json yet
+                empty.add(name)
+                continue
             if isinstance(data, Exception):
                 reason = str(data) if isinstance(data, RefusedFile) else f"unreadable ({type(data).__name__}: {data})"
                 self.problems.append(f"{where}: {reason:.300}; skipped")

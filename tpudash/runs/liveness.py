@@ -11,9 +11,12 @@ pid given to an unrelated process later changes nothing.
 The same file holds the writer's heartbeat (JSON: ``heartbeat``, unix time,
 refreshed every ``HEARTBEAT_INTERVAL_SECONDS``; ``interval``; ``host`` and
 ``pid`` as hints for messages), for readers that cannot see the lock, such
-as another host on a shared store: there a writer is live while its
-heartbeat is younger than ``STALE_AFTER_INTERVALS`` intervals (the hosts'
-clocks must agree to within an interval).
+as another host on a shared store: there the heartbeat is judged by
+the one staleness rule (``tpudash.runs.heartbeat``: live while it is at most
+``STALE_AFTER_INTERVALS`` intervals old, never live from more than
+``CLOCK_SKEW_SECONDS`` in the future). In a store, a run's writers beat in
+``writers/<writer>.json``; they are read newest first and at most
+``MAX_WRITERS_READ`` of them, and what is no heartbeat is counted and named.
 
 Runs written before the lock existed have no ``writer.lock``; they are
 judged by pid as before. Their record names the writer by host, pid and the
@@ -36,8 +39,14 @@ from pathlib import Path
 
 import psutil
 
-from jobs.events import is_finite_number
+from tpudash.runs import heartbeat
 from tpudash.runs.backends import RunFiles
+
+# The rule's constants, where the writers and readers of runs have always found them.
+from tpudash.runs.heartbeat import CLOCK_SKEW_SECONDS as CLOCK_SKEW_SECONDS
+from tpudash.runs.heartbeat import INTERVAL_RANGE_SECONDS as INTERVAL_RANGE_SECONDS
+from tpudash.runs.heartbeat import MAX_HEARTBEAT_BYTES as MAX_HEARTBEAT_BYTES
+from tpudash.runs.heartbeat import STALE_AFTER_INTERVALS as STALE_AFTER_INTERVALS
 from tpudash.runs.layout import open_regular_fd
 
 WRITERS_FOLDER = "writers"
@@ -47,11 +56,6 @@ MAX_WRITERS_READ = 256
 WRITER_FILE = "writer.lock"
 """In a run directory: flock'd by the run's writer while it writes; holds its heartbeat."""
 HEARTBEAT_INTERVAL_SECONDS = 5.0
-STALE_AFTER_INTERVALS = 3
-# A heartbeat file is a few dozen bytes; anything larger is not one.
-MAX_HEARTBEAT_BYTES = 4096
-# What a heartbeat's own ``interval`` may say; outside it, the default is used.
-INTERVAL_RANGE_SECONDS = (0.01, 600.0)
 
 # The kernel's boot time, from which a start time is computed, is whole
 # seconds and can move by one when the clock is adjusted: two readings of
@@ -151,8 +155,11 @@ def lock_held(run_dir: Path) -> bool | None:
     return False
 
 
-def heartbeat_fresh(run_dir: Path, now: float | None = None) -> bool | None:
-    """Whether the writer's heartbeat is younger than ``STALE_AFTER_INTERVALS`` intervals (None: there is none)."""
+def heartbeat_fresh(run_dir: Path, now: float | None = None, problems: list[str] | None = None) -> bool | None:
+    """Whether the writer's heartbeat in ``writer.lock`` is live by the one rule (None: there is none).
+
+    A heartbeat from the future (beyond the skew) is not live, and ``problems`` says so.
+    """
     fd = _open_writer_file(run_dir)
     if fd is None:
         return None
@@ -162,30 +169,33 @@ def heartbeat_fresh(run_dir: Path, now: float | None = None) -> bool | None:
         return None
     finally:
         os.close(fd)
-    return beat_is_fresh(data, now)
+    state = beat_state(data, now)
+    if state == heartbeat.CLOCK_AHEAD:
+        payload = heartbeat.parse_beat(data) or {}
+        heartbeat.add_problem(problems, f"{WRITER_FILE}: {_ahead(payload, now)}")
+    return None if state is None else state == heartbeat.LIVE
+
+
+def _ahead(payload: dict, now: float | None) -> str:
+    return heartbeat.ahead_words(float(payload["heartbeat"]), time.time() if now is None else now)
+
+
+def beat_state(data: bytes, now: float | None = None) -> str | None:
+    """One heartbeat (its JSON) judged by the one rule (``heartbeat.judge``) at ``now``; None: it is not one."""
+    payload = heartbeat.parse_beat(data)
+    if payload is None:
+        return None
+    interval = heartbeat.interval_or(payload.get("interval"), HEARTBEAT_INTERVAL_SECONDS)
+    return heartbeat.judge(float(payload["heartbeat"]), interval, time.time() if now is None else now)
 
 
 def beat_is_fresh(data: bytes, now: float | None = None) -> bool | None:
-    """Whether one heartbeat (its JSON) is younger than ``STALE_AFTER_INTERVALS`` of its intervals; None: not one."""
-    try:
-        payload = json.loads(data) if len(data) <= MAX_HEARTBEAT_BYTES else None
-    except ValueError:
-        payload = None
-    if not isinstance(payload, dict):
-        return None
-    beat, stated_interval = payload.get("heartbeat"), payload.get("interval")
-    if not is_finite_number(beat):
-        return None
-    low, high = INTERVAL_RANGE_SECONDS
-    interval = HEARTBEAT_INTERVAL_SECONDS
-    if is_finite_number(stated_interval) and low <= stated_interval <= high:
-        interval = float(stated_interval)
-    age = (time.time() if now is None else now) - float(beat)
-    # A heartbeat from the future (a clock ahead of ours) counts as fresh.
-    return age <= STALE_AFTER_INTERVALS * interval
+    """Whether one heartbeat (its JSON) is live by the one rule; None: it is not one."""
+    state = beat_state(data, now)
+    return None if state is None else state == heartbeat.LIVE
 
 
-def store_writers_alive(files: RunFiles, now: float | None = None) -> bool:
+def store_writers_alive(files: RunFiles, now: float | None = None, problems: list[str] | None = None) -> bool:
     """In a store: whether any writer of the run beat recently (``writers/*.json``).
 
     A store has no locks and its writers may be on any host, so the
@@ -193,41 +203,65 @@ def store_writers_alive(files: RunFiles, now: float | None = None) -> bool:
     never had one (a copy of a run that was still being written), is stale.
     Raises what the store raises when it cannot be asked. A run written by
     many workers is the chief's: another worker's heartbeat (``worker`` > 0,
-    ``tpudash.runs.workers``) does not keep it live.
+    ``tpudash.runs.workers``) does not keep it live. The newest
+    ``MAX_WRITERS_READ`` are read, newest first: files that are no heartbeat,
+    and heartbeats from the future, are counted and named in ``problems``.
     """
-    for name in files.list(WRITERS_FOLDER)[:MAX_WRITERS_READ]:
-        try:
-            data = files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES)
-        except FileNotFoundError:
-            continue  # removed since the listing
-        if not beats_for_another_worker(data) and beat_is_fresh(data, now):
-            return True
-    return False
+    junk = heartbeat.Junk(WRITERS_FOLDER, "heartbeats")
+    names = heartbeat.listed_newest_first(files, WRITERS_FOLDER)
+    try:
+        for name in names[:MAX_WRITERS_READ]:
+            if not name.endswith(".json"):
+                junk.add(name, "not a heartbeat's name (<writer>.json)")
+                continue
+            try:
+                data = files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES)
+            except FileNotFoundError:
+                continue  # removed since the listing
+            except OSError as error:  # a refused file: too large, not a file
+                junk.add(name, str(error) or type(error).__name__)
+                continue
+            state = beat_state(data, now)
+            if state is None:
+                junk.add(name, heartbeat.why_not_a_beat(data))
+            elif state == heartbeat.CLOCK_AHEAD:
+                heartbeat.add_problem(
+                    problems, f"{WRITERS_FOLDER}/{name}: {_ahead(heartbeat.parse_beat(data) or {}, now)}"
+                )
+            elif state == heartbeat.LIVE and not beats_for_another_worker(data):
+                return True
+        return False
+    finally:
+        heartbeat.add_problem(problems, junk.line())
+        if len(names) > MAX_WRITERS_READ:
+            heartbeat.add_problem(
+                problems,
+                f"{WRITERS_FOLDER}/: {len(names):,} files, more than a run has writers; "
+                f"the newest {MAX_WRITERS_READ} were read",
+            )
 
 
 def beats_for_another_worker(data: bytes) -> bool:
     """Whether a heartbeat is a non-chief worker's (its ``worker`` index above 0)."""
-    try:
-        payload = json.loads(data) if len(data) <= MAX_HEARTBEAT_BYTES else None
-    except ValueError:
-        return False
-    worker = payload.get("worker") if isinstance(payload, dict) else None
+    payload = heartbeat.parse_beat(data)
+    worker = payload.get("worker") if payload is not None else None
     return isinstance(worker, int) and not isinstance(worker, bool) and worker > 0
 
 
-def writer_alive(run_dir: Path, on_this_host: bool) -> bool | None:
+def writer_alive(run_dir: Path, on_this_host: bool, problems: list[str] | None = None) -> bool | None:
     """Whether the run's writer is still writing, by its lock and then its heartbeat; None: no way to tell.
 
     A lock held is conclusive wherever the holder is (another namespace on
     this host). A free lock is conclusive on this host; on another host the
-    lock may not be visible here, so the heartbeat decides.
+    lock may not be visible here, so the heartbeat decides (one from the
+    future is not live, and ``problems`` says so).
     """
     held = lock_held(run_dir)
     if held:
         return True
     if held is False and on_this_host:
         return False
-    return heartbeat_fresh(run_dir)
+    return heartbeat_fresh(run_dir, problems=problems)
 
 
 def process_start_time(pid: int) -> float | None:

@@ -91,11 +91,11 @@ class RunInfo:
         """
         if self.files is not None and not isinstance(self.files, LocalRunFiles):
             try:
-                return liveness.store_writers_alive(self.files)
+                return liveness.store_writers_alive(self.files, problems=self.problems)
             except Exception:  # noqa: BLE001 - the store is unreachable: nothing can be told
                 return None
         on_this_host = self.host is not None and self.host == socket.gethostname()
-        judged = liveness.writer_alive(Path(self.path), on_this_host)
+        judged = liveness.writer_alive(Path(self.path), on_this_host, problems=self.problems)
         if judged is not None or not on_this_host:
             return judged
         return isinstance(self.pid, int) and liveness.process_alive(

@@ -11,7 +11,8 @@ its progress and its time per step (``StepTimer``).
 ``find_worker`` tells a process which worker it is, without importing
 TensorFlow or JAX. ``read_workers`` reads the heartbeats back (they come from
 other hosts: each is size-capped and checked field by field, a bad one is
-skipped and named) and ``mark_stragglers`` marks a worker whose step time is
+skipped and named; they are read newest first, so junk never hides a worker
+that beats) and ``mark_stragglers`` marks a worker whose step time is
 more than ``STRAGGLER_MARGIN`` over the median of the workers' step times.
 """
 
@@ -29,13 +30,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from jobs.events import Event, Metric, Progress, is_finite_number
+from tpudash.runs import heartbeat
 from tpudash.runs.backends import RunFiles
 from tpudash.runs.liveness import (
     HEARTBEAT_INTERVAL_SECONDS,
     MAX_HEARTBEAT_BYTES,
     MAX_WRITERS_READ,
     WRITERS_FOLDER,
-    beat_is_fresh,
+    beat_state,
 )
 
 STRAGGLER_MARGIN = 0.25
@@ -46,6 +48,8 @@ STEP_WINDOW = 32
 MAX_WORKERS = MAX_WRITERS_READ
 # What a heartbeat's texts may hold (a host name, a writer id, a task type).
 MAX_WORKER_TEXT = 256
+# Heartbeats that break a rule are named one by one up to this many; the rest are counted in one line.
+MAX_PROBLEMS_NAMED = 5
 WORKER_TASKS = ("chief", "worker")
 """TF_CONFIG's task types that train; their workers are numbered chief first."""
 
@@ -265,7 +269,7 @@ class WorkerStatus:
     age: float
     """Seconds since its heartbeat (negative: a clock ahead of ours)."""
     alive: bool
-    """Still writing: its heartbeat is fresh (``liveness.beat_is_fresh``) and it has not said it ended."""
+    """Still writing: its heartbeat is live by the one rule (``heartbeat.judge``) and it has not said it ended."""
     step: int | None = None
     step_seconds: float | None = None
     progress: tuple[int, int | None, str] | None = None
@@ -335,7 +339,7 @@ def parse_worker_heartbeat(data: bytes, now: float) -> WorkerStatus | None:
         writer=_text(payload, "writer"),
         heartbeat=float(beat),
         age=now - float(beat),
-        alive=bool(beat_is_fresh(data, now)) and status in (None, "running"),
+        alive=beat_state(data, now) == heartbeat.LIVE and status in (None, "running"),
         step=step,
         step_seconds=None if step_seconds is None else float(step_seconds),
         progress=_progress(payload.get("progress")),
@@ -359,29 +363,51 @@ def _progress(value: Any) -> tuple[int, int | None, str] | None:
 def read_workers(files: RunFiles, now: float | None = None, problems: list[str] | None = None) -> list[WorkerStatus]:
     """A run's workers from their heartbeats (``writers/*.json``), by index, stragglers marked.
 
-    A worker restarted under a new writer id keeps its newest heartbeat. A
-    heartbeat that breaks a rule is skipped and named in ``problems``. Raises
-    what the store raises when it cannot list the run.
+    The newest ``MAX_WORKERS`` heartbeats are read (files that are no
+    heartbeat never hide one that beats). A worker restarted under a new
+    writer id keeps its newest heartbeat. A heartbeat that breaks a rule is
+    skipped and named in ``problems`` (the first ``MAX_PROBLEMS_NAMED`` one by
+    one, the rest counted), and one from the future is named as such: its
+    worker is not live. Raises what the store raises when it cannot list the run.
     """
-    now = time.time() if now is None else now
     newest: dict[int, WorkerStatus] = {}
-    for name in files.list(WRITERS_FOLDER)[:MAX_WORKERS]:
+    skipped = 0
+    names = heartbeat.listed_newest_first(files, WRITERS_FOLDER)
+    for name in names[:MAX_WORKERS]:
         if not name.endswith(".json"):
             continue
         try:
-            status = parse_worker_heartbeat(files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES), now)
+            data = files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES)
+            # Judged when read: a slow store's later files are not taken for ones from the future.
+            at = time.time() if now is None else now
+            status = parse_worker_heartbeat(data, at)
         except FileNotFoundError:
             continue  # removed since the listing
         except (OSError, ValueError) as error:
-            if problems is not None:
+            skipped += 1
+            if problems is not None and skipped <= MAX_PROBLEMS_NAMED:
                 problems.append(f"{WRITERS_FOLDER}/{name}: {error}")
             continue
         if status is None:
             continue
+        if status.age < -heartbeat.CLOCK_SKEW_SECONDS:
+            heartbeat.add_problem(
+                problems,
+                f"{WRITERS_FOLDER}/{name}: worker {status.index}: {heartbeat.ahead_words(status.heartbeat, at)}",
+            )
         kept = newest.get(status.index)
-        if kept is None or status.heartbeat > kept.heartbeat:
+        if kept is None or _recency(status) > _recency(kept):
             newest[status.index] = status
+    if problems is not None and skipped > MAX_PROBLEMS_NAMED:
+        problems.append(f"{WRITERS_FOLDER}/: {skipped - MAX_PROBLEMS_NAMED:,} more files are no heartbeats; skipped")
+    if problems is not None and len(names) > MAX_WORKERS:
+        problems.append(f"{WRITERS_FOLDER}/: {len(names):,} files; the newest {MAX_WORKERS} were read")
     return mark_stragglers([newest[index] for index in sorted(newest)])
+
+
+def _recency(status: WorkerStatus) -> tuple[bool, float]:
+    """Which of one worker's heartbeats is its latest: one from the future never outranks one from the past."""
+    return status.age >= -heartbeat.CLOCK_SKEW_SECONDS, status.heartbeat
 
 
 def mark_stragglers(statuses: list[WorkerStatus], margin: float = STRAGGLER_MARGIN) -> list[WorkerStatus]:

@@ -10,8 +10,11 @@ and writes, with no inbound port:
   ``SegmentWriter``: never blocking on the store, spilling to this host's
   disk while the store is away);
 - ``hosts/<name>/host.json``, replaced at every sample: the heartbeat and
-  the latest snapshot (``tpudash.runs.hosts``). A reader counts the host
-  stale once ``STALE_AFTER_INTERVALS`` intervals pass without one;
+  the latest snapshot (``tpudash.runs.hosts``). A reader judges the host by
+  the one staleness rule (``tpudash.runs.heartbeat``): stale once
+  ``STALE_AFTER_INTERVALS`` intervals pass without one. When the agent
+  stops cleanly its last host.json says ``stopped`` and carries no figures
+  (a reader never shows its last CPU as current);
 - the sample into the telemetry of every live run on this host that no one
   else samples (below).
 
@@ -45,14 +48,14 @@ memory and spills the rest to disk; at most ``MAX_RUNS_RECORDED`` runs are
 recorded at once; the live-runs scan runs once every ``RUNS_SCAN_SECONDS``,
 reads the newest ``MAX_RUNS_SCANNED`` runs only, and its cache of run
 records is dropped every ``STORE_RENEW_SECONDS``. On SIGTERM or SIGINT the
-agent closes every writer within ``STOP_WAIT_SECONDS`` (what the store did
-not take by then stays in this host's spill directory) and exits 0.
+agent writes its stopped host.json and closes every writer within
+``STOP_WAIT_SECONDS`` (what the store did not take by then stays in this
+host's spill directory) and exits 0.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 import socket
@@ -60,13 +63,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 import psutil
 
 from jobs.events import Telemetry, dumps, is_finite_number
-from tpudash.runs import liveness
+from tpudash.runs import heartbeat, liveness
 from tpudash.runs.backends import LocalRunFiles, RunFiles, runs_root
 from tpudash.runs.hosts import (
     HOST_FILE,
@@ -131,6 +135,20 @@ def check_interval(text: str | float) -> float:
     if not is_finite_number(value) or not INTERVAL_RANGE[0] <= value <= INTERVAL_RANGE[1]:
         raise ValueError(f"{text!r:.40} is out of range; allowed: {INTERVAL_RULE}")
     return value
+
+
+def stopped_snapshot(last: HostStatus, stamp: float) -> HostStatus:
+    """The host as its agent's last host.json says it on a clean stop: stopped, its chips without a current figure."""
+    return replace(
+        last,
+        heartbeat=stamp,
+        cpu_percent=None,
+        memory_used=None,
+        chips=tuple(replace(chip, duty_cycle=None, hbm_used=None) for chip in last.chips),
+        runs=(),
+        problem=None,
+        stopped=True,
+    )
 
 
 def snapshot(name: str, hostname: str, stamp: float, interval: float, sample: Telemetry, runs: list[str]) -> HostStatus:
@@ -243,13 +261,14 @@ class LiveRunsOnHost:
     def _writer_hosts(self, files: RunFiles) -> list[str]:
         """The hosts of a run's writers that beat recently (a worker of a run whose chief is elsewhere)."""
         hosts = []
-        for name in files.list(liveness.WRITERS_FOLDER)[:MAX_WRITERS_ASKED]:
+        # Newest first: the heartbeats its writers keep replacing come before whatever else sits there.
+        for name in heartbeat.listed_newest_first(files, liveness.WRITERS_FOLDER)[:MAX_WRITERS_ASKED]:
             try:
                 data = files.read(f"{liveness.WRITERS_FOLDER}/{name}", liveness.MAX_HEARTBEAT_BYTES)
-                beat = json.loads(data)
-            except (OSError, ValueError):
+            except OSError:
                 continue
-            if isinstance(beat, dict) and liveness.beat_is_fresh(data) and isinstance(beat.get("host"), str):
+            beat = heartbeat.parse_beat(data)
+            if beat is not None and liveness.beat_is_fresh(data) and isinstance(beat.get("host"), str):
                 hosts.append(beat["host"])
         return hosts
 
@@ -315,6 +334,10 @@ class HostAgent:
         self.local_adopted: list[str] = []
         """Local runs live long enough to adopt: ``TelemetryRecorder``'s flock decides at every sample who records."""
         self.live_runs: list[str] = []
+        self.last_status: HostStatus | None = None
+        """What the last host.json written said (its stopped one is made from it)."""
+        self.stopping = False
+        """Set by ``close``: no tick writes host.json after the stopped one."""
         self._next_scan = 0.0
         self.ticks = 0
         self.last_error: str | None = None
@@ -330,12 +353,15 @@ class HostAgent:
         line = dumps(sample, stamp) + "\n"
         self.samples.write(line)
         self._record_runs(line, stamp, sample)
-        record = host_record(snapshot(self.name, self.hostname, self.clock(), self.interval, sample, self.live_runs))
+        status = snapshot(self.name, self.hostname, self.clock(), self.interval, sample, self.live_runs)
+        if self.stopping:
+            return  # a tick that outlived the stop: the stopped host.json is the last word
         try:
-            self.files.write(HOST_FILE, record)
+            self.files.write(HOST_FILE, host_record(status))
         except Exception as error:  # noqa: BLE001 - each store's client raises its own types when unreachable
             self._failed(f"{self.files.where}/{HOST_FILE}: {describe(error)}")
         else:
+            self.last_status = status
             if self._said_error:
                 self.notify(f"{self.files.where}: the store takes host.json again")
             self.last_error, self._said_error = None, False
@@ -411,12 +437,34 @@ class HostAgent:
         finally:
             stop.set()
 
+    def _say_stopped(self) -> threading.Event:
+        """Write the stopped host.json on a thread of its own (a store may hang); the event is set once it is done."""
+        done = threading.Event()
+        last = self.last_status
+        if last is None:  # nothing was ever reported: nothing to say stopped
+            done.set()
+            return done
+
+        def write() -> None:
+            try:
+                self.files.write(HOST_FILE, host_record(stopped_snapshot(last, self.clock())))
+            except Exception as error:  # noqa: BLE001 - readers will find the host stale instead
+                self._failed(f"{self.files.where}/{HOST_FILE}: {describe(error)}")
+            finally:
+                done.set()
+
+        threading.Thread(target=write, name=f"tpudash-agent-stopped-{self.name}", daemon=True).start()
+        return done
+
     def close(self, timeout: float = STOP_WAIT_SECONDS) -> bool:
         """Close every writer within ``timeout`` in all; whether the store took everything (the rest stays on disk)."""
         deadline = time.monotonic() + timeout
+        self.stopping = True
+        said_stopped = self._say_stopped()
         writers = [self.samples, *(samples.writer for samples in self.store_runs.values())]
         for writer in writers:
             writer.seal_now()  # every upload under way at once, within one deadline
+        said_stopped.wait(max(0.0, deadline - time.monotonic()))
         complete = True
         for writer in writers:
             if not writer.finish(deadline):
