@@ -260,3 +260,59 @@ def test_a_hosts_state_is_the_one_rule_at_its_boundaries(heartbeat: float, state
     console = Console(width=160, record=True)
     console.print(hosts_table([host], NOW))
     assert cell in console.export_text()
+
+
+LONG_PROBLEM = (
+    "no TPU metrics service at localhost:8431: connection refused "
+    "(libtpu serves it while a TensorFlow or JAX process holds the TPU)"
+)
+
+
+def two_hosts(now: float) -> list[HostStatus]:
+    """A host whose metrics service is down (its problem long) and a busy one, as of ``now``."""
+    down = a_host("t1v-n-1a2b-w-0", heartbeat=now - 1)
+    down = HostStatus(**{**down.__dict__, "chips": (), "problem": LONG_PROBLEM})
+    return [down, a_host("t1v-n-1a2b-w-1", heartbeat=now - 2)]
+
+
+def printed_hosts(width: int) -> str:
+    """What ``tpudash hosts`` prints on a terminal ``width`` columns wide."""
+    import io
+
+    from rich.console import Console
+
+    from tpudash.cli.hosts import print_hosts
+
+    console = Console(file=io.StringIO(), width=width, record=True, force_terminal=True)
+    print_hosts(console, two_hosts(NOW), NOW)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [160, 100, 80])
+def test_tpudash_hosts_on_a_terminal_cuts_no_cell_and_says_a_hosts_problem_whole(width: int) -> None:
+    text = printed_hosts(width)
+    lines = text.splitlines()
+    assert all(len(line) <= width for line in lines)
+    assert "…" not in text, "a cell was cut"
+    table_rows = [line for line in lines if line.startswith("│")]
+    assert len(table_rows) == 2, f"a row wrapped:\n{text}"
+    assert "none ⚠" in table_rows[0] and "live 1 s ago" in table_rows[0]
+    assert " ".join(text.split()).endswith(f"⚠ t1v-n-1a2b-w-0: {LONG_PROBLEM}")
+
+
+def test_tpudash_hosts_piped_prints_one_line_per_host_whole_and_unpadded(tmp_path: Path, capsys) -> None:
+    import time
+
+    from tpudash.cli import main as cli
+
+    runs_dir = tmp_path / "runs"
+    for host in two_hosts(time.time()):
+        put(runs_dir, host.name, host_record(host))
+
+    assert cli.main(["--runs-dir", str(runs_dir), "hosts"]) == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 2 and "t1v-n-1a2b-w-0.internal" in rows[0] and "20261121-025100-train-1a2b3c" in rows[1]
+    assert f"⚠ t1v-n-1a2b-w-0: {LONG_PROBLEM}" in lines
+    assert not any(line.endswith(" ") for line in lines)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tpudash.cli.exits import EXIT_DONE, BadInput
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.table import Table as RichTable
     from rich.text import Text
 
@@ -110,13 +111,19 @@ def command_hosts(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return EXIT_DONE
-    from tpudash.cli.render import output_console, print_fitted
+    from tpudash.cli.render import output_console
 
-    console = output_console()  # piped: whole rows, one line per host, for grep and cut
+    print_hosts(output_console(), hosts, now)  # piped: whole rows, one line per host, for grep and cut
+    return EXIT_DONE
+
+
+def print_hosts(console: Console, hosts: list[HostStatus], now: float) -> None:
+    """The table fitted to ``console`` (columns left out before a cell is cut), then each host's problem whole."""
+    from tpudash.cli.render import print_fitted
+
     print_fitted(console, lambda left_out: hosts_table(hosts, now, left_out), OPTIONAL_COLUMNS)
     for line in host_notes(hosts, now):
         console.print(line)
-    return EXIT_DONE
 
 
 def duty_cycles(host: HostStatus) -> str:
