@@ -371,3 +371,37 @@ def test_a_run_whose_record_names_no_host_is_listed_but_never_recorded_by_a_work
     finally:
         agent.close(timeout=UPLOAD_WAIT)
         worker.close()
+
+
+def a_run_of_this_host_started_at(setting: Setting, started: float) -> str:
+    """A live run in the store written from this host, its start a whole second (so its age is exact)."""
+    run_id = f"20261121-025100-train-{uuid.uuid4().hex[:6]}"
+    files = runs_root(setting.runs_dir).files(run_id)
+    record = {"run_id": run_id, "job": "train", "status": "running", "started": started, "host": socket.gethostname()}
+    files.write(RUN_FILE, json.dumps(dict(record, pid=1)).encode())
+    beat = {"heartbeat": time.time(), "interval": 5.0, "pid": 1, "host": socket.gethostname(), "writer": "b0b0b0"}
+    files.write(f"{WRITERS_FOLDER}/b0b0b0.json", json.dumps(beat).encode())
+    return run_id
+
+
+@pytest.mark.parametrize("first_scan_age", [-5.0, ADOPT_AFTER_SECONDS - 0.5])
+def test_a_run_is_adopted_at_the_first_scan_once_it_is_exactly_old_enough(
+    tmp_path: Path, clock: FakeClock, first_scan_age: float
+) -> None:
+    """Scans come every RUNS_SCAN_SECONDS: at -5 s then exactly ADOPT_AFTER_SECONDS; or at 9.5 s (too young) then 24.5 s."""
+    store = RunStore(f"memory://agent-runs-{uuid.uuid4().hex[:8]}/runs", spill_root=tmp_path / "run-unsent")
+    setting = Setting(store.root, store, tmp_path)
+    started = float(int(time.time()) - 100)
+    run_id = a_run_of_this_host_started_at(setting, started)
+    made: list[HostAgent] = []
+    agent = an_agent(setting, clock, made)
+    try:
+        clock.now = started + first_scan_age
+        agent.tick()  # sample 1, the first scan: too young
+        assert not agent.store_runs
+        clock.now += RUNS_SCAN_SECONDS
+        agent.tick()  # sample 2, the second scan
+        settle(agent)
+        assert exported_samples(setting, run_id) == [2.0]
+    finally:
+        agent.close(timeout=UPLOAD_WAIT)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import types
@@ -13,6 +14,8 @@ from jobs.events import Metric, Progress, RunFinished
 from tpudash.runs.backends import LocalRunFiles
 from tpudash.runs.liveness import store_writers_alive
 from tpudash.runs.workers import (
+    MAX_PROBLEMS_NAMED,
+    MAX_WORKERS,
     StepTimer,
     WorkerIdentity,
     WorkerStatus,
@@ -166,6 +169,39 @@ def test_read_workers_lists_each_worker_once_and_names_every_bad_heartbeat_it_sk
         "writers/liar.json",
     ]
     assert "step_seconds" in next(problem for problem in problems if "liar" in problem)
+
+
+def test_a_worker_whose_heartbeat_is_from_the_future_is_not_live_and_is_named(tmp_path):
+    write_beat(tmp_path, "host-0.json", beat(0, 1))
+    write_beat(tmp_path, "host-1.json", beat(1, -3 * 3600))  # its clock 3 h ahead of ours
+    write_beat(tmp_path, "host-2.json", beat(2, -2))  # within the clocks' skew
+    problems: list[str] = []
+    workers = read_workers(LocalRunFiles(tmp_path), problems=problems)
+    assert [(w.index, w.alive) for w in workers] == [(0, True), (1, False), (2, True)]
+    assert problems == ["writers/host-1.json: worker 1: its heartbeat is 3 h ahead of this clock (not counted as live)"]
+
+
+def test_a_restarted_workers_heartbeat_from_the_future_never_outranks_its_latest(tmp_path):
+    write_beat(tmp_path, "host-1-old.json", beat(1, -1e9, writer="host-1-old"))
+    write_beat(tmp_path, "host-1.json", beat(1, 1))
+    (worker,) = read_workers(LocalRunFiles(tmp_path))
+    assert (worker.writer, worker.alive) == ("host-1", True)
+
+
+def test_junk_past_the_first_few_is_counted_and_never_hides_a_worker_that_beats(tmp_path):
+    for number in range(MAX_WORKERS):
+        write_beat(tmp_path, f"a{number:03d}.json", b"junk")
+        os.utime(tmp_path / "writers" / f"a{number:03d}.json", (time.time() - 60, time.time() - 60))
+    write_beat(tmp_path, "host-0.json", beat(0, 1))
+    problems: list[str] = []
+    workers = read_workers(LocalRunFiles(tmp_path), problems=problems)
+    assert [(w.index, w.alive) for w in workers] == [(0, True)]
+    assert len(problems) == MAX_PROBLEMS_NAMED + 2
+    assert all(problem.endswith(": not JSON") for problem in problems[:MAX_PROBLEMS_NAMED])
+    assert problems[MAX_PROBLEMS_NAMED:] == [
+        f"writers/: {MAX_WORKERS - 1 - MAX_PROBLEMS_NAMED} more files are no heartbeats; skipped",
+        f"writers/: {MAX_WORKERS + 1} files; the newest {MAX_WORKERS} were read",
+    ]
 
 
 def test_a_runs_liveness_in_a_store_is_its_chiefs_alone(tmp_path):

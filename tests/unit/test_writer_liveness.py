@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
@@ -162,3 +164,147 @@ def test_whatever_the_lock_file_holds_a_reader_answers_without_raising(tmp_path,
     (tmp_path / liveness.WRITER_FILE).write_bytes(content)
     assert liveness.heartbeat_fresh(tmp_path) in (True, False, None)
     assert liveness.writer_alive(tmp_path, on_this_host=False) in (True, False, None)
+
+
+# -- each branch of the rule as liveness applies it (pinned for the mutation pass) -------------------------
+
+
+def write_lock_beat(run_dir: Path, stamp: float, **more: object) -> None:
+    (run_dir / liveness.WRITER_FILE).write_text(json.dumps({"heartbeat": stamp, **more}))
+
+
+def test_a_lock_files_heartbeat_is_judged_at_its_boundaries_in_its_own_interval(tmp_path: Path) -> None:
+    now = time.time()
+    write_lock_beat(tmp_path, now - 15.0, interval=5.0)
+    assert liveness.heartbeat_fresh(tmp_path, now) is True
+    write_lock_beat(tmp_path, now - 15.01, interval=5.0)
+    assert liveness.heartbeat_fresh(tmp_path, now) is False
+    write_lock_beat(tmp_path, now - 25.0, interval=10.0)  # its own interval: live for 30 s
+    assert liveness.heartbeat_fresh(tmp_path, now) is True
+    write_lock_beat(tmp_path, now - 25.0, interval=10_000)  # no interval a writer may state: the default 5 s
+    assert liveness.heartbeat_fresh(tmp_path, now) is False
+    write_lock_beat(tmp_path, now - 1.0)  # none stated, judged at this moment
+    assert liveness.heartbeat_fresh(tmp_path) is True
+    assert liveness.beat_is_fresh(b"[]") is None and liveness.beat_state(b"{}") is None
+
+
+def test_a_lock_files_heartbeat_from_the_future_is_not_live_and_says_so_once(tmp_path: Path) -> None:
+    now = time.time()
+    write_lock_beat(tmp_path, now + liveness.CLOCK_SKEW_SECONDS, interval=5.0)
+    problems: list[str] = []
+    assert liveness.heartbeat_fresh(tmp_path, now, problems) is True and problems == []
+    write_lock_beat(tmp_path, now + 3 * 3600, interval=5.0)
+    assert liveness.heartbeat_fresh(tmp_path, now, problems) is False
+    assert liveness.heartbeat_fresh(tmp_path, now, problems) is False
+    assert problems == ["writer.lock: its heartbeat is 3 h ahead of this clock (not counted as live)"]
+    assert liveness.writer_alive(tmp_path, on_this_host=False, problems=problems) is False
+
+
+def test_a_free_lock_is_conclusive_on_this_host_and_the_heartbeat_decides_for_another(tmp_path: Path) -> None:
+    write_lock_beat(tmp_path, time.time())
+    assert liveness.lock_held(tmp_path) is False
+    assert liveness.writer_alive(tmp_path, on_this_host=True) is False  # a fresh beat, but the lock is free
+    assert liveness.writer_alive(tmp_path, on_this_host=False) is True
+    write_lock_beat(tmp_path, time.time() - 3600)
+    assert liveness.writer_alive(tmp_path, on_this_host=False) is False
+
+
+def test_a_lock_held_by_another_writer_is_live_and_the_second_writer_writes_no_heartbeat(tmp_path: Path) -> None:
+    first = liveness.WriterLock(tmp_path, clock=lambda: 1_000_000.123)
+    try:
+        second = liveness.WriterLock(tmp_path, clock=lambda: 2.0)
+        try:
+            assert (first.held, second.held) == (True, False)
+            assert json.loads((tmp_path / liveness.WRITER_FILE).read_text())["heartbeat"] == 1_000_000.123
+            assert liveness.writer_alive(tmp_path, on_this_host=True) is True
+        finally:
+            second.release()
+    finally:
+        first.release()
+    assert liveness.lock_held(tmp_path) is False
+    first.release()  # twice: nothing left to let go of
+
+
+def test_a_shorter_heartbeat_replaces_a_longer_one_whole(tmp_path: Path) -> None:
+    stamps = iter([1_000_000.123, 2.0])
+    lock = liveness.WriterLock(tmp_path, clock=lambda: next(stamps))
+    try:
+        lock.beat()
+        written = json.loads((tmp_path / liveness.WRITER_FILE).read_text())
+        assert (written["heartbeat"], written["interval"], written["host"]) == (2.0, 5.0, socket.gethostname())
+    finally:
+        lock.release()
+    lock.beat()  # released: nothing is written
+    assert json.loads((tmp_path / liveness.WRITER_FILE).read_text())["heartbeat"] == 2.0
+
+
+def test_a_lock_file_that_cannot_be_opened_is_no_answer(tmp_path: Path) -> None:
+    (tmp_path / liveness.WRITER_FILE).mkdir()
+    assert liveness.lock_held(tmp_path) is None and liveness.heartbeat_fresh(tmp_path) is None
+
+
+def store_run_files():
+    from tpudash.runs.backends import runs_root
+
+    return runs_root(f"memory://liveness-{uuid.uuid4().hex[:8]}/runs").files("run")
+
+
+def test_in_a_store_the_chiefs_fresh_heartbeat_alone_keeps_a_run_live() -> None:
+    files = store_run_files()
+    now = time.time()
+    assert liveness.store_writers_alive(files, now) is False  # never a heartbeat
+    files.write("writers/w1.json", json.dumps({"heartbeat": now, "worker": 1}).encode())
+    files.write("writers/w2.json", json.dumps({"heartbeat": now, "worker": True}).encode())  # no index: a writer
+    assert liveness.store_writers_alive(files, now) is True
+    files.write("writers/w2.json", json.dumps({"heartbeat": now - 15.01, "interval": 5}).encode())
+    assert liveness.store_writers_alive(files, now) is False
+    files.write("writers/w0.json", json.dumps({"heartbeat": now - 15.0, "worker": 0}).encode())
+    assert liveness.store_writers_alive(files, now) is True
+
+
+def test_in_a_store_a_refused_heartbeat_file_is_junk_named_with_why() -> None:
+    files = store_run_files()
+    files.write("writers/big.json", b" " * (liveness.MAX_HEARTBEAT_BYTES + 1))
+    problems: list[str] = []
+    assert liveness.store_writers_alive(files, time.time(), problems) is False
+    assert problems == ["writers/: 1 file is no heartbeats (big.json: big.json: larger than 4 KiB); skipped"]
+
+
+def test_a_heartbeat_is_a_non_chief_workers_only_with_a_whole_index_above_0() -> None:
+    assert liveness.beats_for_another_worker(json.dumps({"heartbeat": 1.0, "worker": 1}).encode())
+    for worker in (0, True, "1", None, 1.0):
+        assert not liveness.beats_for_another_worker(json.dumps({"heartbeat": 1.0, "worker": worker}).encode())
+    assert not liveness.beats_for_another_worker(b"not json")
+
+
+def test_a_process_start_time_is_within_a_second_of_what_was_recorded() -> None:
+    created = liveness.process_start_time(os.getpid())
+    assert created is not None
+    assert liveness.process_alive(os.getpid(), created + 1.0)
+    assert liveness.process_alive(os.getpid(), created - 1.0)
+    assert not liveness.process_alive(os.getpid(), created + 1.01)
+    assert not liveness.process_alive(os.getpid(), created - 1.01)
+    assert liveness.process_alive(os.getpid())  # nothing to compare: the pid alone
+    assert liveness.process_start_time(2**22 + 1) is None
+
+
+def test_an_older_runs_start_ticks_are_turned_into_a_start_time() -> None:
+    import psutil
+
+    ticks_per_second = os.sysconf("SC_CLK_TCK")
+    created = psutil.Process(os.getpid()).create_time()
+    ticks = round((created - psutil.boot_time()) * ticks_per_second)
+    assert liveness.process_alive(os.getpid(), start_ticks=str(ticks))
+    assert not liveness.process_alive(os.getpid(), start_ticks=str(ticks + 5 * ticks_per_second))
+    assert liveness.process_alive(os.getpid(), start_ticks="not a number")  # no start time: the pid alone
+    assert liveness._start_time_from_ticks("12x") is None
+
+
+def test_an_exited_child_not_yet_collected_is_not_alive() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited; left a zombie until collected
+        assert not liveness.process_alive(child.pid)
+    finally:
+        child.wait(timeout=WAIT)
+    assert not liveness.process_alive(child.pid)

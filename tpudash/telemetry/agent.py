@@ -342,6 +342,7 @@ class HostAgent:
         self.ticks = 0
         self.last_error: str | None = None
         self._said_error = False
+        self._host_file_refused = False
 
     # -- one sample ---------------------------------------------------------------------------
     def tick(self) -> None:
@@ -359,12 +360,13 @@ class HostAgent:
         try:
             self.files.write(HOST_FILE, host_record(status))
         except Exception as error:  # noqa: BLE001 - each store's client raises its own types when unreachable
+            self._host_file_refused = True
             self._failed(f"{self.files.where}/{HOST_FILE}: {describe(error)}")
         else:
             self.last_status = status
-            if self._said_error:
+            if self._host_file_refused:  # only then: a failed sample or listing was no refusal of the store's
                 self.notify(f"{self.files.where}: the store takes host.json again")
-            self.last_error, self._said_error = None, False
+            self.last_error, self._said_error, self._host_file_refused = None, False, False
         self.ticks += 1
 
     def _failed(self, line: str) -> None:
