@@ -464,3 +464,175 @@ def test_the_page_in_a_cross_site_frame_keeps_the_token_on_its_own_addresses(tmp
         assert http_get(server.port, "/?embed=1")[0] == 403
     finally:
         server.stop()
+
+
+# -- whose page may open a dashboard (issue 38) ------------------------------------
+
+
+def _upgrade_headers(**more: str) -> dict[str, str]:
+    """A browser's WebSocket upgrade request, as far as the server's guard reads it."""
+    return {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+        **more,
+    }
+
+
+@pytest.mark.parametrize(
+    "other_page",
+    [
+        "http://localhost:9999",  # another local web page: the browser sends it the owner's cookie all the same
+        "http://127.0.0.1:9999",
+        "https://127.0.0.1:9999",
+        "http://attacker.example",
+        "null",  # a sandboxed frame, a file:// page
+        "http://127.0.0.1:PORT/path",  # not an origin at all
+        "http://127.0.0.1:PORT, http://localhost:9999",  # two Origin values in one header
+    ],
+)
+async def test_another_local_page_with_the_owners_cookie_cannot_open_a_dashboard(other_page, tmp_path):
+    import aiohttp
+
+    server, serving, url = await _stub_server(tmp_path)
+    other_page = other_page.replace("PORT", str(server.port))
+    cookie = {"Cookie": f"{server.access.cookie_name}={server.token}"}
+    try:
+        async with aiohttp.ClientSession() as http_session:
+            async with http_session.get(
+                f"{url}ws?width=80&height=24", headers=_upgrade_headers(Origin=other_page, **cookie)
+            ) as refused:
+                assert refused.status == 403
+                reason = await refused.text()
+            assert f"tpudash serve: refused: Origin {other_page!r} is another page than this dashboard's own" in reason
+            assert f"http://127.0.0.1:{server.port}" in reason
+            with pytest.raises(aiohttp.WSServerHandshakeError) as handshake:
+                await http_session.ws_connect(f"{url}ws?width=80&height=24", origin=other_page, headers=cookie)
+            assert handshake.value.status == 403
+            # Over HTTP polling too: no session is opened.
+            opened = await http_session.post(f"{url}poll/open", headers={"Origin": other_page, **cookie})
+            assert opened.status == 403 and "another page than this dashboard's own" in await opened.text()
+            assert server.services == set() and server.poll_sessions == {}
+
+            # The page the server sent, under the name in the address bar, gets in with the same cookie.
+            for own_page in (f"http://127.0.0.1:{server.port}", f"HTTP://127.0.0.1:{server.port}"):
+                tab = await http_session.ws_connect(f"{url}ws?width=80&height=24", origin=own_page, headers=cookie)
+                assert (await tab.receive_bytes(timeout=10)) == StubDashboard.GREETING
+                await tab.close()
+            named = await http_session.post(
+                f"{url}poll/open",
+                headers={"Origin": f"http://localhost:{server.port}", "Host": f"localhost:{server.port}", **cookie},
+            )
+            assert named.status == 200 and "session" in await named.json()
+    finally:
+        server.request_stop()
+        await asyncio.wait_for(serving, 30)
+
+
+async def test_only_the_cookie_and_no_origin_opens_nothing_but_the_token_needs_no_origin(tmp_path):
+    """A browser always sends Origin on a WebSocket upgrade and a POST: a cookie without one is not a page of ours.
+
+    A program that is not a browser (a script, curl) sends none and has the token: the token is its proof.
+    """
+    import aiohttp
+
+    server, serving, url = await _stub_server(tmp_path)
+    cookie = {"Cookie": f"{server.access.cookie_name}={server.token}"}
+    try:
+        async with aiohttp.ClientSession() as http_session:
+            async with http_session.get(f"{url}ws?width=80&height=24", headers=_upgrade_headers(**cookie)) as refused:
+                assert refused.status == 403
+                reason = await refused.text()
+            assert "carries only the cookie, without an Origin header" in reason
+            assert "a program must carry the token (?token=…) instead of the cookie" in reason
+            opened = await http_session.post(f"{url}poll/open", headers=cookie)
+            assert opened.status == 403 and "without an Origin header" in await opened.text()
+            assert server.services == set()
+            # The page itself and its files are fetched without an Origin: still served by the cookie.
+            page = await http_session.get(url, headers=cookie)
+            assert page.status == 200 and "static/js/textual.js" in await page.text()
+
+            tab = await http_session.ws_connect(f"{url}ws?width=80&height=24&token={server.token}")
+            assert (await tab.receive_bytes(timeout=10)) == StubDashboard.GREETING
+            await tab.close()
+            opened = await http_session.post(f"{url}poll/open?token={server.token}")
+            assert opened.status == 200
+    finally:
+        server.request_stop()
+        await asyncio.wait_for(serving, 30)
+
+
+async def test_a_polling_session_is_driven_only_from_its_own_page(tmp_path):
+    import aiohttp
+
+    server, serving, url = await _stub_server(tmp_path)
+    own = {"Cookie": f"{server.access.cookie_name}={server.token}", "Origin": f"http://127.0.0.1:{server.port}"}
+    other = {**own, "Origin": "http://localhost:9999"}
+    try:
+        async with aiohttp.ClientSession() as http_session:
+            opened = await http_session.post(f"{url}poll/open", headers=own)
+            session = (await opened.json())["session"]
+            for route in ("read", "write", "close"):
+                answer = await http_session.post(f"{url}poll/{route}?session={session}", headers=other, data=b"[]")
+                assert answer.status == 403, route
+                assert "'http://localhost:9999' is another page" in await answer.text()
+            assert list(server.poll_sessions) == [session]  # the other page's close ended nothing
+            written = await http_session.post(
+                f"{url}poll/write?session={session}", headers=own, data=b'[["stdin", "key from the page"]]'
+            )
+            assert written.status == 204
+            read = await http_session.post(f"{url}poll/read?session={session}", headers=own)
+            assert StubDashboard.GREETING in await read.read()
+            closed = await http_session.post(f"{url}poll/close?session={session}", headers=own)
+            assert closed.status == 204 and server.poll_sessions == {}
+    finally:
+        server.request_stop()
+        await asyncio.wait_for(serving, 30)
+
+
+async def test_a_page_of_another_origin_with_the_token_gets_in_only_behind_colabs_proxy(tmp_path):
+    """Colab's frame is served under its proxy's origin, with the token on every address (embed path)."""
+    import aiohttp
+
+    colab_frame = "https://abc-8000-colab.googleusercontent.com"
+    for check_host_header in (True, False):
+        server, serving, url = await _stub_server(tmp_path, check_host_header=check_host_header)
+        try:
+            async with aiohttp.ClientSession() as http_session:
+                token = f"token={server.token}"
+                opened = await http_session.post(f"{url}poll/open?{token}", headers={"Origin": colab_frame})
+                if check_host_header:  # not behind a proxy: only the page's own origin, token or not
+                    assert opened.status == 403 and f"Origin {colab_frame!r} is another page" in await opened.text()
+                    with pytest.raises(aiohttp.WSServerHandshakeError):
+                        await http_session.ws_connect(f"{url}ws?{token}", origin=colab_frame)
+                    continue
+                assert opened.status == 200
+                tab = await http_session.ws_connect(f"{url}ws?{token}", origin=colab_frame)
+                assert (await tab.receive_bytes(timeout=10)) == StubDashboard.GREETING
+                await tab.close()
+                # Behind the proxy too, the cookie alone never admits another origin.
+                cookie = {"Cookie": f"{server.access.cookie_name}={server.token}", "Origin": colab_frame}
+                assert (await http_session.post(f"{url}poll/open", headers=cookie)).status == 403
+        finally:
+            server.request_stop()
+            await asyncio.wait_for(serving, 30)
+
+
+async def test_only_the_page_asked_for_with_the_token_may_be_framed_by_another_site(tmp_path):
+    """Framed by another local page, the cookie's page would open a dashboard from its own origin."""
+    import aiohttp
+
+    server, serving, url = await _stub_server(tmp_path)
+    try:
+        async with aiohttp.ClientSession() as http_session:
+            by_cookie = await http_session.get(url, headers={"Cookie": f"{server.access.cookie_name}={server.token}"})
+            assert by_cookie.status == 200
+            assert by_cookie.headers["Content-Security-Policy"] == "frame-ancestors 'self'"
+            # The page's own beacon must carry its real Origin: no "no-referrer" (which makes it "null").
+            assert by_cookie.headers["Referrer-Policy"] == "same-origin"
+            embedded = await http_session.get(f"{url}?token={server.token}&embed=1")
+            assert embedded.status == 200 and "Content-Security-Policy" not in embedded.headers
+    finally:
+        server.request_stop()
+        await asyncio.wait_for(serving, 30)

@@ -206,3 +206,38 @@ def test_a_live_polling_session_takes_any_body_it_is_sent(server, messages, cont
     status, _ = request(server.port, "POST", f"/poll/read?session={session}&{token}", {"Host": "127.0.0.1"}, b"")
     assert status == 200
     assert_no_error_logged(server)
+
+
+origins = st.one_of(
+    st.sampled_from(
+        ["null", "http://localhost:9999", "http://127.0.0.1:9999", "https://127.0.0.1", "http://127.0.0.1", ""]
+    ),
+    st.builds(
+        lambda scheme, port: f"{scheme}://127.0.0.1:{port}", st.sampled_from(["http", "https"]), st.integers(0, 70000)
+    ),
+    header_text,
+)
+
+
+@given(
+    origin=origins,
+    route=st.sampled_from(
+        ["/ws", "/poll/open", "/poll/read", "/poll/write", "/poll/close", "/", "/static/js/textual.js"]
+    ),
+    method=methods,
+    query=query_values,
+)
+def test_with_the_owners_cookie_no_other_origin_gets_anything(server, origin, route, method, query):
+    """Another page of this machine is sent the owner's cookie: whatever its Origin, it is refused (issue 38)."""
+    own = f"http://127.0.0.1:{server.port}"
+    if origin.strip().lower() in (own, f"https://127.0.0.1:{server.port}"):
+        origin = "http://localhost:9999"
+    sessions = set(server.poll_sessions)
+    cookie = f"{server.access.cookie_name}={server.token}"
+    method, target, headers = build(server, method, route, query, f"127.0.0.1:{server.port}", cookie, "")
+    status, answer = request(server.port, method, target, {**headers, "Origin": origin}, b"[]")
+    # 400: an Origin aiohttp cannot parse, refused before the guard.
+    assert status in (400, 403), (method, target, origin, status)
+    assert set(server.poll_sessions) <= sessions  # no dashboard was opened for it
+    assert server.token.encode() not in answer
+    assert_no_error_logged(server)

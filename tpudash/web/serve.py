@@ -13,8 +13,10 @@ module is the server around them:
   can run code here.
 - Only the person who started it gets in: every route needs the token the
   printed URL carries, or the cookie the first good request sets; the Host
-  header must name this server (DNS rebinding). ``tpudash.web.access``
-  holds those rules.
+  header must name this server (DNS rebinding); the Origin header must be
+  the page's own (another page of this machine is sent the cookie too),
+  and only a page asked for with the token may be framed by another site.
+  ``tpudash.web.access`` holds those rules.
 - A page can reach the dashboard and textual-serve's own scripts and fonts,
   nothing else: no file of the runs directory, no directory listing, no
   download route (textual-serve's serves files an app delivers; tpudash
@@ -276,16 +278,32 @@ class DashboardServer:
             by_query = access.by_query(request.query)
             if not by_query and not access.by_cookie(request.cookies):
                 raise web.HTTPForbidden(text=FORBIDDEN_PAGE, content_type="text/html")
+            refusal = access.origin_refusal(
+                request.headers.getall("Origin", []),
+                request.headers.get("Host"),
+                path=request.path,
+                method=request.method,
+                by_token=by_query,
+            )
+            if refusal is not None:
+                raise web.HTTPForbidden(text=f"tpudash serve: refused: {refusal}\n")
             if by_query and request.path == "/" and request.method == "GET" and EMBED_PARAMETER not in request.query:
                 # The token leaves the address bar; the cookie admits what follows.
                 response = web.Response(status=302, headers={"Location": without_token(request.query)})
                 response.set_cookie(access.cookie_name, access.token, httponly=True, samesite="Strict", path="/")
             else:
                 response = await handler(request)
-            # The page may be shown in an iframe (Colab's cell output), so no X-Frame-Options.
+            # Only the page asked for with its token (Colab's cell output, ?embed=1) may be shown in
+            # another site's frame. A page the cookie admits may not: framed by another page of this
+            # machine, it would open a dashboard from its own origin.
+            if not by_query:
+                response.headers.setdefault("Content-Security-Policy", "frame-ancestors 'self'")
             response.headers.setdefault("Cache-Control", "no-store")
             response.headers.setdefault("X-Content-Type-Options", "nosniff")
-            response.headers.setdefault("Referrer-Policy", "no-referrer")
+            # No address (the framed page's carries the token) leaves for another origin; "same-origin",
+            # not "no-referrer", which would make a browser send "Origin: null" with the page's own
+            # beacon (poll/close), and the Origin rule refuse it.
+            response.headers.setdefault("Referrer-Policy", "same-origin")
             return response
 
         return guard
