@@ -17,6 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -308,3 +309,62 @@ def test_an_exited_child_not_yet_collected_is_not_alive() -> None:
     finally:
         child.wait(timeout=WAIT)
     assert not liveness.process_alive(child.pid)
+
+
+def test_asking_whether_a_lock_is_held_leaves_no_lock_behind(tmp_path: Path) -> None:
+    write_lock_beat(tmp_path, time.time())
+    assert liveness.lock_held(tmp_path) is False
+    writer = liveness.WriterLock(tmp_path)
+    try:
+        assert writer.held, "a reader's shared lock was left behind"
+    finally:
+        writer.release()
+
+
+def test_a_lock_that_cannot_be_taken_for_another_reason_raises_and_leaves_no_descriptor(tmp_path, monkeypatch) -> None:
+    import errno
+    import fcntl
+
+    def no_locks_here(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "no locks on this file system")
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(fcntl, "flock", no_locks_here)
+    with pytest.raises(OSError, match="no locks"):
+        liveness.WriterLock(tmp_path)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_heartbeat_is_stamped_to_the_millisecond_by_a_daemon_thread(tmp_path: Path) -> None:
+    lock = liveness.WriterLock(tmp_path, interval=60.0, clock=lambda: 1000.12345).start()
+    try:
+        assert lock._thread is not None and lock._thread.daemon  # a process that never releases still exits
+        assert json.loads((tmp_path / liveness.WRITER_FILE).read_text())["heartbeat"] == 1000.123
+    finally:
+        lock.release()
+
+
+def test_exactly_as_many_heartbeats_as_are_read_is_no_problem() -> None:
+    files = store_run_files()
+    now = time.time()
+    for number in range(liveness.MAX_WRITERS_READ):
+        files.write(f"writers/w{number:03d}.json", json.dumps({"heartbeat": now - 3600}).encode())
+    problems: list[str] = []
+    assert liveness.store_writers_alive(files, now, problems) is False and problems == []
+    files.write("writers/w999.json", json.dumps({"heartbeat": now - 3600}).encode())
+    assert liveness.store_writers_alive(files, now, problems) is False
+    assert problems == ["writers/: 257 files, more than a run has writers; the newest 256 were read"]
+
+
+def test_a_process_that_does_not_exist_is_not_alive_and_one_of_another_user_is(monkeypatch) -> None:
+    import psutil
+
+    assert not liveness.process_alive(2**22 + 1)
+
+    class AnotherUsers:
+        def __init__(self, pid: int) -> None:
+            raise psutil.AccessDenied(pid)
+
+    monkeypatch.setattr(psutil, "Process", AnotherUsers)
+    assert liveness.process_alive(4242, 1.0)
+    assert liveness.process_start_time(4242) is None
