@@ -305,8 +305,91 @@ def test_a_stop_that_leaves_samples_unsent_says_where_they_are(capsys) -> None:
 
 def test_the_module_says_its_bounds() -> None:
     assert (agent_module.RUNS_SCAN_SECONDS, agent_module.ADOPT_AFTER_SECONDS) == (15.0, 10.0)
+    assert (agent_module.STORE_RENEW_SECONDS, agent_module.STOP_WAIT_SECONDS) == (3600.0, 5.0)
+    assert (agent_module.SAMPLES_SEAL_SECONDS, agent_module.INTERVAL_RANGE) == (10.0, (0.1, 600.0))
     assert (agent_module.MAX_RUNS_SCANNED, agent_module.MAX_RUNS_RECORDED, agent_module.MAX_WRITERS_ASKED) == (
         200,
         32,
         16,
     )
+
+
+def test_an_ip_named_host_is_here_by_its_name(tmp_path: Path) -> None:
+    runs = LiveRunsOnHost(tmp_path / "runs", "10.0.0.5", spill_root=None, clock=lambda: 0.0)
+    assert runs._is_here("10.0.0.5:2222") and not runs._is_here("10.0.0.6:2222")
+
+
+def test_this_machines_addresses_are_plain_ip_addresses_without_scope_or_link_layer(monkeypatch) -> None:
+    from collections import namedtuple
+
+    import psutil
+
+    Entry = namedtuple("Entry", "address")
+    interfaces = {
+        "eth0": [Entry("10.1.2.3"), Entry("aa:bb:cc:dd:ee:ff"), Entry("fe80::1%eth0")],
+        "lo": [Entry("127.0.0.1"), Entry("::1")],
+    }
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: interfaces)
+    assert this_machines_addresses() == {"10.1.2.3", "fe80::1"}
+
+    def refused() -> dict:
+        raise OSError("no interfaces to be seen")
+
+    monkeypatch.setattr(psutil, "net_if_addrs", refused)
+    assert this_machines_addresses() == set()
+
+
+def test_the_store_of_runs_is_renewed_after_an_hour_to_drop_its_caches(tmp_path: Path) -> None:
+    clock = Clock()
+    runs = LiveRunsOnHost(tmp_path / "runs", "vm", spill_root=None, clock=clock)
+    first = runs.store
+    clock.now += agent_module.STORE_RENEW_SECONDS - 0.001
+    assert runs.scan() == [] and runs.store is first
+    clock.now += 0.001
+    assert runs.scan() == [] and runs.store is not first
+
+
+def test_an_interrupt_while_sampling_ends_the_schedule_with_the_stop_set(tmp_path: Path) -> None:
+    class Interrupted(Sampler):
+        def sample(self, processes: object = None) -> tuple[float, Telemetry]:
+            raise KeyboardInterrupt
+
+    stop = threading.Event()
+    agent = an_agent(tmp_path, Interrupted(), Clock(), [], records_runs=False)
+    with pytest.raises(KeyboardInterrupt):
+        agent.run(stop)
+    assert stop.is_set(), "the caller waiting on the stop would wait forever"
+    agent.close(timeout=5.0)
+
+
+def test_the_schedule_waits_an_interval_between_samples(tmp_path: Path) -> None:
+    import time
+
+    stop = threading.Event()
+    agent = an_agent(tmp_path, Sampler(stop_after=4, stop=stop), Clock(), [], records_runs=False)
+    agent.interval = 0.05
+    started = time.monotonic()
+    agent.run(stop)
+    assert time.monotonic() - started >= 3 * 0.05
+    agent.close(timeout=5.0)
+
+
+def test_a_stopped_report_the_store_refuses_is_said_and_the_stop_goes_on(tmp_path: Path) -> None:
+    said: list[str] = []
+    agent = an_agent(tmp_path, Sampler(), Clock(), said, records_runs=False)
+    agent.tick()
+    failing = FailingFiles(agent.files)
+    agent.files = failing  # type: ignore[assignment]
+    agent.close(timeout=5.0)
+    assert len(said) == 1 and f"{failing.where}/host.json: ConnectionRefusedError" in said[0]
+    (host,) = HostsReader(tmp_path / "runs").read()
+    assert not host.stopped  # its last report stands: readers will find it stale
+
+
+def test_an_agent_that_never_reported_stops_at_once(tmp_path: Path) -> None:
+    import time
+
+    agent = an_agent(tmp_path, Sampler(), Clock(), [], records_runs=False)
+    started = time.monotonic()
+    assert agent.close(timeout=60.0)
+    assert time.monotonic() - started < 30.0, "the stop waited for a report that was never to be written"

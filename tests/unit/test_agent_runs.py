@@ -374,12 +374,13 @@ def test_a_run_whose_record_names_no_host_is_listed_but_never_recorded_by_a_work
 
 
 def a_run_of_this_host_started_at(setting: Setting, started: float) -> str:
-    """A live run in the store written from this host, its start a whole second (so its age is exact)."""
+    """A live run in the store written from this host (its run.json says), its start a whole second (its age exact)."""
     run_id = f"20261121-025100-train-{uuid.uuid4().hex[:6]}"
     files = runs_root(setting.runs_dir).files(run_id)
     record = {"run_id": run_id, "job": "train", "status": "running", "started": started, "host": socket.gethostname()}
     files.write(RUN_FILE, json.dumps(dict(record, pid=1)).encode())
-    beat = {"heartbeat": time.time(), "interval": 5.0, "pid": 1, "host": socket.gethostname(), "writer": "b0b0b0"}
+    # Its heartbeat names no host: run.json's alone says it is this one's.
+    beat = {"heartbeat": time.time(), "interval": 5.0, "pid": 1, "writer": "b0b0b0"}
     files.write(f"{WRITERS_FOLDER}/b0b0b0.json", json.dumps(beat).encode())
     return run_id
 
