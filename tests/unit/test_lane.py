@@ -232,6 +232,47 @@ def test_an_engine_killed_by_a_signal_records_the_run_failed_with_the_signal_and
     assert len(engines) == 2 and lane.engine_state == ENGINE_STARTING
 
 
+def test_a_crashed_engines_run_names_its_real_last_error_lines_not_tensorflows_start_up_noise(
+    make_lane, engines, store
+):
+    """Issue 38: the reason was mostly absl's, oneDNN's and CUDA's start-up lines; it filled the header."""
+    from tests.crashing_engine import CRASH_STDERR
+
+    lane = make_lane()
+    live = lane.launch(STEPS, {"steps": 5, "lr": 0.1})
+    engine = engines[0]
+    start_run(lane, engine, store, live)
+    stderr_lines = CRASH_STDERR.read_text(encoding="utf-8").splitlines()
+    engine._listener(EngineExit.from_stderr(-11, "SIGSEGV", stderr_lines, requested=False))
+    lane.poll()
+
+    info = store.info(store.root / live.run_id)
+    assert info.status == "failed"
+    assert info.error.startswith(
+        "the engine was killed by SIGSEGV while running steps; its last stderr lines: "
+        "Fatal Python error: Segmentation fault | Current thread 0x00007f59c302eb80 (most recent call first): | "
+    )
+    assert info.error.endswith('File "<string>", line 6 in train_step |   File "<string>", line 7 in <module>')
+    for noise in ("absl::InitializeLog", "oneDNN", "cuda drivers", "cuInit", "Extension modules"):
+        assert noise not in info.error and noise not in live.model.error, noise
+
+
+def test_an_engine_killed_with_only_start_up_noise_on_its_stderr_says_so(make_lane, engines, store):
+    from tests.crashing_engine import CRASH_STDERR
+
+    lane = make_lane()
+    live = lane.launch(STEPS, {"steps": 5, "lr": 0.1})
+    engine = engines[0]
+    start_run(lane, engine, store, live)
+    start_up = CRASH_STDERR.read_text(encoding="utf-8").splitlines()[:7]
+    engine._listener(EngineExit.from_stderr(-9, "SIGKILL", start_up, requested=False))
+    lane.poll()
+    assert store.info(store.root / live.run_id).error == (
+        "the engine was killed by SIGKILL while running steps; its stderr held only TensorFlow's start-up "
+        "messages (the session log keeps them)"
+    )
+
+
 def test_an_engine_that_dies_before_the_run_began_still_leaves_a_failed_record(make_lane, engines, store):
     lane = make_lane()
     live = lane.launch(STEPS, {"steps": 5, "lr": 0.1})

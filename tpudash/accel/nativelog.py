@@ -11,10 +11,50 @@ terminal, so tpudash's own messages (and Textual, which draws on
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
+
+# An absl/glog line: "I0000 00:00:1795828360.286231   18973 port.cc:153] message" (before absl's log is
+# set up its clock reads 00:00:<seconds>), "W1128 01:02:03.456789   18973 file.cc:42] message", or the
+# older "2024-01-02 03:04:05.678901: W tensorflow/…/cuda_dart.cc:42] message": the level, then the message.
+_GLOG_LINE = re.compile(
+    r"^(?:([IWEF])\d{4} [\d:.]+\s+\d+\s+|\d{4}-\d\d-\d\d [\d:.]+: ([IWEF]) )"
+    r"[^\s\]]+:\d+\]\s?(.*)$"
+)
+# What TensorFlow, absl and XLA write on every start on a machine without a GPU (and a few of their
+# routine warnings): never why an engine crashed. The session log keeps them.
+STARTUP_NOISE = (
+    "oneDNN custom operations are on",
+    "Could not find cuda drivers on your machine",
+    "failed call to cuInit",
+    "Cannot dlopen some GPU libraries",
+    "Could not load dynamic library",
+    "Ignore above cudart dlerror",
+    "Unable to register cuDNN factory",
+    "Unable to register cuFFT factory",
+    "Unable to register cuBLAS factory",
+    "Attempting to register factory for plugin",
+    "computation placer already registered",
+    "TF-TRT Warning: Could not find TensorRT",
+    "This TensorFlow binary is optimized to use available CPU instructions",
+    "rebuild TensorFlow with the appropriate compiler flags",
+    "NUMA node",
+    "NUMA support",
+    "Local rendezvous is aborting with status: OUT_OF_RANGE: End of sequence",
+    "disabling MLIR crash reproducer",
+    "Compiled cluster using XLA",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+)
+# Whole lines of noise without absl's prefix: absl's own first words, and the end of Python's fault
+# handler report (every extension module loaded, one long line).
+_UNPREFIXED_NOISE = re.compile(
+    r"^(?:WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|Extension modules: .*)$"
+)
 
 
 def session_log_path(runs_dir: Path | str | None) -> Path:
@@ -122,3 +162,39 @@ def read_tail(path: Path, lines: int = 20, since: int = 0) -> list[str]:
     except OSError:
         return []
     return text.splitlines()[-lines:]
+
+
+def is_startup_noise(line: str) -> bool:
+    """``line`` is what TensorFlow, absl or XLA print on every start, or an informational log line.
+
+    An absl/glog line at level I is information, never an error; one at W or
+    E counts as noise only when its message is one of ``STARTUP_NOISE``; F
+    (fatal) never does. A line without absl's prefix is noise only when it is
+    absl's "before InitializeLog" warning or the list of extension modules
+    Python's fault handler ends with.
+    """
+    text = line.strip()
+    logged = _GLOG_LINE.match(text)
+    if logged is None:
+        return _UNPREFIXED_NOISE.match(text) is not None
+    level = logged.group(1) or logged.group(2)
+    if level == "I":
+        return True
+    return level != "F" and any(message in logged.group(3) for message in STARTUP_NOISE)
+
+
+def crash_reason_lines(lines: Iterable[str], keep: int) -> tuple[list[str], int]:
+    """The last ``keep`` lines of a crashed process's stderr that say something, and how many were noise.
+
+    Blank lines and start-up noise (``is_startup_noise``) are left out, so
+    the reason shown is the process's real last error lines.
+    """
+    meaningful, noise = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        if is_startup_noise(line):
+            noise += 1
+        else:
+            meaningful.append(line)
+    return meaningful[-keep:] if keep > 0 else [], noise

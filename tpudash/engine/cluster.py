@@ -360,7 +360,10 @@ class ClusterLaunch:
         if returncode < 0:
             error = f"{label} was lost: {describe_exit(returncode)}"
         else:
-            last = " | ".join(tail[-5:]) if tail else "nothing on its stderr"
+            from tpudash.accel.nativelog import crash_reason_lines
+
+            said, noise = crash_reason_lines(tail, 5)  # TensorFlow's start-up lines are no reason (its log keeps them)
+            last = " | ".join(said) or ("only TensorFlow's start-up messages" if noise else "nothing on its stderr")
             error = f"{label} failed: {describe_exit(returncode)}; its last lines: {last}"
         error += f" (its log: {self.logs[index].path})"
         return LaunchOutcome("failed", error, traceback="\n".join(tail) or None, lost_worker=index)

@@ -26,6 +26,8 @@ from tpudash.childproc import ID_FIELD, LineReader, Payload, encode_line
 from tpudash.engine.protocol import REPLIES, Command, Release, Reply, decode, encode
 
 STDERR_TAIL_LINES = 12
+# How far back a crashed engine's stderr is read for its last lines that are not start-up noise.
+STDERR_READ_LINES = 200
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,37 @@ class EngineExit:
     stderr_tail: list[str]
     requested: bool
     """True when the dashboard released or killed it (not a crash)."""
+    stderr_noise: int = 0
+    """How many of its last stderr lines were TensorFlow's start-up noise, left out of ``stderr_tail``
+    (the session log keeps them)."""
+
+    @classmethod
+    def from_stderr(
+        cls, returncode: int | None, signal_name: str | None, stderr_lines: list[str], requested: bool
+    ) -> EngineExit:
+        """An exit whose ``stderr_tail`` is the last lines of ``stderr_lines`` that say something.
+
+        TensorFlow, absl and XLA print the same lines on every start
+        (``tpudash.accel.nativelog.is_startup_noise``); a crash's reason is
+        what came after them.
+        """
+        from tpudash.accel.nativelog import crash_reason_lines
+
+        tail, noise = crash_reason_lines(stderr_lines, STDERR_TAIL_LINES)
+        return cls(returncode, signal_name, tail, requested, noise)
 
     def describe(self) -> str:
         if self.signal_name:
             return f"the engine was killed by {self.signal_name}"
         return f"the engine exited with status {self.returncode}"
+
+    def stderr_words(self) -> str:
+        """What a crash's message says of the engine's stderr ("" when it wrote nothing)."""
+        if self.stderr_tail:
+            return "; its last stderr lines: " + " | ".join(self.stderr_tail)
+        if self.stderr_noise:
+            return "; its stderr held only TensorFlow's start-up messages (the session log keeps them)"
+        return ""
 
 
 EngineNews = Reply | EngineExit
@@ -181,6 +209,6 @@ class EngineProcess(EngineHandle):
                 signal_name = signal.Signals(-returncode).name
             except ValueError:
                 signal_name = f"signal {-returncode}"
-        tail = [line for line in read_tail(self.log_path, 200, self._log_offset) if line.strip()]
         requested = self.release_requested or self.kill_reason is not None
-        self._listener(EngineExit(returncode, signal_name, tail[-STDERR_TAIL_LINES:], requested))
+        stderr_lines = read_tail(self.log_path, STDERR_READ_LINES, self._log_offset)
+        self._listener(EngineExit.from_stderr(returncode, signal_name, stderr_lines, requested))

@@ -8,7 +8,8 @@ is read. Cancel is cooperative first; a job that has not ended within the
 grace period has its engine ended, and the run is recorded as cancelled
 with everything it had reported. An engine that dies on its own (a signal,
 the OOM killer, an abort in native code) leaves the dashboard up: the run is
-recorded as failed with the signal and the engine's last stderr lines, and
+recorded as failed with the signal and the engine's last stderr lines
+(TensorFlow's start-up noise left out; the session log keeps it), and
 the next launch starts a new engine. An engine that speaks another protocol
 (a dashboard and an engine from two installs of tpudash) is ended at its
 hello, and says so.
@@ -401,14 +402,13 @@ class Lane:
         incompatible, self._incompatible = self._incompatible, None
         if current is not None and current.stage == STAGE_SENT:
             cancelled = current.cancel_requested_at is not None and incompatible is None
-            tail = "; its last stderr lines: " + " | ".join(exit.stderr_tail) if exit.stderr_tail else ""
             if incompatible is not None:
                 error = incompatible
             elif cancelled:
                 reason = engine.kill_reason or exit.describe()
                 error = f"cancelled: {reason}; {exit.describe()}"
             else:
-                error = f"{exit.describe()} while running {current.job}{tail}"
+                error = f"{exit.describe()} while running {current.job}{exit.stderr_words()}"
             self._end_unrecorded(current, "cancelled" if cancelled else "failed", error)
         if incompatible is not None:
             for live in self.waiting:  # each would start an engine that speaks the same other protocol
