@@ -11,6 +11,12 @@ swapped in on the UI thread, so keys never wait for a plot. A plot is built
 again only when its data, its size or the theme changed (the run view
 redraws on its display beat): a dashboard that steals a core from training
 would cost its user the very throughput they are watching.
+
+A plot's legend and its y axis' label are drawn on the built figure
+(``Decoration``): the legend in the corner of the canvas that hides the
+fewest data (none, as a rule: a falling loss keeps its legend top right,
+a rising accuracy top left), and wherever it must overlap, the data shows
+through it; the y label sits above the y axis, where one reads it.
 """
 
 from __future__ import annotations
@@ -19,8 +25,11 @@ import asyncio
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
+from plotext._dict import hd_symbols
+from plotext._figure import _figure_class
 from rich.console import Console
 from rich.text import Text
 from textual.content import Content
@@ -60,6 +69,28 @@ class RenderKey:
     theme: str
 
 
+@dataclass(frozen=True)
+class LegendEntry:
+    """One line's row of a legend: its marker drawn twice in its colour, then its label."""
+
+    label: str
+    color: str
+    style: str
+    marker: str
+
+
+@dataclass(frozen=True)
+class Decoration:
+    """What is drawn on a built figure rather than by plotext: the legend, and the y axis' label above that axis.
+
+    plotext puts a legend in the canvas' top left corner, over whatever data is there (a loss
+    curve's first steps), and a y label in the bottom left corner, under the x axis.
+    """
+
+    legend: tuple[LegendEntry, ...] = ()
+    y_label: str = ""
+
+
 def build_text(figure: Plot, key: RenderKey, console: Console) -> Content:
     """plotext's build of ``figure`` at ``key``'s size and theme, as Textual content: runs in a worker thread.
 
@@ -69,6 +100,72 @@ def build_text(figure: Plot, key: RenderKey, console: Console) -> Content:
     figure._set_size(key.width, key.height)  # as PlotextPlot.render does: plotsize alone leaves resizes wrong
     figure.theme(key.theme)
     return Content.from_rich_text(Text.from_ansi(figure.build()), console=console)
+
+
+class DecoratedFigure(Plot):
+    """A plotext figure that draws its ``decoration`` on the matrix plotext built, before its text is made."""
+
+    decoration = Decoration()
+
+    def _build_matrix(self) -> None:
+        figure: Any = self  # plotext's internals: typed neither by plotext nor by textual-plotext
+        _figure_class._build_matrix(figure)
+        decorate(figure.monitor, self.decoration)
+
+
+def decorate(monitor, decoration: Decoration) -> None:
+    """Draw ``decoration`` on plotext's built matrix (``monitor.matrix``: row 0 is the bottom row)."""
+    matrix = monitor.matrix
+    text_colors = (monitor.ticks_color, monitor.ticks_style)
+    if decoration.y_label and matrix.rows:
+        # The top row, at the left: above the y axis' tick labels (the title is centred on the canvas).
+        matrix.add_horizontal_string(0, matrix.rows - 1, decoration.y_label, *text_colors, check_space=True)
+    entries = decoration.legend
+    cols, rows = matrix.Cols_canvas, matrix.Rows_canvas
+    label_width = max((len(entry.label) for entry in entries), default=0) + 2
+    width, height = 3 + label_width, len(entries)
+    if not entries or width > len(cols) or height > len(rows):
+        return  # no room for a legend at all (as plotext decides)
+    corner = legend_corner(matrix, width, height)
+    first_col, top_row = corner
+    for index, entry in enumerate(entries):
+        row = top_row - index
+        cells = [(" ", None, None)] + [(entry.marker, entry.color, entry.style)] * 2
+        cells += [(char, *text_colors) for char in f" {entry.label}".ljust(label_width)]
+        for offset, (char, color, style) in enumerate(cells):
+            col = first_col + offset
+            if matrix.get_marker(col, row) == " ":  # where the legend must overlap data, the data shows through
+                matrix.insert_element(col, row, char, color, style)
+
+
+def legend_corner(matrix, width: int, height: int) -> tuple[int, int]:
+    """The (first column, top row) of the canvas corner whose ``width`` × ``height`` box holds the fewest data
+    cells: top left, top right, bottom left, bottom right, the first of them on a tie."""
+    cols, rows = matrix.Cols_canvas, matrix.Rows_canvas
+    corners = [
+        (first_col, top_row)
+        for top_row in (rows[-1], rows[0] + height - 1)
+        for first_col in (cols[0], cols[-1] - width + 1)
+    ]
+
+    def hidden(corner: tuple[int, int]) -> int:
+        first_col, top_row = corner
+        return sum(
+            matrix.get_marker(col, row) != " "
+            for row in range(top_row - height + 1, top_row + 1)
+            for col in range(first_col, first_col + width)
+        )
+
+    return min(corners, key=hidden)
+
+
+def legend_entry(figure: Plot, label: str) -> LegendEntry:
+    """The legend's row for the line or scatter ``figure`` was given last: its colour as plotext resolved it."""
+    monitor = cast(Any, figure).monitor  # plotext's internals (untyped): what it resolved for the last line
+    marker = monitor.marker[-1][0] if monitor.marker[-1] else "•"
+    color = monitor.color[-1][0] if monitor.color[-1] else "default"
+    style = monitor.style[-1][0] if monitor.style[-1] else "default"
+    return LegendEntry(label, color, style, hd_symbols.get(marker, marker))
 
 
 class BudgetedPlot(PlotextPlot):
@@ -187,7 +284,7 @@ class BudgetedPlot(PlotextPlot):
         self.data_version += 1
         # A fresh figure: the one before may be in a worker thread being built. Its theme first:
         # lines without a colour take the next of the theme's colours as they are plotted.
-        self._plot = Plot()
+        self._plot = DecoratedFigure()
         self._plot.theme(self._plotext_theme)
         self.axis_ticks = {}
         self.replot()
@@ -201,17 +298,29 @@ class BudgetedPlot(PlotextPlot):
         raise NotImplementedError
 
     def set_even_ticks(
-        self, xs: Sequence[float] | None, ys: Sequence[float] | None, y_range: tuple[float, float] | None = None
+        self,
+        xs: Sequence[float] | None,
+        ys: Sequence[float] | None,
+        y_range: tuple[float, float] | None = None,
+        *,
+        x_min_step: float = 0.0,
     ) -> None:
         """``nice_ticks`` on each axis given (``xs``, ``ys``: the drawn values; None: plotext's own ticks),
-        the axis' limits set to its first and last tick, the labels kept in ``axis_ticks``."""
+        the axis' limits set to its first and last tick, the labels kept in ``axis_ticks``.
+
+        ``x_min_step``: the x axis' smallest step between ticks (1 for steps and seconds: never "0.5 steps").
+        """
         # A label per row at most (the rows between the title, the legend's first line and the x axis):
         # few ticks on a 1-2-5 step leave much of a short plot empty above the data.
         rows = max(self.size.height - 6, 2)
-        for axis, values, most in (("x", xs, max(3, min(6, self.columns // 10))), ("y", ys, max(3, min(6, rows)))):
+        for axis, values, most, min_step in (
+            ("x", xs, max(3, min(6, self.columns // 10)), x_min_step),
+            ("y", ys, max(3, min(6, rows)), 0.0),
+        ):
             if not values:
                 continue
-            ticks, labels = nice_ticks(*((y_range if axis == "y" else None) or (min(values), max(values))), most)
+            low, high = (y_range if axis == "y" else None) or (min(values), max(values))
+            ticks, labels = nice_ticks(low, high, most, min_step=min_step)
             if len(ticks) < 2:  # one tick is one value: plotext cannot span an axis of width 0
                 continue
             if axis == "x":
@@ -221,6 +330,19 @@ class BudgetedPlot(PlotextPlot):
                 self.plt.yticks(ticks, labels)
                 self.plt.ylim(ticks[0], ticks[-1])
             self.axis_ticks[axis] = labels
+
+    @property
+    def decoration(self) -> Decoration:
+        """The legend and y label drawn on the current figure as it is built."""
+        return getattr(self.plt, "decoration", Decoration())
+
+    @decoration.setter
+    def decoration(self, decoration: Decoration) -> None:
+        self.plt.decoration = decoration  # type: ignore[attr-defined]  # a DecoratedFigure (replot's own)
+
+    def add_to_legend(self, label: str) -> None:
+        """List the line or scatter just given to ``self.plt`` in the legend, under ``label``."""
+        self.decoration = replace(self.decoration, legend=(*self.decoration.legend, legend_entry(self.plt, label)))
 
 
 async def plots_drawn(node: DOMNode) -> None:
@@ -234,26 +356,37 @@ async def plots_drawn(node: DOMNode) -> None:
 MIN_TICK_STEP = 1e-300
 
 
-def nice_ticks(low: float, high: float, most: int = 5) -> tuple[list[float], list[str]]:
+# Tick labels carry at most this many significant digits: a rate of 7987.2 reads 7980 7990, never 7987.2 7987.4.
+TICK_DIGITS = 4
+
+
+def nice_ticks(low: float, high: float, most: int = 5, *, min_step: float = 0.0) -> tuple[list[float], list[str]]:
     """At most ``most`` evenly spaced ticks on a 1-2-5 × 10^k step that cover [low, high], and their labels.
 
     plotext's own ticks fall at uneven places (``100.0, 83.3, 50.0``) and may stop short of the
     data (an axis ending at 18.2 for steps to 24); labels carry the step's decimals, no more.
+    One value (a single epoch's examples/s, one telemetry sample) gets an axis from 0 to it, where
+    plotext would put it between two thirds and four thirds of itself (``58.5 87.8 117.0``). The
+    step is at least ``min_step`` and keeps labels to ``TICK_DIGITS`` significant digits.
     """
     if not (math.isfinite(low) and math.isfinite(high)):
         return [], []
     if high < low:
         low, high = high, low
     if high == low:
-        return [low], [format_tick(low, 0)]
+        low, high = (0.0, 1.0) if low == 0 else (min(0.0, low), max(0.0, high))
     most = max(most, 3)  # ticks are multiples of the step: a range across 0 takes three
-    raw = (high - low) / (most - 1)
+    largest = max(abs(low), abs(high))
+    coarsest_useful = 10 ** (math.floor(math.log10(largest)) - TICK_DIGITS + 1) if largest >= MIN_TICK_STEP else 0.0
+    raw = max((high - low) / (most - 1), min_step, coarsest_useful)
     if not math.isfinite(raw) or raw < MIN_TICK_STEP:
         # A span too wide for a float (1e308 apart) or too narrow for a power of ten (5e-324): one value.
         return [low], [format_tick(low, 0)]
     magnitude = 10 ** math.floor(math.log10(raw))
     candidates = (factor * magnitude * 10**power for power in range(4) for factor in (1, 2, 5))
     for step in candidates:
+        if step < raw:
+            continue
         first, last = math.floor(low / step), math.ceil(high / step)
         if last - first + 1 <= most:
             break
@@ -305,22 +438,24 @@ class MetricPlot(BudgetedPlot):
         plotted = [(line, *line.series.points()) for line in self.lines]
         plotted = [(line, xs, ys) for line, xs, ys in plotted if xs]
         allotments = share_points(self.point_budget, [len(xs) for _, xs, _ in plotted])
-        for (line, xs, ys), allotment in zip(plotted, allotments):
+        for index, ((line, xs, ys), allotment) in enumerate(zip(plotted, allotments)):
             all_positive = all_positive and min(ys) > 0
             if line.scatter:
                 # Dots, not a line: a line through noisy min/max points zigzags
                 # the full height at every step, and plotext draws every pixel
                 # of every segment (a hundred milliseconds for one noisy line).
                 xs, ys = decimate_min_max(xs, ys, max(allotment // 2, 1))
-                plt.scatter(xs, ys, label=line.label, color=line.color, marker="braille")
+                plt.scatter(xs, ys, color=line.color, marker="braille")
             else:
                 # Lines carry smoothed or per-epoch values: evenly spaced points
                 # follow them; min/max pairs would only add zigzags.
                 xs, ys = decimate_stride(xs, ys, allotment)
-                plt.plot(xs, ys, label=line.label, color=line.color, marker="braille")
-                if line.markers and len(xs) <= self.columns // 4:
-                    plt.scatter(xs, ys, color=line.color, marker="●")
-            self.drawn_series[line.label] = (xs, ys)
+                plt.plot(xs, ys, color=line.color, marker="braille")
+            if line.label:  # the line's own marker and colour, before the epochs' dots below
+                self.add_to_legend(line.label)
+            if not line.scatter and line.markers and len(xs) <= self.columns // 4:
+                plt.scatter(xs, ys, color=line.color, marker="●")
+            self.drawn_series[line.label or f"line {index}"] = (xs, ys)  # an unlabelled line: not in the legend
             drawn += len(xs)
         log_scale = bool(self.log_y and drawn and all_positive)
         plt.yscale("log" if log_scale else "linear")
@@ -336,7 +471,8 @@ class MetricPlot(BudgetedPlot):
         """Even ticks that cover every drawn point, the axes' limits set to them."""
         xs = [x for line_xs, _ in self.drawn_series.values() for x in line_xs]
         ys = [y for _, line_ys in self.drawn_series.values() for y in line_ys]
-        self.set_even_ticks(xs, None if log_scale else ys, y_range=self.y_range)
+        # Steps and seconds: an axis of one point at step 30 reads 0 … 30, never 29.5.
+        self.set_even_ticks(xs, None if log_scale else ys, y_range=self.y_range, x_min_step=1.0)
 
     @property
     def point_budget(self) -> int:
@@ -384,13 +520,16 @@ class PathPlot(BudgetedPlot):
         plt.clear_data()
         plt.title(self.title)
         plt.xlabel(self.xlabel)
-        plt.ylabel(self.ylabel)
+        self.decoration = Decoration(y_label=self.ylabel)  # above the y axis (plotext's sits under the x axis)
         xs, ys = decimate_stride(*self.path.points(), self.columns)
         self.markers = {"start": (xs[0], ys[0]), "end": (xs[-1], ys[-1])} if xs else {}
         if xs:
-            plt.plot(xs, ys, marker="braille", label="path")
-            plt.scatter([xs[0]], [ys[0]], marker="o", label="start", color="green")
-            plt.scatter([xs[-1]], [ys[-1]], marker="x", label="end", color="red")
+            plt.plot(xs, ys, marker="braille")
+            self.add_to_legend("path")
+            plt.scatter([xs[0]], [ys[0]], marker="o", color="green")
+            self.add_to_legend("start")
+            plt.scatter([xs[-1]], [ys[-1]], marker="x", color="red")
+            self.add_to_legend("end")
             self.set_even_ticks(xs, ys)
         else:
             plt.title(f"{self.title} (waiting for data)")
