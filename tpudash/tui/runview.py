@@ -13,7 +13,6 @@ Workers tab (``tpudash.tui.workers``), read off the UI thread.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -26,6 +25,7 @@ from tpudash.format import status_text as status_text  # the dashboard's status 
 from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
 from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
+from tpudash.tui.replicatable import fill_replica_table, replica_note
 from tpudash.tui.runheader import RunHeader, clipped
 from tpudash.tui.workers import FollowsWorkers, WorkersFeed
 
@@ -345,20 +345,7 @@ class RunView(FollowsWorkers, Vertical):
         self.query_one("#replica-note", Static).update(note or "")
         self.query_one("#replica-note", Static).display = note is not None
         self.query_one("#replica-plot", ReplicaBarPlot).display = note is None
-        table = self.query_one("#replica-table", DataTable)
-        table.clear(columns=True)
-        replicas = list(model.replicas.values())[-200:]
-        count = max((len(event.values) for event in replicas), default=0)
-        if not count:
-            return
-        rows = [[format_value(value) for value in event.values] for event in replicas]
-        layout = replica_table_layout([event.name for event in replicas], rows, count, self.size.width - 2)
-        table.add_column("value", key="name", width=layout.name_width)
-        for index, label in enumerate(layout.labels):
-            table.add_column(label, key=f"r{index}", width=layout.cell_width)
-        for event, cells in zip(replicas, rows):
-            cells = [clipped(cell, layout.cell_width) for cell in cells]
-            table.add_row(clipped(event.name, layout.name_width), *(cells + [""] * (count - len(cells))))
+        fill_replica_table(self.query_one("#replica-table", DataTable), model, self.size.width - 2)
         if model.latest_numeric_replica:
             event = model.replicas[model.latest_numeric_replica]
             names = self._device_names.add(event.devices or [])
@@ -377,7 +364,13 @@ class RunView(FollowsWorkers, Vertical):
             plot = self._plots.get(family)
             if plot is None:
                 plot = self._plots[family] = MetricPlot(family, classes="metric-plot")
-                grid.mount(plot)
+                # Loss left of accuracy whichever came first (a job sends loss first, Keras' logs accuracy).
+                later = [
+                    other
+                    for other in grid.children
+                    if isinstance(other, MetricPlot) and family_rank(other.title) > family_rank(family)
+                ]
+                grid.mount(plot, before=later[0] if later else self._path_plot)
             if self._drawn.get(family) != version:
                 plot.set_lines(plot_lines(tracks))
                 self._drawn[family] = version
@@ -468,63 +461,6 @@ class RunView(FollowsWorkers, Vertical):
         return self._plots.get(family)
 
 
-@dataclass(frozen=True)
-class ReplicaTableLayout:
-    """How the per-replica table fits its width: its columns' labels and widths (cells, padding aside)."""
-
-    name_width: int
-    labels: list[str]
-    cell_width: int
-
-
-CELL_PADDING = 2  # DataTable's, either side of a cell together
-MAX_CELL = 30
-
-
-def replica_table_layout(names: list[str], rows: list[list[str]], count: int, width: int) -> ReplicaTableLayout:
-    """Every replica's column within ``width`` (issue 26, 5.25: at 80 columns 8 replicas showed 5).
-
-    ``replica N`` headings while they fit; else ``rN`` and the value names cut to the room left;
-    values are cut only when even that is too wide.
-    """
-    widest_cell = min(max((len(cell) for row in rows for cell in row), default=1), MAX_CELL)
-    widest_name = max(len("value"), *(len(name) for name in names))
-    full = [f"replica {index}" for index in range(count)]
-    cell = max(widest_cell, len(full[-1]))
-    if widest_name + CELL_PADDING + count * (cell + CELL_PADDING) <= width:
-        return ReplicaTableLayout(widest_name, full, cell)
-    short = [f"r{index}" for index in range(count)]
-    cell = max(widest_cell, len(short[-1]))
-    name_width = min(widest_name, max(len("value"), width - CELL_PADDING - count * (cell + CELL_PADDING)))
-    room = (width - name_width - CELL_PADDING) // count - CELL_PADDING
-    return ReplicaTableLayout(name_width, short, max(min(cell, room), len(short[-1]), 3))
-
-
-def replica_note(model: RunModel) -> str | None:
-    """What the Replicas tab says instead of a chart, or None when the latest numbers make one.
-
-    A chart of nothing but zeros is an empty box (plotext draws −1 to 1):
-    the sentence says it better. A run that ended without values says why.
-    """
-    if model.latest_numeric_replica:
-        event = model.replicas[model.latest_numeric_replica]
-        if any(value != 0 for value in event.values):
-            return None
-        count = len(event.values)
-        return f"{event.name} is exactly 0 on {f'all {count} replicas' if count > 1 else 'the one replica'}."
-    if model.replicas:
-        return "No numbers to chart per replica; the table below lists each replica's values."
-    if not model.finished_state:
-        return "Per-replica values: waiting for data."
-    why = {
-        "done": f"{model.job or 'the job'} does not report values per replica; its results are under Plots and Results",
-        "failed": "it failed before reporting any (the error is above; the traceback is in Log)",
-        "cancelled": "it was cancelled before reporting any",
-        "interrupted": "its process ended before reporting any",
-    }.get(model.status, f"it ended ({model.status}) without reporting any")
-    return f"This run reported no per-replica values: {why}."
-
-
 def plots_note(model: RunModel | None) -> str:
     """What the Plots tab says while it has no plot: "yet" only while the run can still report metrics;
     a run that ended without any says what it has instead (issue 26, 5.21)."""
@@ -542,6 +478,15 @@ def plots_note(model: RunModel | None) -> str:
         has.append("its log under Log")
     job = model.job or "This run"
     return f"{job} reported no metrics to plot" + (f"; it has {' and '.join(has[:2])}." if has else ".")
+
+
+def family_rank(family: str) -> int:
+    """Where a metric's plot goes among a run's plots: loss first, then accuracy, then the others as they came."""
+    if family == "loss" or family.endswith("loss"):
+        return 0
+    if "acc" in family:
+        return 1
+    return 2
 
 
 def plot_lines(tracks: list[MetricTrack]) -> list[PlotLine]:
