@@ -20,8 +20,9 @@ SCREEN_KEYS = (
     ),
     (
         "Run view",
-        "[ / ] previous / next run of this session · x cancel the run shown (queued or running) · "
-        "c cancel the running job · tabs: Plots, Replicas, Results, Log",
+        "[ / ] previous / next run of this session · x cancel the run shown (queued or running; greyed once it "
+        "ended) · c cancel the running job · ← / → the previous / next tab: Plots, Replicas, Results, Log, and "
+        "Workers for a run of several workers (tab first, if the focus is elsewhere)",
     ),
     (
         "Hosts",

@@ -3,7 +3,8 @@
 The run on show is drawn by ``tpudash.tui.runview.RunView``; this screen picks
 which run that is (the newest, or the one chosen in the lane list) and
 redraws it on the app's ``DisplayTick``; a run of several workers also lists
-them (``RunView.follow_workers``).
+them (``RunView.follow_workers``). ``x`` (cancel this run) is greyed on the
+keys line once the run shown has ended.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class RunScreen(DashScreen):
 
     def on_mount(self) -> None:
         self._lane_signature: tuple = ()
+        self._cancellable_shown: bool | None = None
         self.watch(self.app, "shown_run_id", self._show_run)
         self.watch(self.app, "lane_version", self.refresh_lane)
         self._ready = True
@@ -59,6 +61,7 @@ class RunScreen(DashScreen):
         store = self.dashboard.session.store
         self.view.follow_workers(store.files(run_id) if live and run_id else None, local=store.local)
         self.refresh_lane()
+        self._sync_cancel_key()
 
     def on_display_tick(self, tick: DisplayTick) -> None:
         """On the app's timer (and when a run starts or ends): redraw what changed."""
@@ -66,6 +69,29 @@ class RunScreen(DashScreen):
         # quit has the app exiting, its widgets are going away: nothing is drawn, and no read is started.
         if getattr(self, "_ready", False) and not self.dashboard.exiting:
             self.view.sync(tick.force)
+            self._sync_cancel_key()
+
+    def _shown_live(self):
+        shown = self.dashboard.shown_run_id
+        return self.dashboard.session.live_runs.get(shown) if shown is not None else None
+
+    @property
+    def shown_cancellable(self) -> bool:
+        """Whether the run on show can still be cancelled (queued or running)."""
+        live = self._shown_live()
+        return live is not None and not live.settled.is_set() and not live.model.finished_state
+
+    def _sync_cancel_key(self) -> None:
+        cancellable = self.shown_cancellable
+        if cancellable != self._cancellable_shown:
+            self._cancellable_shown = cancellable
+            self.refresh_bindings()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """``x`` greyed (None: shown, disabled) while the run on show has ended or there is none."""
+        if action == "cancel_shown":
+            return True if self.shown_cancellable else None
+        return True
 
     def refresh_lane(self, _version: int = 0) -> None:
         """List this session's runs, newest first, with their status."""
@@ -96,8 +122,7 @@ class RunScreen(DashScreen):
 
     def action_cancel_shown(self) -> None:
         """Cancel the run on screen: a queued one leaves the queue without running."""
-        shown = self.dashboard.shown_run_id
-        live = self.dashboard.session.live_runs.get(shown) if shown is not None else None
+        live = self._shown_live()
         if live is None or live.settled.is_set():
             self.app.notify("This run has already ended.", severity="warning")
             return

@@ -178,7 +178,7 @@ async def test_resizing_during_a_run_keeps_the_plots(make_app, job_gate):
 
 async def test_the_keys_line_shows_each_screens_keys_and_a_click_presses_one(make_app):
     app = make_app()
-    async with app.run_test(size=(200, 40)) as pilot:
+    async with app.run_test(size=(220, 40)) as pilot:
         await runtime_ready(pilot)
         keys_line = app.screen.query_one(KeyBar)
         devices_line = str(keys_line.render())

@@ -128,10 +128,12 @@ def fit_keys(
     One style for every screen at a given width: every key as `` d Devices ``
     while ``width`` holds ``full_style_width`` (what the widest screen's line
     needs) and this line; else compact (``devices`` with its first letter as
-    the key, else ``x cancel``, one space apart). Then, until the line fits:
-    without the app's other keys, then without the screen's, from the right;
-    then the contract's keys lose their descriptions from the right. Whatever
-    happens, every key of the contract stays on the line.
+    the key, else ``x cancel``, one space apart). Then, until the line fits,
+    descriptions go before any key does (a bare ``v`` still says the key
+    works here; help and the palette say what it does): first the app's
+    other keys', then the screen's, then the contract's, each from the
+    right; only then the app's other keys, then the screen's, from the
+    right. Whatever happens, every key of the contract stays on the line.
     """
 
     def needed(compact: bool, chosen: list[tuple[ShownKey, bool]]) -> int:
@@ -140,16 +142,18 @@ def fit_keys(
     chosen = [(key, True) for key in keys]
     if width >= full_style_width and needed(False, chosen) <= width:
         return False, chosen
+    for rank in (2, 1, 0):
+        for index in range(len(chosen) - 1, -1, -1):
+            if needed(True, chosen) <= width:
+                return True, chosen
+            if chosen[index][0].rank == rank:
+                chosen[index] = (chosen[index][0], False)
     for rank in (2, 1):
         for index in range(len(chosen) - 1, -1, -1):
             if needed(True, chosen) <= width:
                 return True, chosen
             if chosen[index][0].rank == rank:
                 del chosen[index]
-    for index in range(len(chosen) - 1, -1, -1):
-        if needed(True, chosen) <= width:
-            break
-        chosen[index] = (chosen[index][0], False)
     return True, chosen
 
 
