@@ -10,8 +10,8 @@ To be the same on every machine the app sees only fixed things: a runtime
 description and host scan written here (no TensorFlow, no engine process),
 runs written here with fixed times (the three kinds of result the run view
 draws: training curves and per-replica values, gradient descent's path,
-matmul's per-device table), a fixed runs directory path, UTC, and no
-telemetry sampling.
+matmul's per-device table; replica-matmul's products, in a test of its
+own), a fixed runs directory path, UTC, and no telemetry sampling.
 """
 
 from __future__ import annotations
@@ -163,6 +163,22 @@ def matmul_events() -> list:
     ]
 
 
+def replica_matmul_events() -> list:
+    """What replica-matmul reports with its default inputs: seed 004's product on every replica."""
+    products = [[[22.0, 28.0], [49.0, 64.0]]] * 8
+    return [
+        Progress(1, 1, "run"),
+        ReplicaValues("product", products, CPUS),
+        Table(
+            "replica-matmul: 2×3·3×2 on 8 replicas",
+            ["replica", "device", "max abs error", "result"],
+            [[index, name, 0.0, "pass"] for index, name in enumerate(CPUS)],
+        ),
+        ReplicaValues("max abs error", [0.0] * 8, CPUS),
+        RunFinished("done", {"replicas": 8, "agree": True, "matches_reference": True, "max_abs_error": 0.0}),
+    ]
+
+
 def write_runs() -> None:
     shutil.rmtree(RUNS_DIR.parent, ignore_errors=True)
     RUNS_DIR.mkdir(parents=True)
@@ -279,3 +295,13 @@ SCREENS = {
 @pytest.mark.parametrize("screen", SCREENS)
 def test_screen_matches_its_snapshot(snap_compare, fixed_app, screen, size):
     assert snap_compare(fixed_app(), terminal_size=SIZES[size], run_before=SCREENS[screen])
+
+
+REPLICA_MATMUL_RUN = "20261117-102640-replica-matmul-7a8b9c"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_replica_matmuls_replicas_tab_matches_its_snapshot(snap_compare, fixed_app, size):
+    """Its products whole, a row per replica (issue 38, item 13); a run of its own, so History's snapshots stay."""
+    record_run(REPLICA_MATMUL_RUN, "replica-matmul", {}, replica_matmul_events(), seconds=1.5)
+    assert snap_compare(fixed_app(), terminal_size=SIZES[size], run_before=opened_from_history(REPLICA_MATMUL_RUN))
