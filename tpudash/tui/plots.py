@@ -48,9 +48,10 @@ POINT_BUDGET_PER_COLUMN = 2.0
 
 @dataclass
 class PlotLine:
-    """One labelled line (or scatter) of a plot, read from a bounded series."""
+    """One line (or scatter) of a plot, read from a bounded series; listed in the legend under its label."""
 
-    label: str
+    label: str | None
+    """None: a line the legend leaves out."""
     series: DecimatedSeries
     color: str | None = None
     scatter: bool = False
