@@ -68,6 +68,8 @@ def test_only_the_last_lines_asked_for_are_kept():
         "OUT_OF_RANGE: End of sequence",
         "I0000 00:00:1795828363.402213   18973 service.cc:148] XLA service 0x55d0 initialized for platform Host",
         "Extension modules: numpy._core._multiarray_umath, psutil._psutil_linux (total: 2)",
+        "To enable the following instructions: AVX2 AVX512F FMA, in other operations, rebuild TensorFlow with the "
+        "appropriate compiler flags.",
     ],
 )
 def test_tensorflows_absls_and_xlas_start_up_lines_are_noise(line):

@@ -49,10 +49,11 @@ STARTUP_NOISE = (
     "Compiled cluster using XLA",
     "TF_FORCE_GPU_ALLOW_GROWTH",
 )
-# Whole lines of noise without absl's prefix: absl's own first words, and the end of Python's fault
-# handler report (every extension module loaded, one long line).
+# Whole lines of noise without absl's prefix: absl's own first words, the second line of TensorFlow's CPU
+# instructions notice, and the end of Python's fault handler report (every extension module loaded).
 _UNPREFIXED_NOISE = re.compile(
     r"^(?:WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.?"
     r"|Extension modules: .*)$"
 )
 
@@ -170,8 +171,9 @@ def is_startup_noise(line: str) -> bool:
     An absl/glog line at level I is information, never an error; one at W or
     E counts as noise only when its message is one of ``STARTUP_NOISE``; F
     (fatal) never does. A line without absl's prefix is noise only when it is
-    absl's "before InitializeLog" warning or the list of extension modules
-    Python's fault handler ends with.
+    absl's "before InitializeLog" warning, the second line of TensorFlow's
+    CPU instructions notice, or the list of extension modules Python's fault
+    handler ends with.
     """
     text = line.strip()
     logged = _GLOG_LINE.match(text)
