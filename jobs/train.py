@@ -80,7 +80,7 @@ from jobs.trainplan import (
     tpu_advice,
 )
 from jobs.trainreport import STAGE_MODEL, TrainingReporter, data_stage_name
-from jobs.trainworkers import FIT_UNDER_MWMS, WorkerLost, check_workers, cluster_of, is_peer_loss, lost_worker_message
+from jobs.trainworkers import WorkerLost, check_workers, cluster_of, is_peer_loss, lost_worker_message, training_loop
 
 PARAMS = (
     Param("dataset", "str", "mnist", "images to classify", choices=data.DATASET_NAMES),
@@ -124,8 +124,9 @@ PARAMS = (
     Param(
         "loop",
         "str",
-        "fit",
-        'fit: Keras model.fit; custom: the "Use TPUs" guide\'s custom training loop',
+        "auto",
+        'fit: Keras model.fit; custom: the "Use TPUs" guide\'s custom training loop; auto: fit, '
+        "or custom on several workers (where Keras 3's fit fails)",
         choices=LOOPS,
     ),
     Param(
@@ -187,7 +188,7 @@ def run_train(ctx: Any, params: dict) -> dict:
     strategy = runtime.strategy
     replicas = int(strategy.num_replicas_in_sync)
     settings = ctx.settings
-    loop = "custom" if cluster is not None else params["loop"]
+    loop, loop_warning = training_loop(params["loop"], cluster)
     with op_determinism(params["deterministic"]), precision_policy(params["precision"]):
         keras.utils.set_random_seed(params["seed"])
         stage = StageAnnouncer(ctx.emit)
@@ -197,8 +198,8 @@ def run_train(ctx: Any, params: dict) -> dict:
             ctx.raise_if_cancelled()
             stage(data_stage, done, total)
 
-        if cluster is not None and params["loop"] == "fit":
-            ctx.log(FIT_UNDER_MWMS, "warning")
+        if loop_warning is not None:
+            ctx.log(loop_warning, "warning")
         stage(data_stage)
         splits = data.load_splits(
             params["dataset"],

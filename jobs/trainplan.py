@@ -23,7 +23,8 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 OPTIMIZERS = ("adam", "sgd", "rmsprop", "adamw")
 
 
-LOOPS = ("fit", "custom")
+# auto: Keras fit, or the custom loop where fit cannot train (a cluster of workers).
+LOOPS = ("auto", "fit", "custom")
 
 
 TPU_MXU = 128

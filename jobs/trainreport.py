@@ -16,6 +16,7 @@ from jobs import datasets as data
 from jobs.batchmeans import BatchMeans
 from jobs.events import TRAINING_STAGE, Metric, Progress, ReplicaValues, StageAnnouncer
 from jobs.trainplan import ProfileWindow, TrainingPlan, distribute
+from jobs.trainworkers import cluster_of, cluster_replica_devices, spans_workers
 
 # The stages a training run goes through before and between its steps
 # (jobs.events.Stage); the data stage is named after its source.
@@ -188,6 +189,13 @@ class Evaluator:
             self.loss = keras.metrics.Mean(name="loss")
             self.accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
         loss_function = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits, reduction="none")
+        # A worker of a cluster holds only its own replicas' shares: every replica's are gathered.
+        self.gather_shares = None
+        cluster = cluster_of(ctx.runtime)
+        if cluster is not None and spans_workers(strategy):
+            local = list(getattr(strategy.extended, "worker_devices", ()) or ())
+            self.devices = cluster_replica_devices(local, cluster)
+            self.gather_shares = shares_gatherer(tf, strategy, (self.loss, self.accuracy))
 
         def replica_step(inputs):
             images, labels = inputs
@@ -226,13 +234,43 @@ class Evaluator:
         component per replica, summed only when read as a whole.
         """
         shares = {}
-        for name, metric in (("loss", self.loss), ("accuracy", self.accuracy)):
-            totals = self.strategy.experimental_local_results(metric.total.value)
-            counts = self.strategy.experimental_local_results(metric.count.value)
-            shares[name] = [
-                float(total) / float(count) if float(count) else float("nan") for total, count in zip(totals, counts)
-            ]
+        if self.gather_shares is not None:
+            # One row per replica of the cluster: loss total, loss count, accuracy total, accuracy count.
+            rows = self.strategy.experimental_local_results(self.gather_shares())[0].numpy().tolist()
+            parts = {"loss": [(row[0], row[1]) for row in rows], "accuracy": [(row[2], row[3]) for row in rows]}
+        else:
+            parts = {
+                name: list(
+                    zip(
+                        self.strategy.experimental_local_results(metric.total.value),
+                        self.strategy.experimental_local_results(metric.count.value),
+                    )
+                )
+                for name, metric in (("loss", self.loss), ("accuracy", self.accuracy))
+            }
+        for name, pairs in parts.items():
+            shares[name] = [float(total) / float(count) if float(count) else float("nan") for total, count in pairs]
         return shares
+
+
+def shares_gatherer(tf, strategy, metrics):
+    """A tf.function returning every replica's (total, count) of each metric, gathered over the cluster.
+
+    A collective: every worker calls it, at the same point (each validates
+    every epoch). Read in a replica's context, a metric's sync-on-read total
+    is that replica's own component.
+    """
+
+    def replica_row():
+        parts = [tf.cast(variable.value, tf.float32) for metric in metrics for variable in (metric.total, metric.count)]
+        row = tf.reshape(tf.stack(parts), (1, len(parts)))
+        return tf.distribute.get_replica_context().all_gather(row, axis=0)
+
+    @tf.function
+    def gather():
+        return strategy.run(replica_row)
+
+    return gather
 
 
 def make_evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits, stage: StageAnnouncer) -> Evaluator:

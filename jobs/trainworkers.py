@@ -63,6 +63,38 @@ def spans_workers(strategy: Any) -> bool:
     return bool(getattr(getattr(strategy, "extended", None), "_cluster_spec", None))
 
 
+def cluster_replica_devices(local_devices: list[str], cluster: dict) -> list[str]:
+    """Every replica's device over the cluster, in replica order: the chief's, then each worker's by task.
+
+    ``local_devices``: this worker's replicas' devices (the strategy's
+    ``worker_devices``). MultiWorkerMirroredStrategy gives every worker as
+    many replicas and numbers them chief first, then ``/job:worker`` by task;
+    each worker's devices are this worker's under its own job and task.
+    """
+    jobs = cluster.get("jobs") or {"worker": cluster.get("workers", 1)}
+    tasks = [("chief", 0)] if jobs.get("chief") else []
+    tasks += [("worker", index) for index in range(int(jobs.get("worker", 0)))]
+    devices = []
+    for job, index in tasks:
+        task = f"/job:{job}/replica:0/task:{index}"
+        devices += [
+            TASK_NAME.sub(task, device) if TASK_NAME.search(device) else task + device for device in local_devices
+        ]
+    return devices
+
+
+def training_loop(asked: str, cluster: dict | None) -> tuple[str, str | None]:
+    """The loop that trains (fit or custom) for the ``loop`` param ``asked``, and a warning when it is not that one.
+
+    ``auto`` (the default) is fit in one process and the custom loop on a
+    cluster, without a word; only a ``fit`` the user asked for on a cluster
+    is worth a warning.
+    """
+    if cluster is None:
+        return ("fit" if asked == "auto" else asked), None
+    return "custom", (FIT_UNDER_MWMS if asked == "fit" else None)
+
+
 def check_workers(params: dict, runtime: Any) -> None:
     """``workers`` > 1 trains only inside a cluster of that size; the launcher starts it, never the job."""
     workers = params.get("workers", 1)

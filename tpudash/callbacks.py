@@ -61,7 +61,14 @@ import keras
 
 from jobs.batchmeans import BatchMeans
 from jobs.events import split_final_name, to_jsonable
-from tpudash.recording import RecordedRun, RecordingError, find_recording_worker, session_runtime, shared_run_id
+from tpudash.recording import (
+    RecordedRun,
+    RecordingError,
+    find_recording_worker,
+    runs_directory,
+    session_runtime,
+    shared_run_id,
+)
 from tpudash.runs.layout import SOURCE_CALLBACK
 from tpudash.runs.workers import WorkerIdentity
 
@@ -83,6 +90,8 @@ class TpudashCallback(keras.callbacks.Callback):
     ``name``: what the run is called (default: the model's name).
     ``runs_dir``: where: a directory or a store URL (``gs://BUCKET/runs``, ``s3://…``); default tpudash's runs
     directory, ``$TPUDASH_RUNS_DIR``. In a store, ``fit`` never waits for the network (``tpudash.runs.uploader``).
+    One that cannot be recorded into (empty, a malformed URL, a store whose library is missing) raises
+    ``RecordingError`` (a ``ValueError``) here, naming it.
     ``every_n_batches``: a batch point every N batches (default: at most ten a second).
     ``batch_size``: the global batch, for examples/s (default: read from ``fit`` when Keras knows it).
     ``worker``: which worker of a cluster this process is (a number, or a ``WorkerIdentity``); default:
@@ -108,6 +117,16 @@ class TpudashCallback(keras.callbacks.Callback):
             raise RecordingError(
                 f"name: {name!r} is not allowed; allowed: a non-empty text, or None for the model's name"
             )
+        if runs_dir is not None:
+            # A runs_dir that cannot be recorded into is the caller's mistake: said here, as Keras says a bad
+            # argument, not as a warning lost in fit's output while the training records nothing.
+            if not isinstance(runs_dir, (str, os.PathLike)):
+                from tpudash.runs.location import ALLOWED
+
+                raise RecordingError(
+                    f"runs_dir: {runs_dir!r} is not allowed; allowed: {ALLOWED}, or None for tpudash's runs directory"
+                )
+            runs_directory(runs_dir)
         # Before training starts: a cluster without a shared run id, or a malformed TF_CONFIG, is said now.
         shared_run_id(run_id, find_recording_worker(worker))
         self.worker = worker

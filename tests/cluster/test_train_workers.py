@@ -83,6 +83,18 @@ def test_train_on_two_workers_is_one_run_with_both_workers_and_rising_accuracy(t
         if isinstance(event, Metric) and event.name == "accuracy" and event.split == "train"
     ]
     assert accuracy and accuracy[-1] > 0.2, accuracy  # ten classes: chance is 0.1
+    # Every replica of the cluster is validated per replica, not the chief's alone (issue 38).
+    per_replica = [event for event in printed if event["type"] == "replica_values"]
+    assert per_replica and {event["name"] for event in per_replica} == {
+        "val loss per replica",
+        "val accuracy per replica",
+    }
+    for event in per_replica:
+        assert event["devices"] == [f"/job:worker/replica:0/task:{task}/device:CPU:0" for task in (0, 1)], event
+        assert len(event["values"]) == 2
+    # loop left at its default (auto): the custom loop trains without a warning about a fit nobody asked for.
+    assert not [event for event in printed if event["type"] == "log" and event["text"].startswith("loop=fit asked")]
+    assert printed[-1]["summary"]["loop"] == "custom"
     assert store.stream(info.run_id, worker_stream(1)).read_new(final=True), "worker 1 wrote no events of its own"
     assert set(heartbeats(store, info.run_id)) == {0, 1}
     for index in (0, 1):

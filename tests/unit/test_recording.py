@@ -320,6 +320,34 @@ def test_callback_options_are_checked_with_the_field_named():
         tpudash.record("run", runs_dir=" ")
 
 
+@pytest.mark.parametrize(
+    "runs_dir, said",
+    [
+        ("", "runs_dir: is empty; allowed: a directory path, file://PATH, gs://BUCKET/PATH"),
+        ("  ", "runs_dir: is empty; allowed: a directory path"),
+        (5, "runs_dir: 5 is not allowed; allowed: a directory path, file://PATH, gs://BUCKET/PATH"),
+        ("gs//bucket/runs", "runs_dir: "),
+    ],
+)
+def test_a_callback_with_a_runs_dir_it_cannot_record_into_raises_at_construction(runs_dir, said):
+    """Issue 38: ``TpudashCallback(runs_dir="")`` trained and recorded nothing, with one warning lost in fit's output."""
+    from tpudash.callbacks import TpudashCallback
+
+    with pytest.raises(ValueError, match="^" + re.escape(said)) as raised:
+        TpudashCallback(runs_dir=runs_dir)
+    assert isinstance(raised.value, RecordingError)
+    assert "or None for tpudash's runs directory" in str(raised.value) or runs_dir == "gs//bucket/runs"
+
+
+def test_a_callback_takes_a_runs_dir_it_can_record_into(tmp_path):
+    from tpudash.callbacks import TpudashCallback
+
+    assert TpudashCallback(runs_dir=tmp_path / "runs").runs_dir == tmp_path / "runs"
+    assert TpudashCallback(runs_dir=str(tmp_path)).runs_dir == str(tmp_path)
+    assert TpudashCallback(runs_dir="memory://runs").runs_dir == "memory://runs"
+    assert TpudashCallback().runs_dir is None
+
+
 def test_nan_loss_is_recorded_as_nan_not_a_crash(store):
     with tpudash.record("nan") as run:
         run.metric("loss", float("nan"))
