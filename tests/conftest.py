@@ -86,6 +86,16 @@ def isolated_runs_dir(tmp_path, monkeypatch):
     return runs_dir
 
 
+@pytest.fixture(autouse=True)
+def store_outages_forgotten():
+    """No test sees another's store outage (a process-wide record: ``tpudash.runs.storeclient``) or store timeout."""
+    from tpudash.runs import storeclient
+
+    yield
+    storeclient.forget_outages()
+    storeclient.set_store_timeout(None)
+
+
 @pytest.fixture(scope="session")
 def runtime():
     """The process-wide 8-device CPU runtime."""

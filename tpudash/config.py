@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from tpudash.runs.location import missing_library, parse_runs_dir
+from tpudash.runs.storeclient import DEFAULT_STORE_TIMEOUT, STORE_TIMEOUT_RANGE
 from tpudash.telemetry.sources import DEFAULT_TPU_METRICS_ADDRESS, AddressError, parse_metrics_address
 
 DEFAULT_CPU_DEVICES = 8
@@ -21,7 +22,12 @@ TELEMETRY_INTERVAL_RANGE = (0.1, 60.0)
 MAX_CPU_DEVICES = 256
 ENV_PREFIX = "TPUDASH_"
 # Settings given in seconds: (lowest, highest) allowed.
-SECONDS_RANGES = {"tpu_timeout": (1.0, 3600.0), "release_after": (0.0, 7 * 24 * 3600.0), "cancel_grace": (0.1, 60.0)}
+SECONDS_RANGES = {
+    "tpu_timeout": (1.0, 3600.0),
+    "release_after": (0.0, 7 * 24 * 3600.0),
+    "cancel_grace": (0.1, 60.0),
+    "store_timeout": STORE_TIMEOUT_RANGE,
+}
 
 
 class SettingsError(ValueError):
@@ -56,6 +62,9 @@ class Settings:
         the dashboard's keys win the CPU over training.
     tpu_metrics: HOST:PORT of libtpu's metrics service on this host.
     telemetry_interval: seconds between telemetry samples (0: no sampling).
+    store_timeout: seconds any one call to a store (gs://, s3://) may take
+        before the store counts as unreachable: a command then says so in
+        one line and exits 1, a screen says since when (``tpudash.runs.storeclient``).
     """
 
     tpu: str | None = None
@@ -68,6 +77,7 @@ class Settings:
     engine_nice: int = 10
     tpu_metrics: str = DEFAULT_TPU_METRICS_ADDRESS
     telemetry_interval: float = DEFAULT_TELEMETRY_INTERVAL_SECONDS
+    store_timeout: float = DEFAULT_STORE_TIMEOUT
 
     @classmethod
     def load(cls, flags: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> Settings:

@@ -279,7 +279,6 @@ def test_history_reads_an_ended_runs_record_once(bucket, flaky):
     ("text", "expected"),
     [
         ("gs://bucket/runs/", "gs://bucket/runs"),
-        ("gcs://bucket/a/b", "gs://bucket/a/b"),
         ("s3://bucket", "s3://bucket"),
         ("memory://scratch/runs", "memory://scratch/runs"),
         ("file:///data/runs", Path("/data/runs")),
@@ -294,6 +293,7 @@ def test_a_runs_directory_is_a_path_or_a_store_url(text, expected):
     ("text", "reason"),
     [
         ("ftp://host/runs", "the scheme 'ftp://' is not supported"),
+        ("gcs://bucket/a/b", "the scheme 'gcs://' is not supported (did you mean gs://bucket/a/b?)"),
         ("gs:///runs", "names no bucket"),
         ("s3://bucket/../other", "'..' are not allowed"),
         ("gs://bucket/runs?x=1", "no '?' or '#'"),

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from tpudash.accel.description import Runtime
     from tpudash.cli.sinks import ConsoleSink, JsonLinesSink
     from tpudash.config import Settings
-    from tpudash.runs.follow import RunFollower
+    from tpudash.runs.follow import RunFollower, StoreAway
 
 # What ``--once`` measures CPU over (psutil compares two readings).
 ONCE_CPU_WINDOW_SECONDS = 0.25
@@ -71,10 +72,15 @@ class StoreUnreachable(Exception):
 def reaching(runs_dir: Path | str, doing: str = "") -> Iterator[None]:
     """Turn what a store's client raises into ``StoreUnreachable``: one line naming the store, not a traceback.
 
-    A local runs directory is left alone: its errors are this host's, and
-    the commands say them as before. ``doing``: what was under way, said after.
+    The line names the URL, what the store is (GCS, an emulator and its
+    address, S3) and why (``storeclient.failure_line``); every call waited
+    at most ``--store-timeout``. A bucket that does not exist is bad input
+    (exit 2), as a runs directory that does not exist is. A local runs
+    directory is left alone: its errors are this host's, and the commands
+    say them as before. ``doing``: what was under way, said after.
     """
-    from tpudash.runs.location import is_store_url
+    from tpudash.runs.location import MissingBucket, is_store_url
+    from tpudash.runs.storeclient import failure_line
 
     if not is_store_url(runs_dir):
         yield
@@ -83,15 +89,19 @@ def reaching(runs_dir: Path | str, doing: str = "") -> Iterator[None]:
         yield
     except (BadInput, StoreUnreachable, BrokenPipeError):
         raise
+    except MissingBucket as error:
+        raise BadInput(str(error)) from None
     except Exception as error:  # noqa: BLE001 - each store's client (aiohttp, botocore, …) raises its own types
-        raise StoreUnreachable(f"cannot reach {runs_dir}: {one_line(error)}{doing}") from None
+        # A call names its own store (``copy`` reaches two); else the one this block reaches.
+        url = getattr(error, "store_url", None) or str(runs_dir)
+        raise StoreUnreachable(f"{failure_line(url, error)}{doing}") from None
 
 
 def one_line(error: BaseException, limit: int = 300) -> str:
     """An error as one line a user reads: its type and its text, cut at ``limit`` characters."""
-    text = " ".join(str(error).split()) or "no details"
-    line = f"{type(error).__name__}: {text}"
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    from tpudash.runs.storeclient import one_line as error_line
+
+    return error_line(error, limit)
 
 
 def runs_dir_source(args: argparse.Namespace) -> str:
@@ -334,7 +344,7 @@ def command_runs(args: argparse.Namespace, settings: Settings) -> int:
 def command_watch(args: argparse.Namespace, settings: Settings) -> int:
     """Print a run's events as they are written; the exit code of how it ended."""
     from tpudash.cli.sinks import ConsoleSink, JsonLinesSink
-    from tpudash.runs.follow import RunFollower, newest_live_run
+    from tpudash.runs.follow import RunFollower, StoreAway, newest_live_run
     from tpudash.runs.store import RunStore
 
     runs_dir = readable_runs_dir(settings)
@@ -358,10 +368,14 @@ def command_watch(args: argparse.Namespace, settings: Settings) -> int:
     def on_output_closed() -> None:
         stop_watching.set()
 
+    store_away = StoreAway(follower)
     sink: JsonLinesSink | ConsoleSink
-    sink = JsonLinesSink(sys.stdout, on_output_closed) if args.json else ConsoleSink(on_output_closed=on_output_closed)
+    if args.json:
+        sink = JsonLinesSink(sys.stdout, on_output_closed)
+    else:  # the bars' clocks stand still while the run's store is away: nothing is known of the time since
+        sink = ConsoleSink(on_output_closed=on_output_closed, clock=store_away.time)
     with reaching(runs_dir, f"; stopped watching {follower.info.run_id}"):
-        code = _follow(follower, sink, settings, stop_watching)
+        code = _follow(follower, sink, settings, stop_watching, store_away)
     if code is not None:
         return code
     _say_how_it_ended(follower, sink)
@@ -369,21 +383,32 @@ def command_watch(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _follow(
-    follower: RunFollower, sink: JsonLinesSink | ConsoleSink, settings: Settings, stop: threading.Event
+    follower: RunFollower,
+    sink: JsonLinesSink | ConsoleSink,
+    settings: Settings,
+    stop: threading.Event,
+    store_away: StoreAway,
 ) -> int | None:
     """Print the run's events until it ends (None), or the exit code when the watching stopped first."""
     from tpudash.runs.follow import POLL_SECONDS
     from tpudash.runs.store import STATUS_RUNNING
     from tpudash.telemetry.recorder import RecordingTelemetry
 
-    telemetry = RecordingTelemetry(settings, {"writer": follower.info.pid} if follower.info.pid else {})
+    # What this host samples belongs to a run of this host only: another host's run gets none of it, and its
+    # pid names no process here (a shared runs directory holds the runs of many hosts).
+    of_this_host = follower.info.host is not None and follower.info.host == socket.gethostname()
+    writer_pid = follower.info.pid if of_this_host else None
+    telemetry = RecordingTelemetry(settings, {"writer": writer_pid} if writer_pid else {})
     # A run that has already ended gets no samples of a time it was not live; a run in a store gets none
     # from here (its telemetry is kept only with the runs this session writes itself).
-    live_here = follower.info.status == STATUS_RUNNING and follower.store.local
+    live_here = follower.info.status == STATUS_RUNNING and follower.store.local and of_this_host
     telemetry.run_dir = follower.run_dir if live_here and isinstance(follower.run_dir, Path) else None
     try:
         with telemetry:
             while not stop.is_set():
+                said = store_away.update()  # where the user looks: just above the bars that stopped
+                if said is not None:
+                    sink.notice(said)
                 for stamp, event in follower.poll():
                     sink(None, event, stamp)
                 workers = follower.workers_update()  # a cluster's workers, read every few seconds

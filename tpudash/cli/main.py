@@ -34,12 +34,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from tpudash.cli import commands, copying, hosts
 from tpudash.cli.exits import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_DONE, EXIT_FAILED, BadInput
+from tpudash.runs.storeclient import set_store_timeout
 from tpudash.version import __version__
 
 if TYPE_CHECKING:
     from tpudash.config import Settings
 
-GLOBAL_FLAGS = ("tpu", "cpu_devices", "data_dir", "runs_dir", "tpu_metrics", "telemetry_interval")
+GLOBAL_FLAGS = ("tpu", "cpu_devices", "data_dir", "runs_dir", "tpu_metrics", "telemetry_interval", "store_timeout")
 # The dashboard's own: how long its engine may idle, how long a cancel may take.
 DASHBOARD_FLAGS = ("release_after", "cancel_grace")
 PATH_FLAGS = ("data_dir", "runs_dir")
@@ -210,6 +211,13 @@ def _global_flags() -> _Parser:
         default=argparse.SUPPRESS,
         metavar="SECONDS",
         help="seconds between telemetry samples; 0 turns sampling off (default 1) [TPUDASH_TELEMETRY_INTERVAL]",
+    )
+    group.add_argument(
+        "--store-timeout",
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="how long a bucket (gs://, s3://) may take to answer before it counts as unreachable (default 8) "
+        "[TPUDASH_STORE_TIMEOUT]",
     )
     # The dashboard's own, used by `tpudash` and `tpudash serve`; accepted by
     # every command, as the other session flags are, so that where a flag goes
@@ -478,6 +486,7 @@ def _parse_and_dispatch(argv: Sequence[str] | None) -> int:
             return EXIT_BAD_INPUT
     try:
         settings = load_settings(args)
+        set_store_timeout(settings.store_timeout)  # every store call of this process waits this long at most
         if args.command is None:
             code = commands.command_tui(settings)
             if args.restartable:

@@ -14,7 +14,6 @@ are still capped, and an object's generation (GCS) or ETag (S3) is its key.
 from __future__ import annotations
 
 import errno
-import io
 import os
 import stat
 from collections.abc import Iterable
@@ -24,7 +23,8 @@ from typing import Any, BinaryIO, Protocol
 from tpudash.runs.layout import HOSTS_FOLDER as HOSTS_FOLDER  # defined with the run id's rule, used from here too
 from tpudash.runs.layout import RESERVED_FOLDERS as RESERVED_FOLDERS
 from tpudash.runs.layout import RefusedFile, is_run_id, open_regular, size_words, write_bytes_atomically
-from tpudash.runs.location import is_store_url, open_filesystem
+from tpudash.runs.location import MissingBucket, bucket_of, is_store_url, open_filesystem
+from tpudash.runs.storeclient import describe_store, open_for_reading
 
 # How many objects a store is asked for at once when many small files are read (History's first look).
 STORE_READ_CONCURRENCY = 64
@@ -201,7 +201,9 @@ class BucketRunFiles:
         info = self.filesystem.info(self._path(name), refresh=True)  # FileNotFoundError when absent
         if info.get("type") != "file":
             raise RefusedFile(errno.EINVAL, f"{Path(name).name}: not a file")
-        return io.BufferedReader(self.filesystem.open(self._path(name), "rb"))
+        size = info.get("size")
+        # Each read a bounded request of its own (``storeclient``): a client's file would retry as long as it likes.
+        return open_for_reading(self.filesystem, self._path(name), size if isinstance(size, int) else None)
 
     def list(self, folder: str) -> list[str]:
         """The objects directly in ``folder``, by name; [] when there are none."""
@@ -260,13 +262,29 @@ class BucketRoot:
         self.filesystem, self.root = open_filesystem(url)
 
     def run_ids(self) -> list[str]:
-        """Every run prefix (one listing, paged by the library), by name."""
+        """Every run prefix (one listing, paged by the library), by name; MissingBucket when there is no bucket."""
         try:
             entries = self.filesystem.ls(self.root, detail=True, refresh=True)
         except FileNotFoundError:
-            return []
+            entries = []
+        if not entries:
+            self.check_bucket()  # an empty listing: no runs yet, or a bucket that is not there (a typo)
         names = (entry["name"].rstrip("/").rsplit("/", 1)[-1] for entry in entries if entry.get("type") == "directory")
         return sorted(name for name in names if is_listed_run_id(name))
+
+    def check_bucket(self) -> None:
+        """MissingBucket naming it when the URL's bucket does not exist (one request; a prefix needs none)."""
+        bucket = bucket_of(self.url)
+        if not bucket:
+            return
+        try:
+            there = self.filesystem.exists(bucket)
+        except PermissionError:
+            return  # it exists, these credentials may not look at it: the listing said what they may see
+        if not there:
+            store = describe_store(self.url)
+            unseen = "" if "emulator" in store or store.startswith("memory") else " (or none these credentials may see)"
+            raise MissingBucket(f"{self.url}: there is no bucket {bucket!r} in {store}{unseen}; check its name")
 
     def files(self, run_id: str) -> BucketRunFiles:
         return BucketRunFiles(self.filesystem, f"{self.root}/{run_id}", f"{self.url}/{run_id}")

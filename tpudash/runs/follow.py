@@ -8,8 +8,11 @@ The run directory is the bus. A tpudash job in the engine, the user's
 that the process writing it still exists; when it is gone the run ends as
 ``interrupted``, with every event it wrote kept. A run written by a
 training cluster also has its workers' heartbeats read, every
-``WORKERS_READ_SECONDS`` (``RunFollower.workers_update``). Textual-free, and it
-imports no TensorFlow.
+``WORKERS_READ_SECONDS`` (``RunFollower.workers_update``). While a run's
+store does not answer, ``store_outage`` says since when (and how many of its
+events this host holds meanwhile), its writer is not judged gone for that,
+and ``StoreAway`` gives ``tpudash watch`` its lines and a clock that stops.
+Textual-free, and it imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from tpudash.runs.layout import (
     STATUS_STALE,
     TELEMETRY_STREAM,
 )
-from tpudash.runs.liveness import HEARTBEAT_INTERVAL_SECONDS
+from tpudash.runs.liveness import HEARTBEAT_INTERVAL_SECONDS, STALE_AFTER_INTERVALS
 from tpudash.runs.model import RunModel
 from tpudash.runs.store import RunInfo, RunStore, run_id_of
+from tpudash.runs.storeclient import Outage, outage, spilled_events
 from tpudash.runs.workers import WorkerStatus, read_workers
 
 WRITER_CHECK_SECONDS = 1.0
@@ -49,6 +53,9 @@ POLL_SECONDS = 0.1
 WORKERS_READ_SECONDS = 5.0
 """How often a run's worker heartbeats are read: as often as they are written, and in a store each read
 is a listing and a request per worker."""
+STORE_BACK_GRACE_SECONDS = STALE_AFTER_INTERVALS * HEARTBEAT_INTERVAL_SECONDS
+"""After its store answers again, a writer's heartbeat is not judged for this long: it aged while the store was
+away, and the writer beats again only once it has uploaded what it held."""
 
 
 def newest_live_run(store: RunStore) -> RunInfo | None:
@@ -77,6 +84,7 @@ class RunFollower:
         self._writer_asking: threading.Thread | None = None
         self._clock = clock
         self._writer_checked = clock()
+        self._store_was_away = False
         self.ended = False
         """True once the run finished (its run_finished was read) or its writer is gone."""
         # Only a run whose chief said it has workers is asked for their heartbeats: the others have none.
@@ -139,12 +147,30 @@ class RunFollower:
                 if self.tail.at_end and self.telemetry_tail.at_end:
                     return
 
+    def store_outage(self) -> Outage | None:
+        """The run's store not answering now: since when, and the events held on this host meanwhile (a writer
+        here spills them into the run's local directory); None for a local run or a store that answers."""
+        if self.store.local:
+            return None
+        away = outage(str(self.run_dir))
+        if away is None or away.held:
+            return away
+        return Outage(away.store, away.since, away.reason, spilled_events(self.store.local_dir(self.info.run_id)))
+
     def _writer_gone(self) -> bool:
         if self._clock() - self._writer_checked < self._writer_check_seconds:
             return False
         self._writer_checked = self._clock()
         if self.store.local:
             return self.info.writer_alive() is False
+        if self.store_outage() is not None:
+            self._store_was_away, self._writer_answer = True, None
+            return False  # a store that does not answer says nothing of the writer
+        if self._store_was_away:
+            # Its heartbeat aged meanwhile: judge it again once it had time to beat.
+            self._store_was_away = False
+            self._writer_checked = self._clock() + STORE_BACK_GRACE_SECONDS - self._writer_check_seconds
+            return False
         # In a store that is requests: asked on a thread, and its answer used from the next look on.
         if self._writer_asking is None or not self._writer_asking.is_alive():
             self._writer_asking = threading.Thread(target=self._ask_writer, daemon=True)
@@ -191,6 +217,40 @@ class RunFollower:
         model.problems += self.telemetry_tail.report()
         self.tail.close()
         self.telemetry_tail.close()
+
+
+class StoreAway:
+    """``tpudash watch``'s view of its run's store: a line when it stops answering and when it answers again,
+    and a clock (for the bars' elapsed times) that stands still meanwhile, at the moment it stopped."""
+
+    def __init__(
+        self,
+        follower: RunFollower,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.follower = follower
+        self._clock = clock
+        self._wall = wall
+        self.away: Outage | None = None
+        self._stopped_at: float | None = None
+
+    def update(self) -> str | None:
+        """What to tell the user now that the store stopped or came back; None when nothing changed."""
+        now = self.follower.store_outage()
+        if now is not None and self.away is None:
+            self.away = now
+            self._stopped_at = self._clock() - max(0.0, self._wall() - now.since)
+            return f"{now.line()} ({now.reason}); the run may have gone on: what is shown is as of then"
+        if now is None and self.away is not None:
+            gone = max(0.0, self._wall() - self.away.since)
+            self.away = self._stopped_at = None
+            return f"the store answers again after {gone:.0f} s; reading what the run wrote meanwhile"
+        return None
+
+    def time(self) -> float:
+        """The clock the bars measure with: the real one, or the moment the store stopped answering."""
+        return self._clock() if self._stopped_at is None else self._stopped_at
 
 
 class WorkersWatch:

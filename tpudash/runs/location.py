@@ -6,12 +6,23 @@ memory). A local directory is a ``Path``; a store is its URL as text,
 normalised (``gs://bucket/runs``). Credentials are the filesystem library's
 own: Application Default Credentials for gcsfs, the AWS chain for s3fs; an
 emulator is reached through the libraries' own variables
-(``STORAGE_EMULATOR_HOST``, ``AWS_ENDPOINT_URL``).
+(``STORAGE_EMULATOR_HOST``, ``AWS_ENDPOINT_URL``), and with
+``STORAGE_EMULATOR_HOST`` set no credentials are looked for (an emulator
+takes none, and gcsfs's bucket-type probe would only fail at length).
+
+A URL that cannot be meant as written is refused with a hint: ``gcs://``
+(did you mean ``gs://``), ``gs//bucket`` or ``gs:/bucket`` (the colon or a
+slash missing), a scheme one letter off. A bucket that does not exist is
+``MissingBucket`` (exit 2), not an empty runs directory. Every filesystem
+opened here waits for its store a bounded time (``tpudash.runs.storeclient``)
+and logs to the session log (``tpudash.runs.librarylogs``).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,15 +30,22 @@ from urllib.parse import urlsplit
 # The schemes a runs directory may have, and the package (and tpudash extra) that reads each.
 STORE_SCHEMES: dict[str, tuple[str | None, str | None]] = {
     "gs": ("gcsfs", "gcs"),
-    "gcs": ("gcsfs", "gcs"),
     "s3": ("s3fs", "s3"),
     "memory": (None, None),
 }
+# Schemes other tools spell for the same stores: refused, naming the one tpudash reads (one spelling per store).
+SCHEME_SPELLINGS = {"gcs": "gs", "s3a": "s3", "s3n": "s3"}
 ALLOWED = "a directory path, file://PATH, gs://BUCKET/PATH, s3://BUCKET/PATH or memory://PATH"
+# ``gs//bucket``, ``gs:/bucket``, ``gs:bucket``: a store URL with its colon or a slash lost.
+MANGLED_URL = re.compile(r"^(?P<scheme>gs|gcs|s3|memory)(?P<sep>:/?|//)(?P<rest>[^/].*)$", re.IGNORECASE)
 
 
 class StoreUnavailable(RuntimeError):
     """A store URL whose filesystem library is not installed; the text is the one line that installs it."""
+
+
+class MissingBucket(LookupError):
+    """A store URL whose bucket does not exist (or is not visible with these credentials); the text names it."""
 
 
 def is_store_url(runs_dir: object) -> bool:
@@ -46,6 +64,9 @@ def parse_runs_dir(text: str) -> Path | str:
     if not text:
         raise ValueError(f"is empty; allowed: {ALLOWED}")
     if "://" not in text:
+        mangled = mangled_url_hint(text)
+        if mangled is not None:
+            raise ValueError(f"{text!r}: {mangled}")
         return Path(text).expanduser()
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
@@ -54,7 +75,11 @@ def parse_runs_dir(text: str) -> Path | str:
             raise ValueError(f"{text!r}: a file:// URL names this host's files (file:///PATH); allowed: {ALLOWED}")
         return Path(parts.path or "/")
     if scheme not in STORE_SCHEMES:
-        raise ValueError(f"{text!r}: the scheme {scheme + '://'!r} is not supported; allowed: {ALLOWED}")
+        meant = SCHEME_SPELLINGS.get(scheme) or next(
+            iter(difflib.get_close_matches(scheme, [*STORE_SCHEMES, "file"], n=1, cutoff=0.6)), None
+        )
+        hint = f" (did you mean {meant}://{text.split('://', 1)[1]}?)" if meant else ""
+        raise ValueError(f"{text!r}: the scheme {scheme + '://'!r} is not supported{hint}; allowed: {ALLOWED}")
     if parts.query or parts.fragment:
         raise ValueError(f"{text!r}: a runs directory URL has no '?' or '#' part; allowed: {ALLOWED}")
     bucket = parts.netloc
@@ -65,7 +90,20 @@ def parse_runs_dir(text: str) -> Path | str:
         raise ValueError(f"{text!r}: '.' and '..' are not allowed in a store path; allowed: {ALLOWED}")
     if scheme == "memory":
         return "memory://" + "/".join([bucket, *segments] if bucket else segments)
-    return f"{'gs' if scheme == 'gcs' else scheme}://" + "/".join([bucket, *segments])
+    return f"{scheme}://" + "/".join([bucket, *segments])
+
+
+def mangled_url_hint(text: str) -> str | None:
+    """For a path that reads as a store URL missing its colon or a slash (``gs//b/runs``): what was meant."""
+    match = MANGLED_URL.match(text)  # ``gs/runs`` (a folder named gs) is a path, and matches not
+    if match is None:
+        return None
+    scheme = SCHEME_SPELLINGS.get(match["scheme"].lower(), match["scheme"].lower())
+    lost = {"//": "its colon", ":/": "a slash", ":": "its slashes"}[match["sep"]]
+    return (
+        f"reads as a store URL missing {lost}: did you mean {scheme}://{match['rest']}? "
+        f"(a directory of that name: ./{text})"
+    )
 
 
 def install_line(url: str) -> str | None:
@@ -83,12 +121,42 @@ def missing_library(url: str) -> str | None:
 
 
 def open_filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec filesystem of ``url`` and the root path within it; StoreUnavailable when not installed."""
+    """The fsspec filesystem of ``url`` (its calls bounded: ``storeclient.BoundedFilesystem``) and the root path
+    within it; StoreUnavailable when not installed."""
     missing = install_line(url)
     if missing is not None:
         package = STORE_SCHEMES[urlsplit(url).scheme][0]
         raise StoreUnavailable(f"{url}: reading it needs {package}, not installed here: {missing}")
     import fsspec
 
-    filesystem, root = fsspec.core.url_to_fs(url)
-    return filesystem, root.rstrip("/")
+    from tpudash.runs.librarylogs import route_library_logs
+    from tpudash.runs.storeclient import BoundedFilesystem, emulator_endpoint
+
+    route_library_logs()  # before the client is made: it logs while it looks for credentials
+    if urlsplit(url).scheme == "gs" and emulator_endpoint(url) is not None:
+        filesystem, root = _emulated_gcs(url)
+    else:
+        filesystem, root = fsspec.core.url_to_fs(url)
+    return BoundedFilesystem(filesystem, url), root.rstrip("/")
+
+
+def _emulated_gcs(url: str) -> tuple[Any, str]:
+    """gcsfs's plain filesystem, anonymous unless fsspec's config names a token: what an emulator takes.
+
+    gcsfs's default class first asks GCS's control plane (over gRPC, with
+    credentials) what kind each bucket is: an emulator has no such service,
+    so every command logged "Could not determine bucket type… credentials
+    were not found", and waited for it.
+    """
+    import fsspec.config
+    from gcsfs.core import GCSFileSystem
+
+    options = dict(fsspec.config.conf.get("gs", {}))
+    options.setdefault("token", "anon")
+    return GCSFileSystem(**options), GCSFileSystem._strip_protocol(url)
+
+
+def bucket_of(url: str) -> str:
+    """The bucket a store URL names (``gs://b/runs`` → ``b``); '' for ``memory://``."""
+    parts = urlsplit(url)
+    return "" if parts.scheme == "memory" else parts.netloc

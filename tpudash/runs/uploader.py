@@ -44,6 +44,7 @@ from tpudash.runs.backends import LocalRunFiles, RunFiles
 from tpudash.runs.layout import EVENTS_STREAM, RUN_FILE, TELEMETRY_STREAM, record_bytes
 from tpudash.runs.liveness import HEARTBEAT_INTERVAL_SECONDS, WRITERS_FOLDER
 from tpudash.runs.segments import new_writer_id, segment_name
+from tpudash.runs.storeclient import held_by
 from tpudash.runs.workers import StepTimer, WorkerIdentity, heartbeat_payload, is_worker_stream
 
 SEAL_SECONDS = 2.0
@@ -394,6 +395,8 @@ class StoreRecorder:
             files, self._spill, seal_seconds=seal_seconds, on_outage=self._log_outage, notify=self._say
         )
         self.writer = self.events.writer
+        # While the store is away, whoever draws a run in this process says how many events this writer holds.
+        self._forget_held = held_by(files.where, lambda: self.events.pending)
         self.record_uploaded = threading.Event()
         """Set once run.json is in the store (after the first heartbeat): a reader then finds the run live."""
         self._side_stop = threading.Event()
@@ -522,6 +525,7 @@ class StoreRecorder:
                 self.events.last_error = describe(error)
             finally:
                 done.set()
+                self._forget_held()
 
         threading.Thread(target=upload_rest, name=f"tpudash-finish-{meta['run_id']}", daemon=True).start()
         if done.wait(max(0.0, deadline - time.monotonic())) and outcome["complete"]:

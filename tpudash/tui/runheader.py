@@ -5,6 +5,11 @@ Every value a run was given or concluded shows whole, at any terminal size: the 
 summary's line wrap (issue 26, 5.18: a cut params line dropped ``limit_test`` and a summary ended in
 ``…precision``). Only the last message (prose, whole in the Log tab) keeps one line and ends in an
 ellipsis, so a long one cannot push the run's state out of the header.
+
+While the store of a running run does not answer, a line under the title says so ("store
+unreachable since 23:39:27 · 446 events held locally") and the run's clocks (the title's, the
+stage line's: ``shown_now``) stand at that moment: what the view shows is as of then, and the run
+may have gone on (issue 38: it read "preparing · 00:42" while the engine had finished).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from textual.widgets import Static
 from jobs import registry
 from tpudash.format import format_seconds, format_value, runtime_line, status_text
 from tpudash.runs.model import RunModel
+from tpudash.runs.storeclient import Outage, outage, spilled_events
+from tpudash.runs.uploader import local_run_dir
 
 
 def clipped(text: str, width: int) -> str:
@@ -43,12 +50,33 @@ def last_message(model: RunModel) -> str | None:
     return None if message is None or message == line else message
 
 
+def store_away(model: RunModel) -> Outage | None:
+    """The outage of a running run's store, with the events held on this host (by a writer in this process, or
+    spilled by one in another, such as the engine); None for an ended run or a store that answers.
+
+    A dashboard reads one runs directory, so this process's outage is its runs' store's.
+    """
+    if model.finished_state:
+        return None
+    away = outage()
+    if away is None or away.held or not model.run_id:
+        return away
+    return Outage(away.store, away.since, away.reason, spilled_events(local_run_dir(None, model.run_id)))
+
+
+def shown_now(model: RunModel) -> float | None:
+    """The time the run's clocks show: None (now), or while its store is away the moment it stopped answering."""
+    away = store_away(model)
+    return None if away is None else away.since
+
+
 class RunHeader(Vertical):
     """Title (job, status, clock, run id), params, error, the summary's line and the last message of one run."""
 
     DEFAULT_CSS = """
     RunHeader { height: auto; }
     RunHeader #run-title { height: 1; padding: 0 1; }
+    RunHeader #run-store { height: auto; padding: 0 1; color: $warning; display: none; }
     RunHeader #run-params { height: auto; padding: 0 1; color: $text-muted; }
     RunHeader #run-runtime { height: 1; padding: 0 1; color: $text-muted; text-wrap: nowrap; text-overflow: ellipsis; }
     RunHeader #run-error { height: auto; max-height: 50vh; padding: 0 1; display: none; }
@@ -59,11 +87,13 @@ class RunHeader(Vertical):
     def __init__(self, *, id: str | None = None):
         super().__init__(id=id)
         self._last_title: tuple[str, str, str, str] | str | None = None
+        self._store_shown: str | None = None
         self.shown_state: tuple[str, str, str | None] | str | None = None
         """(run id, status, error) of what the params, error and outcome lines show; "empty" without a run."""
 
     def compose(self) -> ComposeResult:
         yield Static("", id="run-title")
+        yield Static("", id="run-store", markup=False)
         yield Static("", id="run-params", markup=False)
         yield Static("", id="run-runtime", markup=False)
         yield Static("", id="run-error", markup=False)
@@ -72,7 +102,7 @@ class RunHeader(Vertical):
 
     def forget(self) -> None:
         """Draw the next model from scratch."""
-        self._last_title = self.shown_state = None
+        self._last_title = self.shown_state = self._store_shown = None
 
     def sync(self, model: RunModel | None) -> None:
         title = self.query_one("#run-title", Static)
@@ -80,11 +110,14 @@ class RunHeader(Vertical):
             if self._last_title != "empty":
                 title.update(Text("No run yet: press m, r or g, or launch a job from Jobs (j).", style="dim"))
                 self.query_one("#run-params", Static).update("")
-                for line in self.query("#run-runtime, #run-error, #run-outcome, #run-message"):
+                for line in self.query("#run-store, #run-runtime, #run-error, #run-outcome, #run-message"):
                     line.display = False
                 self._last_title = self.shown_state = "empty"
+                self._store_shown = None
             return
-        elapsed = format_seconds(model.elapsed(), precise=model.finished_state)
+        away = store_away(model)
+        self._sync_store(away)
+        elapsed = format_seconds(model.elapsed(None if away is None else away.since), precise=model.finished_state)
         header = (model.run_id, model.job, model.status, elapsed)
         if header != self._last_title:
             text = Text.assemble((model.job or "?", "bold"), "  ")
@@ -123,3 +156,13 @@ class RunHeader(Vertical):
             message = " ".join(message.splitlines())  # one line: a multi-line message shows its start
             line.update(Text.assemble(("→ ", "bold"), message) if summary_line is None else Text(message, style="dim"))
         line.display = message is not None
+
+    def _sync_store(self, away: Outage | None) -> None:
+        """The line that says the run's store does not answer, and since when; hidden while it does."""
+        text = None if away is None else f"⚠ {away.line()}: shown as of then; the run may have gone on"
+        if text == self._store_shown:
+            return
+        self._store_shown = text
+        line = self.query_one("#run-store", Static)
+        line.update(text or "")
+        line.display = text is not None

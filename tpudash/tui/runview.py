@@ -26,7 +26,7 @@ from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, Me
 from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
 from tpudash.tui.replicatable import fill_replica_table, replica_note
-from tpudash.tui.runheader import RunHeader, clipped
+from tpudash.tui.runheader import RunHeader, clipped, shown_now
 from tpudash.tui.workers import FollowsWorkers, WorkersFeed
 
 # A plot flatter than this shows little but its axes: plots then go side by side, even at
@@ -274,7 +274,7 @@ class RunView(FollowsWorkers, Vertical):
             row.show(state, model.finished_state)
 
     def _sync_stage(self, model: RunModel) -> None:
-        text = model.stage_line()
+        text = model.stage_line(shown_now(model))  # stands still while the run's store is away
         if text == self._stage_shown:
             return
         self._stage_shown = text
