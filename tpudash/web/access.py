@@ -54,7 +54,7 @@ def host_name(host_header: str | None) -> str | None:
         end = host.find("]")
         return host[1:end] if end > 1 else None
     if host.count(":") == 1:
-        host = host.split(":", 1)[0]
+        host = host.partition(":")[0]
     return host or None
 
 
@@ -72,7 +72,7 @@ def host_and_port(host_header: str | None) -> tuple[str, int | None] | None:
             return None
         port_text = after[1:]
     elif text.count(":") == 1:
-        port_text = text.split(":", 1)[1]
+        port_text = text.partition(":")[2]
     else:  # a name, or an IPv6 address without brackets
         return name, None
     # ASCII digits only: str.isdigit() also takes "²" and "８", which int() refuses or reads.
