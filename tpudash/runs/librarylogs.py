@@ -134,8 +134,8 @@ def route_library_logs(log_path: Callable[[], Path] | None = None) -> OncePerCau
         _handler = OncePerCause(log_path)
         for name in LIBRARY_LOGGERS:
             logger = logging.getLogger(name)
-            if logger.handlers:
-                continue  # configured by the user: theirs
+            if any(not isinstance(handler, logging.NullHandler) for handler in logger.handlers):
+                continue  # configured by the user: theirs (a library's own NullHandler is no configuration)
             logger.addHandler(_handler)
             logger.propagate = False  # never Python's last resort, which prints on stderr
             if name in RETRYING_LOGGERS and logger.level in (logging.NOTSET, logging.WARNING):

@@ -403,9 +403,8 @@ class BoundedFilesystem:
                 failure: BaseException = NoAnswer(f"{waited}; last error: {cause}" if cause else waited)
             else:
                 failure = error
-            mark_unreachable(
-                self._url, began_wall, str(failure) if isinstance(failure, NoAnswer) else one_line(failure)
-            )
+            reason = str(failure) if isinstance(failure, NoAnswer) else plain_cause(one_line(failure))
+            mark_unreachable(self._url, began_wall, reason)
             _name_store(failure, self._url)
             if failure is error:
                 raise

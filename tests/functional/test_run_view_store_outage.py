@@ -1,0 +1,79 @@
+"""The run view while its run's store does not answer (issue 38, item 2).
+
+With the bucket stopped mid-run, the run view read ``preparing: tracing and running the first
+step · 00:42`` while the engine had finished all 3 epochs: nothing said the store was away, and
+the clocks went on counting. Now a line under the title says since when (and how many events the
+run's writer on this host holds meanwhile), and the title's and the stage line's clocks stand at
+that moment; when the store answers again they run on and the line goes.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from textual.app import App, ComposeResult
+
+from jobs.events import RunStarted, Stage
+from tests.functional.test_app_80x24 import screen_rows
+from tpudash.runs import storeclient
+from tpudash.runs.model import RunModel
+from tpudash.runs.uploader import local_run_dir
+from tpudash.tui.runview import RunView
+
+RUN_ID = "20261128-003845-train-4be1c0"
+URL = "gs://b/runs"
+
+
+class RunViewApp(App):
+    def __init__(self, model: RunModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def compose(self) -> ComposeResult:
+        yield RunView(self.model, id="view")
+
+
+def preparing_run(started: float) -> RunModel:
+    model = RunModel()
+    model.apply(RunStarted(RUN_ID, "train", {"epochs": 3}, {}, started), started)
+    model.apply(Stage("tracing and running the first step"), started)
+    return model
+
+
+async def screen_text(pilot) -> str:
+    pilot.app.query_one("#view", RunView).sync(force=True)
+    await pilot.pause()
+    return "\n".join(screen_rows(pilot.app))
+
+
+async def test_a_store_that_stopped_answering_is_said_under_the_title_and_the_clocks_stand_at_that_moment():
+    away_since = time.time() - 600  # the store stopped answering ten minutes ago, 42 s into the run
+    model = preparing_run(away_since - 42)
+    # The engine (another process on this host) spilled what the store would not take into the run's local dir.
+    spill = local_run_dir(None, RUN_ID) / "events"
+    spill.mkdir(parents=True)
+    (spill / "host-1-aa-00000007.jsonl").write_text('{"type":"log"}\n' * 446)
+    storeclient.mark_unreachable(f"{URL}/{RUN_ID}", away_since, "no answer within 8 s")
+
+    async with RunViewApp(model).run_test(size=(100, 24)) as pilot:
+        text = await screen_text(pilot)
+        since = datetime.fromtimestamp(away_since).strftime("%H:%M:%S")
+        assert f"⚠ store unreachable since {since} · 446 events held locally: shown as of then" in text
+        title = next(row for row in text.splitlines() if RUN_ID in row)
+        assert "running" in title and "00:42" in title  # not 10:42: nothing is known of the time since
+        assert "tracing and running the first step" in text and "10:4" not in text
+
+        storeclient.mark_answered(URL)  # the store answers again: the clocks run on, the line goes
+        text = await screen_text(pilot)
+        assert "store unreachable" not in text
+        title = next(row for row in text.splitlines() if RUN_ID in row)
+        assert "10:4" in title
+
+
+async def test_an_ended_run_says_nothing_of_its_store():
+    storeclient.mark_unreachable(URL, time.time() - 60, "no answer within 8 s")
+    model = preparing_run(time.time() - 120)
+    model.status, model.finished = "done", time.time() - 90
+    async with RunViewApp(model).run_test(size=(100, 24)) as pilot:
+        assert "store unreachable" not in await screen_text(pilot)
