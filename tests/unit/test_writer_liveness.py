@@ -305,7 +305,7 @@ def test_an_exited_child_not_yet_collected_is_not_alive() -> None:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     try:
         os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # exited; left a zombie until collected
-        assert not liveness.process_alive(child.pid)
+        assert liveness.process_alive(child.pid) is False
     finally:
         child.wait(timeout=WAIT)
     assert not liveness.process_alive(child.pid)
@@ -359,7 +359,7 @@ def test_exactly_as_many_heartbeats_as_are_read_is_no_problem() -> None:
 def test_a_process_that_does_not_exist_is_not_alive_and_one_of_another_user_is(monkeypatch) -> None:
     import psutil
 
-    assert not liveness.process_alive(2**22 + 1)
+    assert liveness.process_alive(2**22 + 1) is False
 
     class AnotherUsers:
         def __init__(self, pid: int) -> None:
@@ -368,3 +368,22 @@ def test_a_process_that_does_not_exist_is_not_alive_and_one_of_another_user_is(m
     monkeypatch.setattr(psutil, "Process", AnotherUsers)
     assert liveness.process_alive(4242, 1.0)
     assert liveness.process_start_time(4242) is None
+
+
+def test_one_heartbeat_is_fresh_or_not_by_the_rule_and_a_lock_file_past_the_cap_is_none(tmp_path: Path) -> None:
+    now = time.time()
+    assert liveness.beat_is_fresh(json.dumps({"heartbeat": now - 15.0}).encode(), now) is True
+    assert liveness.beat_is_fresh(json.dumps({"heartbeat": now - 15.01}).encode(), now) is False
+    assert liveness.beat_is_fresh(json.dumps({"heartbeat": now + 60}).encode(), now) is False
+    data = json.dumps({"heartbeat": now}).encode()
+    (tmp_path / liveness.WRITER_FILE).write_bytes(data + b" " * (liveness.MAX_HEARTBEAT_BYTES + 1 - len(data)))
+    assert liveness.heartbeat_fresh(tmp_path, now) is None  # one byte past the cap: not a heartbeat
+
+
+def test_reading_a_heartbeat_leaves_no_descriptor_open(tmp_path: Path) -> None:
+    write_lock_beat(tmp_path, time.time())
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        assert liveness.heartbeat_fresh(tmp_path) is True
+        assert liveness.lock_held(tmp_path) is False
+    assert len(os.listdir("/proc/self/fd")) == before
