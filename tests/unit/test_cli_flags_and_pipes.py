@@ -27,6 +27,7 @@ FLAG_VALUES = {
     "runs_dir": "/tmp/runs",
     "tpu_metrics": "localhost:8431",
     "telemetry_interval": "2",
+    "store_timeout": "5",
     "release_after": "5",
     "cancel_grace": "3",
 }
