@@ -205,6 +205,11 @@ def hosts_table(hosts: list[HostStatus], now: float, left_out: tuple[str, ...] =
             "runs": Text(", ".join(host.runs)),
         }
         rows.append([cells[column] for column in shown])
+    # A column no host fills (every host name its folder's, no run anywhere) says nothing: left out.
+    empty = [position for position, column in enumerate(shown) if column in ("host name", "runs")]
+    empty = [position for position in empty if rows and not any(row[position].plain for row in rows)]
+    shown = [column for position, column in enumerate(shown) if position not in empty]
+    rows = [[cell for position, cell in enumerate(row) if position not in empty] for row in rows]
     table = RichTable(title_justify="left")
     for position, column in enumerate(shown):
         whole = column not in WRAPPING_COLUMNS

@@ -188,8 +188,8 @@ def snapshot(name: str, hostname: str, stamp: float, interval: float, sample: Te
 def host_of(address: str) -> str:
     """A worker's host as its heartbeat names it, without TF_CONFIG's port: ``10.0.0.3:2222`` -> ``10.0.0.3``."""
     if address.startswith("["):  # [v6 address]:port
-        return address[1:].split("]", 1)[0]
-    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
+        return address[1:].partition("]")[0]
+    return address.rpartition(":")[0] if address.count(":") == 1 else address
 
 
 def this_machines_addresses() -> set[str]:
@@ -202,7 +202,7 @@ def this_machines_addresses() -> set[str]:
     for entries in interfaces.values():
         for entry in entries:
             try:
-                address = ipaddress.ip_address(entry.address.split("%", 1)[0])
+                address = ipaddress.ip_address(entry.address.partition("%")[0])
             except ValueError:
                 continue  # a link-layer address
             if not address.is_loopback:
