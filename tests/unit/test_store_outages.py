@@ -191,3 +191,35 @@ def test_watch_samples_telemetry_into_a_run_of_its_own_host_only_and_names_no_lo
     assert watching == {"code": 0}
     assert (recorded["run_dir"] is not None) is sampled
     assert ("writer" in recorded["processes"]) is sampled
+
+
+def test_a_client_slow_to_find_credentials_is_waited_for_within_the_store_timeout_and_no_longer(monkeypatch):
+    """Off GCE without a network, gcsfs asks the metadata server for credentials for 15 s as it is made."""
+    import fsspec.core
+
+    from tpudash.runs import storeclient
+
+    released = threading.Event()
+
+    class Anonymous:
+        def ls(self, path, **kwargs):
+            return []
+
+        def exists(self, path, **kwargs):
+            return True
+
+    def slow_to_make(url, **options):
+        released.wait(DEADLINE_SECONDS)
+        return Anonymous(), "slow/runs"
+
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setattr(fsspec.core, "url_to_fs", slow_to_make)
+    storeclient.set_store_timeout(1.0)
+    store = RunStore("gs://slow/runs")  # made at once: the client is made on a thread
+    began = time.monotonic()
+    with pytest.raises(storeclient.NoAnswer, match=r"no answer within 1 s .*still looking for credentials"):
+        store.list_runs()
+    assert time.monotonic() - began < 3
+    assert storeclient.outage("gs://slow/runs") is not None
+    released.set()
+    assert store.list_runs() == [] and storeclient.outage() is None

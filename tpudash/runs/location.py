@@ -133,14 +133,23 @@ def open_filesystem(url: str) -> tuple[Any, str]:
     from tpudash.runs.storeclient import BoundedFilesystem, emulator_endpoint
 
     route_library_logs()  # before the client is made: it logs while it looks for credentials
-    if urlsplit(url).scheme == "gs" and emulator_endpoint(url) is not None:
-        filesystem, root = _emulated_gcs(url)
+    emulated = urlsplit(url).scheme == "gs" and emulator_endpoint(url) is not None
+    if emulated:
+        from gcsfs.core import GCSFileSystem
+
+        root = GCSFileSystem._strip_protocol(url)
     else:
-        filesystem, root = fsspec.core.url_to_fs(url)
-    return BoundedFilesystem(filesystem, url), root.rstrip("/")
+        root = fsspec.get_filesystem_class(urlsplit(url).scheme)._strip_protocol(url)
+
+    def make() -> Any:
+        return _emulated_gcs() if emulated else fsspec.core.url_to_fs(url)[0]
+
+    # Made on a thread: gcsfs looks for credentials as it is made (the GCE metadata server: 15 s off GCE without
+    # a network), and every wait for a store is bounded, that one too.
+    return BoundedFilesystem.made_by(make, url), root.rstrip("/")
 
 
-def _emulated_gcs(url: str) -> tuple[Any, str]:
+def _emulated_gcs() -> Any:
     """gcsfs's plain filesystem, anonymous unless fsspec's config names a token: what an emulator takes.
 
     gcsfs's default class first asks GCS's control plane (over gRPC, with
@@ -153,7 +162,7 @@ def _emulated_gcs(url: str) -> tuple[Any, str]:
 
     options = dict(fsspec.config.conf.get("gs", {}))
     options.setdefault("token", "anon")
-    return GCSFileSystem(**options), GCSFileSystem._strip_protocol(url)
+    return GCSFileSystem(**options)
 
 
 def bucket_of(url: str) -> str:

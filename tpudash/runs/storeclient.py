@@ -27,6 +27,8 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -53,6 +55,12 @@ NO_ANSWER_CLASSES = frozenset(
         "ProxyError",
         "ConnectionClosedError",
     }
+)
+
+# What a store's client is asked that waits for the store: while the client is still being made, these wait for it
+# within their own bounded wait (anything else waits for the client first).
+DEFERRED_CALLS = frozenset(
+    {"ls", "info", "cat", "cat_file", "pipe", "pipe_file", "find", "exists", "rm", "rm_file", "put_file", "get_file"}
 )
 
 _configured_timeout: float | None = None
@@ -362,37 +370,73 @@ class BoundedFilesystem:
 
     Everything else (attributes, the few calls that do no I/O) passes
     through unchanged. A filesystem without an event loop (``memory://``)
-    answers at once and is only reported on.
+    answers at once and is only reported on. One made on a thread
+    (``made_by``) is waited for within the first calls' own bounded wait.
     """
 
     def __init__(self, filesystem: Any, url: str) -> None:
         self._filesystem = filesystem
+        self._making: Future | None = None
         self._url = url
+
+    @classmethod
+    def made_by(cls, make: Callable[[], Any], url: str) -> BoundedFilesystem:
+        """A client made on a thread of its own: looking for credentials may take long (gcsfs asks the GCE
+        metadata server: 15 s off GCE without a network), and a command must not wait for it unbounded."""
+        bounded = cls(None, url)
+        future: Future = Future()
+
+        def make_it() -> None:
+            try:
+                future.set_result(make())
+            except BaseException as error:  # noqa: BLE001 - said by the first call that needs the client
+                future.set_exception(error)
+
+        bounded._making = future
+        threading.Thread(target=make_it, name="tpudash-store-client", daemon=True).start()
+        return bounded
+
+    def _client(self, deadline: float) -> Any:
+        """The client, waited for until ``deadline`` (monotonic) while it is still being made."""
+        if self._making is None:
+            return self._filesystem
+        began_wall = time.time()
+        try:
+            self._filesystem = self._making.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout:
+            failure = NoAnswer(
+                f"no answer within {store_timeout():g} s (--store-timeout); "
+                "last error: its client was still looking for credentials"
+            )
+            mark_unreachable(self._url, began_wall, str(failure))
+            raise _name_store(failure, self._url) from None
+        self._making = None
+        return self._filesystem
 
     @property
     def unwrapped(self) -> Any:
-        return self._filesystem
+        return self._client(time.monotonic() + store_timeout())
 
     def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._filesystem, name)
+        if self._making is not None and name in DEFERRED_CALLS:
+            return lambda *args, **kwargs: self._call(name, args, kwargs)  # the client is waited for in the call
+        attribute = getattr(self._client(time.monotonic() + store_timeout()), name)
         if name.startswith("_") or not callable(attribute) or name in ("invalidate_cache", "open"):
             return attribute
-        bounded = _is_async_wrapper(attribute)
+        return lambda *args, **kwargs: self._call(name, args, kwargs)
 
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self._call(attribute, bounded, args, kwargs)
-
-        return call
-
-    def _call(self, method: Any, bounded: bool, args: tuple, kwargs: dict) -> Any:
+    def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
         began_wall, began = time.time(), time.monotonic()
         timeout = store_timeout()
+        client = self._client(began + timeout)
+        method = getattr(client, name)
+        left = max(0.1, timeout - (time.monotonic() - began))
         try:
-            result = method(*args, timeout=timeout, **kwargs) if bounded else method(*args, **kwargs)
+            result = method(*args, timeout=left, **kwargs) if _is_async_wrapper(method) else method(*args, **kwargs)
         except Exception as error:
             if not no_answer(error):
                 mark_answered(self._url)
-                missing = credentials_missing(self._filesystem, self._url, error)
+                missing = credentials_missing(client, self._url, error)
                 if missing is not None:
                     raise _name_store(CredentialsMissing(missing), self._url) from error
                 _name_store(error, self._url)
