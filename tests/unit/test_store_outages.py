@@ -94,13 +94,14 @@ def test_watch_says_when_the_store_stopped_and_came_back_and_its_clock_stands_st
     away = StoreAway(follower, clock=lambda: clock[0], wall=lambda: wall[0])
     assert away.update() is None and away.time() == 100.0
 
-    follower.away = Outage("gs://b", since=wall[0] - 8, reason="no answer within 8 s (--store-timeout)", held=446)
+    reason = "no answer within 8 s (--store-timeout); last error: connection refused by 127.0.0.1:4443"
+    follower.away = Outage("gs://b", since=wall[0] - 8, reason=reason, held=446)
     clock[0] += 10
     wall[0] += 10
     since = datetime.fromtimestamp(follower.away.since).strftime("%H:%M:%S")
     assert away.update() == (
-        f"store unreachable since {since} · 446 events held locally (no answer within 8 s (--store-timeout)); "
-        "the run may have gone on: what is shown is as of then"
+        f"store unreachable since {since} · 446 events held locally (connection refused by 127.0.0.1:4443): "
+        "shown as of then; the run may have gone on"
     )
     assert away.time() == 92.0  # the moment the store stopped answering, on the bars' clock
     clock[0] += 30

@@ -241,7 +241,7 @@ class StoreAway:
         if now is not None and self.away is None:
             self.away = now
             self._stopped_at = self._clock() - max(0.0, self._wall() - now.since)
-            return f"{now.line()} ({now.reason}); the run may have gone on: what is shown is as of then"
+            return f"{now.line()} ({now.cause}): shown as of then; the run may have gone on"
         if now is None and self.away is not None:
             gone = max(0.0, self._wall() - self.away.since)
             self.away = self._stopped_at = None

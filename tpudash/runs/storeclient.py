@@ -216,6 +216,11 @@ class Outage:
     reason: str
     held: int = 0
 
+    @property
+    def cause(self) -> str:
+        """Why, in few words: the client's last error when the reason has one (``connection refused by …``)."""
+        return self.reason.rsplit("last error: ", 1)[-1]
+
     def line(self) -> str:
         """``store unreachable since 23:39:27 · 446 events held locally`` (the count only when a writer here holds some)."""
         since = datetime.fromtimestamp(self.since).strftime("%H:%M:%S")
