@@ -172,10 +172,14 @@ class Sampler:
         self.closed = True
 
 
+# The machine an agent under test says it runs on: no test machine's name.
+SIMULATED = "sim-vm-7f3a"
+
+
 def an_agent(tmp_path: Path, sampler: Sampler, clock: Clock, said: list[str], **options) -> HostAgent:
-    options.setdefault("hostname", "vm")
+    options.setdefault("hostname", SIMULATED)
     return HostAgent(
-        tmp_path / "runs", "vm", sampler, interval=0.01, spill_root=tmp_path / "unsent", clock=clock,
+        tmp_path / "runs", SIMULATED, sampler, interval=0.01, spill_root=tmp_path / "unsent", clock=clock,
         notify=said.append, **options,
     )  # fmt: skip
 
@@ -183,10 +187,12 @@ def an_agent(tmp_path: Path, sampler: Sampler, clock: Clock, said: list[str], **
 def test_only_the_agent_named_for_its_machine_records_runs(tmp_path: Path) -> None:
     said: list[str] = []
     assert an_agent(tmp_path, Sampler(), Clock(), said).records_runs
-    other = HostAgent(tmp_path / "runs", "sim-1", Sampler(), hostname="vm", spill_root=tmp_path / "unsent")
+    other = HostAgent(tmp_path / "runs", "sim-1", Sampler(), hostname=SIMULATED, spill_root=tmp_path / "unsent")
     assert not other.records_runs
-    told = HostAgent(tmp_path / "runs", "sim-1", Sampler(), hostname="vm", records_runs=True, spill_root=tmp_path)
+    told = HostAgent(tmp_path / "runs", "sim-1", Sampler(), hostname=SIMULATED, records_runs=True, spill_root=tmp_path)
     assert told.records_runs
+    mine = HostAgent(tmp_path / "runs", default_host_name(), Sampler(), spill_root=tmp_path / "unsent")
+    assert mine.hostname == socket.gethostname() and mine.records_runs
 
 
 def test_the_runs_are_scanned_every_scan_interval_not_at_every_tick(tmp_path: Path, monkeypatch) -> None:
@@ -203,7 +209,7 @@ def test_the_runs_are_scanned_every_scan_interval_not_at_every_tick(tmp_path: Pa
     assert scans == [start, start + RUNS_SCAN_SECONDS]
     assert agent.ticks == 3
 
-    simulated = HostAgent(tmp_path / "runs", "sim-1", Sampler(), hostname="vm", spill_root=tmp_path, clock=clock)
+    simulated = HostAgent(tmp_path / "runs", "sim-1", Sampler(), hostname=SIMULATED, spill_root=tmp_path, clock=clock)
     monkeypatch.setattr(simulated.runs, "scan", lambda: scans.append(-1.0) or [])
     simulated.tick()
     assert -1.0 not in scans, "an agent that records no run scans none"
@@ -393,3 +399,15 @@ def test_an_agent_that_never_reported_stops_at_once(tmp_path: Path) -> None:
     started = time.monotonic()
     assert agent.close(timeout=60.0)
     assert time.monotonic() - started < 30.0, "the stop waited for a report that was never to be written"
+
+
+def test_a_stop_the_store_does_not_take_keeps_the_samples_on_this_hosts_disk(tmp_path: Path) -> None:
+    said: list[str] = []
+    agent = an_agent(tmp_path, Sampler(), Clock(), said, records_runs=False)
+    agent.samples.files = FailingFiles(agent.samples.files)  # type: ignore[assignment]
+    for _ in range(3):
+        agent.tick()
+
+    assert agent.close(timeout=0.5) is False
+    kept = b"".join(path.read_bytes() for path in (tmp_path / "unsent").rglob("*.jsonl"))
+    assert len(kept.splitlines()) == 3, "samples the store did not take were lost"

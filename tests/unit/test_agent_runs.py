@@ -406,3 +406,26 @@ def test_a_run_is_adopted_at_the_first_scan_once_it_is_exactly_old_enough(
         assert exported_samples(setting, run_id) == [2.0]
     finally:
         agent.close(timeout=UPLOAD_WAIT)
+
+
+def test_at_most_max_runs_recorded_are_adopted_and_a_stop_lets_go_of_them(
+    tmp_path: Path, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tpudash.telemetry import agent as agent_module
+
+    monkeypatch.setattr(agent_module, "MAX_RUNS_RECORDED", 1)
+    store = RunStore(f"memory://agent-runs-{uuid.uuid4().hex[:8]}/runs", spill_root=tmp_path / "run-unsent")
+    setting = Setting(store.root, store, tmp_path)
+    started = float(int(time.time()) - 100)
+    run_ids = [a_run_of_this_host_started_at(setting, started) for _ in range(2)]
+    made: list[HostAgent] = []
+    agent = an_agent(setting, clock, made)
+    try:
+        clock.now = started + 60
+        agent.tick()
+        settle(agent)
+        assert sorted(listed_runs(setting)) == sorted(run_ids), "host.json lists every run of the host"
+        assert sorted(len(exported_samples(setting, run_id)) for run_id in run_ids) == [0, 1]
+    finally:
+        agent.close(timeout=UPLOAD_WAIT)
+    assert not agent.store_runs and not agent.local_runs.recording
