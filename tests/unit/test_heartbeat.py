@@ -133,6 +133,7 @@ def test_a_heartbeat_of_exactly_the_largest_size_is_read() -> None:
     padded = data[:-1] + b" " * (MAX_HEARTBEAT_BYTES - len(data)) + b"}"
     assert len(padded) == MAX_HEARTBEAT_BYTES
     assert parse_beat(padded) == {"heartbeat": NOW}
+    assert why_not_a_beat(b"x" * MAX_HEARTBEAT_BYTES) == "not JSON"  # at the cap: read, and found no JSON
 
 
 # -- a folder of heartbeats ------------------------------------------------------------------------------

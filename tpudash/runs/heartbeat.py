@@ -25,7 +25,6 @@ names the first in one problem line.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -165,10 +164,10 @@ def listed_newest_first(files: RunFiles, folder: str) -> list[str]:
             return []
         for entry in entries:
             if entry.get("type") == "file":
-                timed.append((_listed_time(entry), str(entry["name"]).rsplit("/", 1)[-1]))
+                timed.append((_listed_time(entry), str(entry["name"]).rpartition("/")[2]))
     else:
         timed = [(0.0, name) for name in files.list(folder)]
-    timed = [(stamp if math.isfinite(stamp) else 0.0, name) for stamp, name in timed if name and name[0] != "."]
+    timed = [(stamp, name) for stamp, name in timed if name and name[0] != "."]
     return [name for _, name in sorted(timed, key=lambda pair: (-pair[0], pair[1]))]
 
 
