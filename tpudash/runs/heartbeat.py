@@ -202,6 +202,6 @@ def add_problem(problems: list[str] | None, line: str | None) -> None:
     """Add ``line`` to ``problems``, in place of an earlier line about the same file (a reader asked again)."""
     if problems is None or line is None:
         return
-    about = line.split(": ", 1)[0]
-    problems[:] = [kept for kept in problems if kept.split(": ", 1)[0] != about]
+    about = line.partition(": ")[0]
+    problems[:] = [kept for kept in problems if kept.partition(": ")[0] != about]
     problems.append(line)
