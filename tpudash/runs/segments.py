@@ -13,6 +13,24 @@ segment whole, in order per writer. It lists the segments at most once a
 ``list_every`` seconds, and less often (doubling, up to ``MAX_LIST_SECONDS``)
 while nothing new appears, so following a quiet run costs a store a few
 requests a minute.
+
+What a listing may hold that a writer never leaves is said, as the run's
+problems (``report``), never skipped in silence:
+
+- a name that is not a segment's (``-000000004.jsonl``, ``w-00000001.JSONL``,
+  a sequence number 0) is never read, and counted and named; a name
+  starting with "." is a writer's temporary file and is left alone;
+- a gap: a writer's segment N+2 is listed while N+1 is not. A follower
+  holds that writer's later segments back for ``GAP_WAIT_SECONDS`` (listing
+  every ``list_every`` meanwhile) and reads them in order if the gap fills:
+  a late listing is not worth a word. After that wait, or at once when the
+  reading is final (the writer is gone, a finished run opened), it reads on
+  and names the missing segments. Waiting for ever would stop a live run's
+  view at a segment that may never come (a writer killed mid-upload); never
+  waiting would read 1, 3, 2 whenever a listing lags. The wait is bounded,
+  the order stays right when the gap fills within it, and the events of a
+  segment that comes later still are read (nothing is dropped), named as
+  read out of order.
 """
 
 from __future__ import annotations
@@ -36,6 +54,14 @@ TICK_SECONDS = 0.1
 """How often a prefetching tail looks whether its next listing is due."""
 MAX_LIST_SECONDS = 8.0
 SEGMENT_PATTERN = re.compile(r"^(?P<writer>[A-Za-z0-9_.-]{1,96})-(?P<seq>[0-9]{8})\.jsonl$")
+SEGMENT_RULE = "<writer>-<8 digits, from 00000001>.jsonl"
+"""A segment's name, as a problem line says it."""
+GAP_WAIT_SECONDS = 10.0
+"""How long a follower holds a writer's segments back while an earlier one is not listed (module docstring)."""
+MAX_ORDER_PROBLEMS = 20
+"""Lines about missing and late segments kept for ``report``; more are counted in one line."""
+MISNAMED_SHOWN = 3
+"""Names of files that are not segments quoted in their one line; more are counted."""
 
 
 def new_writer_id() -> str:
@@ -55,6 +81,14 @@ def segment_order(name: str) -> tuple[str, int]:
     """How segments are read: by writer, then by sequence number."""
     match = SEGMENT_PATTERN.match(name)
     assert match is not None
+    return match["writer"], int(match["seq"])
+
+
+def parse_segment_name(name: str) -> tuple[str, int] | None:
+    """A segment's (writer, sequence number), or None when ``name`` is not one a writer gives (``SEGMENT_RULE``)."""
+    match = SEGMENT_PATTERN.match(name)
+    if match is None or int(match["seq"]) < 1:
+        return None
     return match["writer"], int(match["seq"])
 
 
@@ -97,16 +131,26 @@ class StreamTail:
         self._segment_tails: list[EventTail] = []
         """Segments read that had problems: their reasons go into ``report``."""
         self._seen: set[str] = set()
-        self._pending: list[str] = []
+        self._waiting: dict[str, dict[int, str]] = {}
+        """Segments listed and not read yet: by writer, then by sequence number, their names."""
+        self._next_seq: dict[str, int] = {}
+        """Each writer's next segment in order (from 1)."""
+        self._gap_since: dict[str, float] = {}
+        """Writers whose next segment is not listed while a later one is: since when (``clock``)."""
+        self._order_problems: list[str] = []
+        self._order_problem_count = 0
+        self._misnamed: list[str] = []
+        self._misnamed_count = 0
         self._next_listing = 0.0
-        self._quiet = 0
+        self._quiet_interval = list_every
+        """How long to wait before the next listing while nothing new comes: doubles each time, up to the cap."""
         self.listings = 0
         """How many times the segments were listed: a store's requests, for the benchmark."""
         self.segments_read = 0
         self.finished = False
         """True once a RunFinished was read: nothing more will come."""
         self.at_end = False
-        self._read_at_end = False
+        self._read_at_end = False  # pragma: no mutate - set by every read before it is looked at
         self._read_finished = False
         self.unreachable: str | None = None
         """Why the last listing failed (the store is unreachable), or None."""
@@ -185,7 +229,8 @@ class StreamTail:
         if self.appends or not self._appended_checked:
             try:
                 events += self.appended.read_new(final or not self.appends, max_bytes)
-                self._appended_checked = True
+                # In a store it is complete: read on until its end (a bounded read stops sooner), then never again.
+                self._appended_checked = self.appended.at_end
             except OSError:
                 self.appended.lines.at_end = True  # absent (a run in segments only), or refused and named
                 self._appended_checked = True
@@ -195,16 +240,18 @@ class StreamTail:
         if final or self._clock() >= self._next_listing:
             self._list_segments()
         if self.appended.at_end:  # the appended file's events come first
-            while self._pending:
-                read = self._read_segment(self._pending[0])
+            while (due := self._next_segment(final)) is not None:
+                writer, seq = due
+                read = self._read_segment(self._waiting[writer][seq])
                 if read is None:
                     break  # the store did not answer: this segment is read again at the next call
-                self._pending.pop(0)
+                self._took(writer, seq)
                 events += read
                 if max_bytes is not None:
                     break  # one segment a call when reading in bounded pieces
         # Kept apart from ``at_end`` and ``finished``: with prefetching, those say what the caller has taken.
-        self._read_at_end = self.appended.at_end and not self._pending
+        # At the end: nothing more can be read now (segments held behind a gap wait for a later call).
+        self._read_at_end = self.appended.at_end and self._next_segment(final) is None
         self._read_finished = self._read_finished or self.appended.finished
         return events
 
@@ -218,13 +265,86 @@ class StreamTail:
             return
         self.unreachable = None
         names = [name for name in listed if name not in self._seen]
-        new = sorted((name for name in names if SEGMENT_PATTERN.match(name)), key=segment_order)
         self._seen.update(names)
-        self._pending.extend(new)
+        new = False
+        for name in names:
+            if name.startswith("."):
+                continue  # a writer's temporary file (a local spill): it becomes a segment under its own name
+            parsed = parse_segment_name(name)
+            if parsed is None:
+                self._misnamed_count += 1
+                if len(self._misnamed) < MISNAMED_SHOWN:
+                    self._misnamed.append(name)
+                continue
+            writer, seq = parsed
+            self._waiting.setdefault(writer, {})[seq] = name
+            new = True
         # Nothing new: look less often, up to MAX_LIST_SECONDS; something new: back to every list_every.
-        self._quiet = 0 if new else self._quiet + 1
-        interval = min(MAX_LIST_SECONDS, self.list_every * (2 ** min(self._quiet, 8)))
-        self._next_listing = self._clock() + (self.list_every if new else interval)
+        self._quiet_interval = self.list_every if new else min(MAX_LIST_SECONDS, self._quiet_interval * 2)
+        # While a gap is open, look every list_every: the segment it waits for is read as soon as it is listed.
+        self._next_listing = self._clock() + (self.list_every if self._gap_since else self._quiet_interval)
+
+    def _next_segment(self, final: bool) -> tuple[str, int] | None:
+        """The (writer, sequence number) to read next, or None: none listed, or each writer's held behind a gap.
+
+        Writers in the order of their names, each one's segments in order; a
+        writer whose next segment is not listed while a later one is waits up
+        to GAP_WAIT_SECONDS (not when ``final``), then reads on.
+        """
+        now = self._clock()
+        for writer in sorted(self._waiting):
+            seq = min(self._waiting[writer])
+            if seq > self._next_seq.get(writer, 1) and not final:
+                since = self._gap_since.setdefault(writer, now)
+                if now - since < GAP_WAIT_SECONDS:
+                    continue  # held: the gap may yet fill
+            return writer, seq
+        return None
+
+    def _took(self, writer: str, seq: int) -> None:
+        """Segment ``seq`` of ``writer`` was read: what comes next for that writer, and what was out of order."""
+        expected = self._next_seq.get(writer, 1)
+        where = f"{self.stream}/{writer}"
+        if seq > expected:
+            count = seq - expected
+            missing = f"{where}-{expected:08d}.jsonl" + (f" to -{seq - 1:08d}.jsonl" if count > 1 else "")
+            self._order_problem(
+                f"{missing}: {'missing' if count == 1 else f'{count} segments missing'}"
+                f" (the writer's next is {seq:08d}); read on without {'it' if count == 1 else 'them'}"
+            )
+        elif seq < expected:
+            self._order_problem(
+                f"{where}-{seq:08d}.jsonl: came late, after {writer}-{expected - 1:08d}.jsonl;"
+                " its events were read after later ones"
+            )
+        self._next_seq[writer] = max(expected, seq + 1)
+        self._gap_since.pop(writer, None)
+        del self._waiting[writer][seq]
+        if not self._waiting[writer]:
+            del self._waiting[writer]
+
+    def _order_problem(self, line: str) -> None:
+        self._order_problem_count += 1
+        if len(self._order_problems) < MAX_ORDER_PROBLEMS:
+            self._order_problems.append(line)
+
+    @property
+    def segment_problems(self) -> list[str]:
+        """What the listing held that a writer never leaves: segments missing or late, files not named as segments."""
+        lines = list(self._order_problems)
+        if self._order_problem_count > len(self._order_problems):
+            more = self._order_problem_count - len(self._order_problems)
+            lines.append(f"{self.stream}/: {more} more segment{'' if more == 1 else 's'} missing or late")
+        if self._misnamed_count:
+            count = self._misnamed_count
+            shown = ", ".join(f"{name!r:.60}" for name in self._misnamed) + (
+                ", …" if count > len(self._misnamed) else ""
+            )
+            lines.append(
+                f"{self.stream}/: {count} file{'' if count == 1 else 's'} not named as a segment ({SEGMENT_RULE}),"
+                f" never read: {shown}"
+            )
+        return lines
 
     def _read_segment(self, name: str) -> list[tuple[float | None, Event]] | None:
         """A segment's events, read whole; None when the store failed to answer (it is read again later)."""
@@ -261,7 +381,13 @@ class StreamTail:
         return kept[:MAX_PROBLEMS_KEPT]
 
     def report(self) -> list[str]:
-        """What could not be read, as a run shows it: ``N events could not be read: <the first reason>``."""
+        """What could not be read, as a run shows it: ``N events could not be read: <the first reason>``.
+
+        Then ``segment_problems``: segments missing or late, files not named as segments.
+        """
+        return self._events_report() + self.segment_problems
+
+    def _events_report(self) -> list[str]:
         count = self.problem_count
         if not count:
             return []
