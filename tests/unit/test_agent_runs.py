@@ -429,3 +429,24 @@ def test_at_most_max_runs_recorded_are_adopted_and_a_stop_lets_go_of_them(
     finally:
         agent.close(timeout=UPLOAD_WAIT)
     assert not agent.store_runs and not agent.local_runs.recording
+
+
+def test_a_stopped_agent_lets_go_of_a_local_runs_telemetry_for_its_session(tmp_path: Path, clock: FakeClock) -> None:
+    store = RunStore(tmp_path / "runs", spill_root=tmp_path / "run-unsent")
+    store.prepare()
+    setting = Setting(store.root, store, tmp_path)
+    run_id, recorder = start_run(setting)
+    made: list[HostAgent] = []
+    agent = an_agent(setting, clock, made)
+    agent.tick()
+    clock.advance(RUNS_SCAN_SECONDS)
+    agent.tick()  # sample 2: adopted, the run's telemetry file flock'd by the agent
+    assert exported_samples(setting, run_id) == [2.0]
+
+    agent.close(timeout=UPLOAD_WAIT)
+    session = OwnSession(setting, run_id)
+    session.record(clock())
+    session.close()
+
+    assert exported_samples(setting, run_id) == [2.0, SESSION_MARK], "the stopped agent still holds the run's telemetry"
+    recorder.record(RunFinished(status="done", summary={}, error=None, traceback=None))
