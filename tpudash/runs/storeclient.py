@@ -35,8 +35,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tpudash.runs.layout import EVENTS_STREAM
-
 DEFAULT_STORE_TIMEOUT = 8.0
 STORE_TIMEOUT_RANGE = (1.0, 600.0)
 STORE_TIMEOUT_VARIABLE = "TPUDASH_STORE_TIMEOUT"
@@ -294,6 +292,10 @@ def spilled_events(run_dir: Path) -> int:
     by this: its outage's events are here until they are uploaded. Each
     file is read again only when its size or time changed.
     """
+    # Here, not at the top: config imports this module, and layout brings the event protocol (jobs, msgspec),
+    # which the dashboard's first frame does without (tests/unit/test_import_graph.py).
+    from tpudash.runs.layout import EVENTS_STREAM
+
     folder = run_dir / EVENTS_STREAM
     try:
         with os.scandir(folder) as scan:
