@@ -95,8 +95,13 @@ class LocalRunFiles:
 
     def read(self, name: str, max_bytes: int) -> bytes:
         with open_regular(self.run_dir / name, max_bytes) as handle:
-            # One byte past the cap: a file that grew after the fstat is still refused.
-            data = handle.read(max_bytes + 1)
+            # As much as the file holds, not the cap: read(n) reserves n bytes first, and the cap is a
+            # GiB where a writer reads back its spilled segments. One byte past what fstat said, and
+            # the rest up to one past the cap if the file grew since: a file over the cap is still refused.
+            size = min(os.fstat(handle.fileno()).st_size, max_bytes)
+            data = handle.read(size + 1)
+            if len(data) > size:
+                data += handle.read(max_bytes + 1 - len(data))
         if len(data) > max_bytes:
             raise too_large(name, max_bytes)
         return data
