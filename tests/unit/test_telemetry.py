@@ -285,6 +285,8 @@ def test_telemetry_once_prints_the_served_values_as_json_and_as_tables_in_80_col
     assert shown.returncode == 0, shown.stderr
     assert "4.0/16.0 GiB" in shown.stdout and "88%" in shown.stdout and "CPU (" in shown.stdout
     assert "…" not in shown.stdout  # fits 80 columns, nothing cut
+    # Into a pipe, as every command's output: lines as long as what they say, never padded with spaces.
+    assert not [line for line in shown.stdout.splitlines() if line.endswith(" ")]
 
 
 def test_telemetry_without_a_service_says_why_and_a_bad_address_exits_2(fake):

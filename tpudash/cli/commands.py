@@ -457,6 +457,7 @@ def command_telemetry(args: argparse.Namespace, settings: Settings) -> int:
     from rich.live import Live
 
     from jobs.events import dumps
+    from tpudash.cli.render import output_console
     from tpudash.format import telemetry_view
     from tpudash.telemetry.sampling import SamplingLoop, telemetry_sampler
 
@@ -470,7 +471,7 @@ def command_telemetry(args: argparse.Namespace, settings: Settings) -> int:
         if args.json:
             print(dumps(sample, stamp))
         else:
-            Console().print(telemetry_view(sample, (), settings.tpu_metrics))
+            output_console().print(telemetry_view(sample, (), settings.tpu_metrics))
         return EXIT_DONE
     live = None if args.json else Live(console=Console(), auto_refresh=False)
 
