@@ -175,6 +175,25 @@ class LocalRoot:
         self.path.mkdir(parents=True, exist_ok=True)
 
 
+def entries_by_time(folder: Path, *, folders: bool) -> list[tuple[float, str]]:
+    """(modification time, name) of the regular files, or the folders, directly in ``folder``; links left out.
+
+    One scan; an entry gone between the scan and its stat is left out. Raises
+    what ``os.scandir`` raises (a missing folder: FileNotFoundError), so each
+    caller says what a missing folder means to it.
+    """
+    timed: list[tuple[float, str]] = []
+    with os.scandir(folder) as scan:
+        for entry in scan:
+            try:
+                wanted = entry.is_dir(follow_symlinks=False) if folders else entry.is_file(follow_symlinks=False)
+                if wanted:
+                    timed.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
+            except OSError:
+                continue  # gone since the scan
+    return timed
+
+
 def _links_to_dir(entry: os.DirEntry) -> bool:
     """A symbolic link to a directory: listed so the user sees it, never read through."""
     try:

@@ -25,13 +25,12 @@ names the first in one problem line.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from jobs.events import is_finite_number
-from tpudash.runs.backends import BucketRunFiles, LocalRunFiles, RunFiles
+from tpudash.runs.backends import BucketRunFiles, LocalRunFiles, RunFiles, entries_by_time
 
 STALE_AFTER_INTERVALS = 3
 """A heartbeat older than this many of its writer's intervals is stale."""
@@ -148,13 +147,7 @@ def listed_newest_first(files: RunFiles, folder: str) -> list[str]:
     timed: list[tuple[float, str]] = []
     if isinstance(files, LocalRunFiles):
         try:
-            with os.scandir(files.run_dir / folder) as scan:
-                for entry in scan:
-                    try:
-                        if entry.is_file(follow_symlinks=False):
-                            timed.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
-                    except OSError:
-                        continue  # gone since the listing
+            timed = entries_by_time(files.run_dir / folder, folders=False)
         except OSError:
             return []
     elif isinstance(files, BucketRunFiles):

@@ -33,7 +33,6 @@ agent stopped cleanly (its last host.json says so, with no figures).
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,7 @@ from typing import Any
 
 from jobs.events import is_finite_number, is_sane_timestamp
 from tpudash.runs import heartbeat
-from tpudash.runs.backends import HOSTS_FOLDER, BucketRoot, LocalRoot, runs_root
+from tpudash.runs.backends import HOSTS_FOLDER, BucketRoot, LocalRoot, entries_by_time, runs_root
 from tpudash.runs.heartbeat import INTERVAL_RANGE_SECONDS as INTERVAL_RANGE_SECONDS
 from tpudash.runs.heartbeat import STALE_AFTER_INTERVALS as STALE_AFTER_INTERVALS
 from tpudash.runs.layout import RefusedFile, is_run_id, parse_run_file
@@ -306,13 +305,7 @@ class HostsReader:
         timed: list[tuple[float, str]] = []
         if isinstance(self.root, LocalRoot):
             try:
-                with os.scandir(self.root.path / HOSTS_FOLDER) as scan:
-                    for entry in scan:
-                        try:
-                            if entry.is_dir(follow_symlinks=False):
-                                timed.append((entry.stat(follow_symlinks=False).st_mtime, entry.name))
-                        except OSError:
-                            continue  # gone since the listing
+                timed = entries_by_time(self.root.path / HOSTS_FOLDER, folders=True)
             except (FileNotFoundError, NotADirectoryError):
                 return []
         else:
