@@ -131,6 +131,9 @@ class HistoryScreen(ExportsRuns):
         self.marked: list[str] = []
         self._columns: tuple = ()
         """The titles the table's columns have, and the job column's fixed width (None: its content's)."""
+        self._listing: Worker | None = None
+        self._list_again = False
+        """A reload was asked for while a listing ran: one more follows it."""
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="history-title")
@@ -158,11 +161,17 @@ class HistoryScreen(ExportsRuns):
 
     # -- listing --------------------------------------------------------------------
     def action_reload(self) -> None:
-        self.list_runs()
+        # One listing at a time, and one more after it when asked meanwhile: a listing that
+        # started before a run ended must never land after one that saw it end (on a loaded
+        # machine threads finish out of order), and a slow store gets no pile of threads.
+        if self._listing is not None and self._listing.state in (WorkerState.PENDING, WorkerState.RUNNING):
+            self._list_again = True
+            return
+        self._list_again = False
+        self._listing = self.list_runs()
 
     @work(
         thread=True,
-        exclusive=True,
         exit_on_error=False,
         group="history-list",
         description="Read run.json of every run in the runs directory",
@@ -175,6 +184,8 @@ class HistoryScreen(ExportsRuns):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
+        if worker is self._listing and worker.is_finished and self._list_again:
+            self.action_reload()
         if event.state == WorkerState.ERROR:
             self.app.notify(
                 f"{type(worker.error).__name__}: {worker.error}", title=worker.description, severity="error"

@@ -10,6 +10,7 @@ never on a sleep.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 
 import pytest
@@ -126,10 +127,21 @@ async def until(pilot, predicate, timeout: float = UNTIL_TIMEOUT) -> None:
     deadline = loop.time() + timeout
     while not predicate():
         remaining = deadline - loop.time()
-        if remaining <= 0:
-            raise AssertionError(f"condition not met within {timeout} s")
-        await asyncio.wait_for(pilot.app.next_tick(), remaining)
+        try:
+            if remaining <= 0:
+                raise TimeoutError
+            await asyncio.wait_for(pilot.app.next_tick(), remaining)
+        except TimeoutError:
+            # Name the condition: a CI log cut in the middle must still say which wait ran out.
+            raise AssertionError(f"condition not met within {timeout} s: {_source_of(predicate)}") from None
     await pilot.pause()
+
+
+def _source_of(predicate) -> str:
+    try:
+        return inspect.getsource(predicate).strip()
+    except (OSError, TypeError):
+        return repr(predicate)
 
 
 async def type_into(pilot, widget, text: str) -> None:

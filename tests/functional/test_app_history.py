@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 from textual.widgets import DataTable, Static
 
@@ -10,7 +11,7 @@ from screens.history import HistoryScreen
 from screens.overlay import OverlayScreen
 from screens.run_detail import RunDetailScreen
 from tests.crafted_runs import CRAFTED, GOOD, craft_runs
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
+from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, until
 
 
 def history_rows(screen: HistoryScreen) -> list[list]:
@@ -154,3 +155,36 @@ async def test_every_hostile_run_lists_opens_and_says_what_is_wrong(make_app, is
         assert [track.count for track in detail.view.model.tracks.values()] == [20]
         assert not detail.view.model.problems
         assert app.is_running
+
+
+async def test_a_listing_that_started_before_a_run_ended_never_shows_after_one_that_saw_it_end(make_app):
+    """On a loaded machine an older listing's thread may finish last: its stale "● live" must not stay on screen."""
+    from tpudash.runs.store import RunInfo
+
+    def listed(status: str, live: bool) -> list[RunInfo]:
+        return [RunInfo(run_id="20261128-010101-fit-0a0b0c", path="/nowhere", job="fit", status=status, live=live)]
+
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_history(pilot, 0)
+        first_may_return = threading.Event()
+        calls: list[str] = []
+
+        def list_runs() -> list[RunInfo]:
+            calls.append("started")
+            if len(calls) == 1:  # read while the run was live; its thread is slow to finish
+                assert first_may_return.wait(UNTIL_TIMEOUT)
+                return listed("running", live=True)
+            return listed("interrupted", live=False)  # read after its writer died
+
+        app.session.store.list_runs = list_runs
+        screen.action_reload()  # the run's last change
+        screen.action_reload()  # its end, heard while the first listing still runs
+        screen.action_reload()
+        first_may_return.set()
+        # The stale listing shows first, then the one that saw the end, and it stays.
+        await until(pilot, lambda: [str(row[3]) for row in history_rows(screen)] == ["! interrupted"])
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert [str(row[3]) for row in history_rows(screen)] == ["! interrupted"]
+        assert len(calls) == 2  # the reloads asked for meanwhile were one listing, not a thread each
