@@ -119,3 +119,13 @@ def test_the_codemap_names_every_package_and_only_what_exists():
     for entry in entries:
         as_path = REPO_ROOT / entry.replace(".", "/")
         assert as_path.is_dir() or as_path.with_suffix(".py").is_file(), f"the codemap names {entry}, which is gone"
+
+
+MAX_APP_SHELL_LINES = 400
+
+
+def test_the_app_shell_stays_a_shell():
+    """tpudash/tui/app.py keeps the keys, modes, lifecycle and actions; a new job goes in a module of its own."""
+    app_shell = REPO_ROOT / "tpudash" / "tui" / "app.py"
+    lines = len(app_shell.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_APP_SHELL_LINES, f"app.py has {lines} lines: move a whole job out (see tpudash/tui/ticks.py)"

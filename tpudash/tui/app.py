@@ -17,11 +17,17 @@ with the install line; beside another process that holds the TPU (a JAX
 script, a notebook) no engine starts either, and a launch asks to run on
 the CPU instead (``tpudash.tui.hostgate``). While the TUI runs, file descriptor 2 goes to the session log
 (``tpudash.tui.hostio``), which the engine's stderr (TensorFlow's C++ logs) joins.
+
+The app is assembled from mixins, one job each: ``tpudash.tui.ticks`` (the UI
+timer, ``next_tick``), ``tpudash.tui.background`` (what starts after the first
+frame: the host check, the runs scan, screens built ahead), ``tpudash.tui.quitting``
+(q and the stop signals), ``tpudash.tui.seams`` (Textual's mode switch without
+its hold) and ``tpudash.tui.view`` (the reactives). This module keeps the keys,
+the modes, the lifecycle and the actions.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
 import sys
@@ -29,35 +35,32 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from textual import events, work
-from textual.app import App, ScreenStackError
+from textual import events
+from textual.app import App
 from textual.binding import Binding
-from textual.worker import Worker, WorkerState
 
 from tpudash.config import Settings
+from tpudash.tui.background import AfterFirstFrame
 from tpudash.tui.hostio import HostIO
-from tpudash.tui.messages import DisplayTick
 from tpudash.tui.modes import MODE_SCREENS, mode_screen_factories, run_detail_screen
 from tpudash.tui.palette import TpudashCommands
+from tpudash.tui.quitting import QuitFlow
 from tpudash.tui.seams import UndelayedRevisits, guard_option_list_page_keys
 from tpudash.tui.session import DashboardSession, EngineFactory
+from tpudash.tui.ticks import TICK_SECONDS, UITicks
 from tpudash.tui.view import DashboardView
 
 if TYPE_CHECKING:  # the host check loads after the first frame
-    from textual.screen import Screen
-
     from jobs.base import JobSpec
     from tpudash.accel.hostcheck import HostCheck
 
-# How often the runs directory is looked at for runs started elsewhere (a notebook's fit).
-RUNS_SCAN_SECONDS = 1.0
-TICK_SECONDS = 0.1
-# After the first frame, the host check and the engine's start go first; then the other screens are built.
-COMPOSE_AHEAD_AFTER_SECONDS = 0.2
+__all__ = ["TICK_SECONDS", "TpudashApp", "run_app"]
+
 FIRST_FRAME_ENV = "TPUDASH_EXIT_AFTER_FIRST_FRAME"
 
 
-class TpudashApp(UndelayedRevisits, DashboardView):
+# Each mixin one job (see the docstring); all before App, UndelayedRevisits last (the only order mypy accepts).
+class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, DashboardView):
     """tpudash: devices, jobs, live runs and history of a TensorFlow accelerator session."""
 
     CSS_PATH = "app.tcss"
@@ -141,16 +144,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         self.tensorflow_imported_at_first_frame: bool | None = None
         self.modules_at_first_frame: list[str] = []
         """What the process had imported at its first frame (kept with ``TPUDASH_EXIT_AFTER_FIRST_FRAME``)."""
-        self.exiting = False
-        """True once exit() was called: timers stop drawing on closing widgets."""
-        self.quit_worker: Worker | None = None
-        """The worker that cancels every run and exits, once quit was confirmed."""
         self._previous_mode = self.DEFAULT_MODE
-        self._tick_event = asyncio.Event()
-        self._last_tick = asyncio.Event()
-        self._runs_scan_worker: Worker | None = None
-        self.settled_in = asyncio.Event()
-        """Set once every screen is built ahead and what they hold is out of the collector's way (benchmarks)."""
 
     # -- lifecycle ------------------------------------------------------------------
     def on_load(self) -> None:
@@ -161,12 +155,12 @@ class TpudashApp(UndelayedRevisits, DashboardView):
             self.session.engine_log_path = self.host_io.session_log.log_path
 
     def on_mount(self) -> None:
-        self.set_interval(TICK_SECONDS, self._tick, name="tpudash tick")
+        self.start_ticking()
         if self.host_io.session_log is not None:
             # Python-level prints and warnings join the session log instead of
             # vanishing into Textual's capture.
             self.begin_capture_print(self)
-        self.host_io.install_signal_handlers(self._on_signal)
+        self.host_io.install_signal_handlers(self.quit_on_signal)
         self.call_after_refresh(self._after_first_frame)
 
     def _after_first_frame(self) -> None:
@@ -176,15 +170,7 @@ class TpudashApp(UndelayedRevisits, DashboardView):
             self.modules_at_first_frame = sorted(sys.modules)
             self.exit(0)
             return
-        self.check_host()
-        if self.current_mode == "devices":
-            self.session.engine_needed()
-        self.load_last_device_check()
-        self.set_interval(RUNS_SCAN_SECONDS, self._scan_runs_directory, name="tpudash runs scan")
-        self._scan_runs_directory()
-        if self.settings.telemetry_interval:
-            self.session.start_telemetry()
-        self.set_timer(COMPOSE_AHEAD_AFTER_SECONDS, self.compose_screens_ahead, name="tpudash compose ahead")
+        self.start_after_first_frame()
 
     def on_print(self, event: events.Print) -> None:
         self.host_io.write_print(event.text)
@@ -202,12 +188,6 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         finally:
             self.release_session_log()
 
-    def exit(self, *args: Any, **kwargs: Any) -> None:
-        self.exiting = True
-        self._tick_event.set()  # nothing waits for a tick that will not come
-        self._last_tick.set()
-        super().exit(*args, **kwargs)
-
     def release_session_log(self) -> None:
         """Point fd 2 (and sys.stderr) back where they were when the app started.
 
@@ -217,102 +197,6 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         """
         self.host_io.release()
 
-    def _on_signal(self, signum: int) -> None:
-        if self.session.quitting:
-            self.force_exit(130)
-            return
-        self.quit_worker = self.cancel_and_exit(130)
-
-    def force_exit(self, return_code: int) -> None:
-        """Leave without waiting for the cancel to be recorded (second signal, or q while quitting).
-
-        The engine is released as the app unmounts: it cancels and records
-        its job on its own, after the dashboard has gone.
-        """
-        self.exit(return_code, return_code=return_code)
-
-    # -- workers: the host, the runs directory, the last device check ---------------------------------
-    @work(
-        thread=True,
-        exit_on_error=False,
-        group="host-check",
-        description="Scan the host: TPU chips, the TensorFlow build installed, the TPU's holder",
-    )
-    def check_host(self) -> None:
-        try:
-            host_check = self.session.inspect_host()
-        except Exception:
-            self.call_later(self.session.host_checked, None)  # the engine starts as if there were no gate
-            raise  # said as the worker's error
-        self.call_later(self.session.host_checked, host_check)
-
-    def _scan_runs_directory(self) -> None:
-        if self.exiting or (self._runs_scan_worker is not None and self._runs_scan_worker.is_running):
-            return
-        self._runs_scan_worker = self.scan_runs_directory()
-
-    @work(
-        thread=True,
-        exit_on_error=False,
-        group="runs-scan",
-        description="Look in the runs directory for new runs and live runs from other processes",
-    )
-    def scan_runs_directory(self) -> None:
-        self.session.scan_runs_directory()
-
-    @work(thread=True, exit_on_error=False, group="device-check", description="Find the last matmul check on disk")
-    def load_last_device_check(self) -> None:
-        check = self.session.last_device_check()
-        if check is not None:
-            self.call_later(self.session.device_check_found, check)
-
-    @work(exclusive=True, group="compose-ahead", exit_on_error=False, description="Build every screen in idle time")
-    async def compose_screens_ahead(self) -> None:
-        """Each mode's screen built before its key is pressed: a first press only switches, as a re-visit does."""
-        for mode, (module_name, *_) in MODE_SCREENS.items():
-            if self.exiting:
-                return
-            await self.compose_mode_ahead(mode, module_name)
-        if self.freeze_after_start and not self.exiting:
-            # Everything built so far (modules, screens, widgets) lives as long as the app. Moved out of the
-            # collector's reach, a full collection walks only what came after: ~15 ms instead of ~150 ms, which
-            # was the tail of every key's latency (bench_hosts). No collection first: freezing is a moment's
-            # work, a collection of a large heap (a notebook's, with TensorFlow in it) is not, and holds the GIL
-            # over the sampler's deadlines. Given back at unmount.
-            gc.freeze()
-        self.settled_in.set()
-
-    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        worker = event.worker
-        if event.state == WorkerState.ERROR:
-            self.notify(
-                f"{type(worker.error).__name__}: {worker.error}",
-                title=worker.description or worker.name,
-                severity="error",
-            )
-
-    # -- the timer --------------------------------------------------------------------
-    def _tick(self) -> None:
-        self.session.tick()
-        screen = self._sync_active_screen()
-        ticked, self._tick_event = self._tick_event, asyncio.Event()
-        # A screen that was closing when it was handed the last tick never runs its callback: whoever waits on
-        # that tick wakes with this one instead of never.
-        self._last_tick.set()
-        self._last_tick = ticked
-        # Queued behind the tick, so next_tick() returns once the screen has redrawn.
-        if screen is None or not screen.call_later(ticked.set):
-            ticked.set()
-
-    async def next_tick(self) -> None:
-        """Wait until the UI's timer has read new events and redrawn once more (tests, benchmarks)."""
-        if self.exiting:
-            return  # the timer stops as the app closes: no tick is coming
-        await self._tick_event.wait()
-
-    def redraw_now(self) -> None:
-        self._sync_active_screen(force=True)
-
     def show_run_view(self) -> None:
         self.call_later(self.action_show, "run")
 
@@ -321,17 +205,6 @@ class TpudashApp(UndelayedRevisits, DashboardView):
         from tpudash.tui.dialogs import ConfirmScreen
 
         self.push_screen(ConfirmScreen(question, yes=yes, no=no, default_yes=True), lambda yes: answered(bool(yes)))
-
-    def _sync_active_screen(self, force: bool = False) -> Screen | None:
-        """Tell the screen on show to redraw what changed; the screen told, if any."""
-        if self.exiting or not self.is_running:
-            return None  # widgets are being closed (exit, or a test's shutdown); nothing to draw on
-        try:
-            screen = self.screen
-        except ScreenStackError:
-            return None
-        screen.post_message(DisplayTick(force))
-        return screen
 
     # -- actions --------------------------------------------------------------------
     async def action_show(self, mode: str) -> None:
@@ -391,37 +264,6 @@ class TpudashApp(UndelayedRevisits, DashboardView):
     def action_release_engine(self) -> None:
         """Release the accelerator: the engine exits, so a notebook or another process can take the TPU."""
         self.session.release_engine()
-
-    async def action_quit(self) -> None:
-        """Quit; while a job runs or waits, ask first (yes cancels, records, exits)."""
-        from tpudash.tui.dialogs import ConfirmScreen
-
-        if self.session.quitting:
-            self.force_exit(130)
-            return
-        question = self.session.quit_question()
-        if question is None:
-            self.exit(0)
-            return
-        if isinstance(self.screen, ConfirmScreen):
-            return  # already asking (ctrl+q reaches here past the dialog)
-        self.push_screen(ConfirmScreen(question, yes="Cancel and quit", no="Keep running"), self._quit_answered)
-
-    def _quit_answered(self, yes: bool | None) -> None:
-        if yes:
-            self.quit_worker = self.cancel_and_exit(0)
-
-    @work(exclusive=True, group="quit", exit_on_error=False, description="Cancel every run, wait until recorded, exit")
-    async def cancel_and_exit(self, return_code: int = 0) -> None:
-        """Cancel, wait for the record (the lane ends the engine after the grace period), exit."""
-        self.session.begin_quit()
-        while not self.session.stopped:
-            current = self.session.lane.current
-            # The run's end, the moment the lane reads it (an engine message wakes the lane), not a tick later.
-            await (current.settled.wait() if current is not None else self.next_tick())
-        # Released now, the engine leaves while Textual closes every screen (~0.2 s), not after.
-        self.session.close()
-        self.exit(return_code, return_code=return_code)
 
 
 def run_app(settings: Settings, **options: Any) -> int:
