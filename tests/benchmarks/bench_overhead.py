@@ -1,402 +1,238 @@
 """Target 1: watching costs nothing — training under tpudash ≥ 0.98 × a plain Keras ``fit``.
 
-The same training three ways on an 8-replica CPU runtime — plain and
-headless in this process, the TUI's in the engine process it starts —
-alternated plain → headless → TUI, round after round:
+The same training on an 8-replica CPU runtime, several ways, each in a
+process of its own (``tests/benchmarks/overhead_sides.py`` says what each
+side runs and how it is read): plain Keras ``fit``, headless
+``tpudash run train``, and the TUI with the job in its engine process.
+With ``TPUDASH_OVERHEAD_BASE`` set to another tree (a ``git worktree`` of an
+older commit), that tree's headless side runs too, in the same rounds.
 
-- **plain**: what a user would write without tpudash: ``jobs.models.build_model``
-  under ``strategy.scope()``, the same compile (Adam, sparse categorical
-  cross-entropy from logits, accuracy, steps_per_execution 1), the same
-  ``jobs.datasets`` synthetic data and ``training_pipeline``, distributed as
-  ``jobs/train.py``'s ``_train_with_fit`` does on a CPU (one host pipeline
-  per replica through ``distribute_datasets_from_function``, the same
-  ``InputOptions``: checked against ``jobs.trainplan.input_options``),
-  ``model.fit(verbose=0)`` with the same ``steps_per_epoch``, and the same
-  validation after every epoch (one pass over the distributed test split
-  with a ``strategy.run`` step, like the job's Evaluator).
-- **headless**: ``tpudash run train --set …`` through ``tpudash.cli.main.main``,
-  its rich live display writing to a null stream that says it is a
-  terminal (so the progress display refreshes as it would on screen), the
-  run recorded to disk as usual.
-- **TUI**: ``TpudashApp`` under Pilot (``run_test``, 120×40, headless
-  driver: every frame is composed, none is written to a terminal) as users
-  get it: no ``engine_factory``, so the job runs in the engine process the
-  app starts (``python -m tpudash.engine``, nice 10, its own TensorFlow and
-  8-device CPU runtime); the app follows the run by tailing its
-  events.jsonl and draws the run view live. The engine is started (and its
-  runtime detected) before the launch, as the Devices screen does at start.
+Many short rounds, every side once per round in a shuffled order, so the
+load other processes put on a shared two-core machine (which drifts over
+minutes) hits a round's sides alike. Each round's side is divided by the
+same round's plain run, and the rounds' ratios are summarised as their
+median with a bootstrap 95 % interval and the IQR (``tests.benchmarks.paired``).
+Three figures per side:
 
-Throughput is measured the same way on every side: examples in an epoch's
-training part (``on_epoch_begin`` to the start of ``on_epoch_end``, before
-validation) over its duration — for tpudash, the ``examples_per_second``
-metric the job reports, which is defined exactly so. The first epoch
-(tracing, cache fill) is excluded; a run's figure is the median of the
-rest, and a side's figure the median over rounds. The ratio pairs each
-round's run with the plain run of the same round (median of those
-ratios), since load from other processes drifts over minutes. The
-dashboard's CPU time is reported too (its UI thread, and the whole
-process: the engine's pipe reader included), and the engine's: with
-training on both cores, every CPU-second the dashboard spends drawing is
-one training could have had.
+- **marginal epoch**: the wall time of epochs 2…N (from the end of epoch 1's
+  validation to the end of epoch N's), per epoch: what
+  ``(T(N epochs) − T(1 epoch)) / (N − 1)`` measures, per-epoch costs
+  (validation, run.json, TensorBoard) included. Ratio = plain / side, so
+  above 1 is faster than plain.
+- **examples/s** of epochs ≥ 2's training parts (median over epochs).
+- **CPU per step**: user + system seconds of the side's whole process tree
+  (its children included: the CLI, the TUI's engine) over the marginal
+  epochs, per step. Ratio = side / plain: above 1 costs more CPU.
+
+Two setups: the light model (synthetic MNIST, 40 steps per epoch) and the
+Colab walkthrough's CIFAR-10 CNN (synthetic CIFAR-10, 8,192 examples, 64 per
+replica × 8 replicas = 16 steps per epoch).
+
+Environment (all optional): ``TPUDASH_OVERHEAD_ROUNDS`` (default 8, quick 1),
+``TPUDASH_OVERHEAD_SETUPS`` (``light,cnn``), ``TPUDASH_OVERHEAD_SIDES``
+(``headless,tui``), ``TPUDASH_OVERHEAD_HEAD`` (the tree measured as this
+one, default this checkout), ``TPUDASH_OVERHEAD_BASE`` (a tree compared
+with it, headless). Run it alone with
+``python -m tests.benchmarks --only overhead [--quick]``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import gc
-import io
+import json
+import os
+import random
 import statistics
-import tempfile
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from tests.benchmarks.harness import Result
+from tests.benchmarks.harness import LoadMonitor, Result
+from tests.benchmarks.overhead_sides import (  # re-exported: bench_pipeline and bench_callback use them
+    FULL,
+    QUICK,
+    REPLICAS,
+    SETUPS,
+    TrainingSetup,
+    cpu_input_options,
+    plain_keras_throughputs,
+    steady,
+)
+from tests.benchmarks.paired import Spread, paired_ratios, spread
+
+__all__ = ["FULL", "QUICK", "TrainingSetup", "cpu_input_options", "plain_keras_throughputs", "run", "steady"]
 
 TARGET_RATIO = 0.98
+INTERVAL_FLOOR = 0.95
+SIDES_SCRIPT = Path(__file__).with_name("overhead_sides.py")
+REPO = Path(__file__).resolve().parents[2]
+SIDE_TIMEOUT = 900.0
 
 
-@dataclass(frozen=True)
-class TrainingSetup:
-    """One training, described once, run identically on every side."""
-
-    batch_per_replica: int
-    limit_train: int
-    limit_test: int
-    epochs: int
-    seed: int = 42
-    learning_rate: float = 0.001
-
-    def overrides(self) -> dict[str, str]:
-        """The job's params as ``--set`` text (everything else at its default: fit loop, float32, adam)."""
-        return {
-            "dataset": "mnist",
-            "source": "synthetic",
-            "model": "light",
-            "loop": "fit",
-            "steps_per_execution": "1",
-            "optimizer": "adam",
-            "precision": "float32",
-            "learning_rate": str(self.learning_rate),
-            "epochs": str(self.epochs),
-            "batch_per_replica": str(self.batch_per_replica),
-            "limit_train": str(self.limit_train),
-            "limit_test": str(self.limit_test),
-            "seed": str(self.seed),
-        }
+def side_process(side: str, setup: str, code: Path, quick: bool) -> dict:
+    """One training in a process of its own; its figures, the machine's load meanwhile added."""
+    argv = [sys.executable, str(SIDES_SCRIPT), "--side", side, "--setup", setup, "--code", str(code)]
+    if quick:
+        argv.append("--quick")
+    load_before = os.getloadavg()[0]
+    with LoadMonitor() as load:
+        completed = subprocess.run(argv, cwd=code, capture_output=True, text=True, timeout=SIDE_TIMEOUT, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{side} ({code}) exited {completed.returncode}: {completed.stderr[-3000:]}")
+    figures = json.loads(completed.stdout.strip().splitlines()[-1])
+    figures["load_average"] = load_before
+    figures["external_cores"] = load.external_cores
+    figures["process_seconds"] = load.wall_seconds
+    return figures
 
 
-FULL = TrainingSetup(batch_per_replica=64, limit_train=20_480, limit_test=512, epochs=4)
-QUICK = TrainingSetup(batch_per_replica=8, limit_train=640, limit_test=64, epochs=2)
+def arms(sides: list[str], head: Path, base: Path | None) -> dict[str, tuple[str, Path]]:
+    """Name → (side, tree) of everything a round runs: plain first in the table, not in time."""
+    chosen = {"plain": ("plain", head)}
+    if "headless" in sides:
+        chosen["headless"] = ("headless", head)
+        if base is not None:
+            chosen["headless@base"] = ("headless", base)
+    if "tui" in sides:
+        chosen["tui"] = ("tui", head)
+    return chosen
 
 
-def steady(throughputs: list[float]) -> float:
-    """A run's figure: the median over epochs after the first."""
-    rest = throughputs[1:] or throughputs
-    return statistics.median(rest)
+def measure_rounds(setup: str, chosen: dict[str, tuple[str, Path]], rounds: int, quick: bool) -> dict[str, list]:
+    """Every arm once per round, in a shuffled order (fixed seed); a failed run is None after the first round."""
+    shuffler = random.Random(f"{setup}-overhead")
+    runs: dict[str, list] = {name: [] for name in chosen}
+    for round_number in range(rounds):
+        order = list(chosen)
+        shuffler.shuffle(order)
+        for name in order:
+            side, code = chosen[name]
+            try:
+                figures = side_process(side, setup, code, quick)
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError) as error:
+                if round_number == 0:
+                    raise
+                print(f"[overhead] {setup} round {round_number + 1} {name} failed: {error}", file=sys.stderr)
+                figures = None
+            runs[name].append(figures)
+            if figures is not None:
+                print(
+                    f"[overhead] {setup} round {round_number + 1}/{rounds} {name}: "
+                    f"{figures['marginal_epoch_seconds']:.3f} s/epoch, "
+                    f"{figures['steady_examples_per_second']:.0f} ex/s, "
+                    f"{figures['cpu_seconds_per_step'] * 1000:.1f} ms CPU/step, "
+                    f"load {figures['load_average']:.2f}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return runs
 
 
-# -- plain Keras -------------------------------------------------------------------
+def figure(runs: list, key: str) -> list[float]:
+    return [run[key] if run is not None else float("nan") for run in runs]
 
 
-def cpu_input_options(tf):
-    """How the train job distributes its input on CPU replicas, spelled out as a user would.
-
-    One host pipeline per replica (``PER_REPLICA``, per-replica batches over
-    a shard of the data, no copy to a device), built by
-    ``distribute_datasets_from_function``: what ``jobs/train.py``'s
-    ``_train_with_fit`` does on a CPU. If the job changes its choice, this
-    benchmark stops rather than compare two different things.
-    """
-    from jobs.trainplan import input_options
-
-    options = tf.distribute.InputOptions(
-        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
-        experimental_fetch_to_device=False,
-    )
-    job_options = input_options(tf, "CPU")
-    compared = (
-        "experimental_replication_mode",
-        "experimental_fetch_to_device",
-        "experimental_place_dataset_on_device",
-        "experimental_per_replica_buffer_size",
-    )
-    differing = [name for name in compared if getattr(options, name) != getattr(job_options, name, None)]
-    if differing:
-        raise RuntimeError(
-            f"jobs.trainplan.input_options now differs from the plain script's in {', '.join(differing)}: "
-            f"update plain_keras_throughputs to feed the data as the job does"
-        )
-    return options
-
-
-def plain_keras_throughputs(runtime, setup: TrainingSetup, constant_input: bool = False) -> list[float]:
-    """Examples/s of each epoch's training part, with nothing but Keras watching.
-
-    ``constant_input`` feeds every replica one batch from its pipeline over
-    and over (``take(1).cache().repeat()``): training with free input, the
-    ceiling the input pipeline is compared with.
-    """
-    import keras
-    import tensorflow as tf
-
-    from jobs import datasets as data
-    from jobs.models import MODELS, build_model
-
-    strategy = runtime.strategy
-    global_batch = setup.batch_per_replica * int(strategy.num_replicas_in_sync)
-    keras.utils.set_random_seed(setup.seed)
-    splits = data.load_splits(
-        "mnist", "synthetic", limit_train=setup.limit_train, limit_test=setup.limit_test, seed=setup.seed
-    )
-    steps_per_epoch = splits.train_examples // global_batch
-    from_logits = MODELS["light"].from_logits
-    options = cpu_input_options(tf)
-    with strategy.scope():
-        model = build_model("light", splits.shape.image_shape, splits.shape.num_classes)
-        model.compile(
-            optimizer=keras.optimizers.Adam(learning_rate=setup.learning_rate),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits),
-            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            steps_per_execution=1,
-        )
-        val_loss = keras.metrics.Mean(name="val_loss")
-        val_accuracy = keras.metrics.SparseCategoricalAccuracy(name="val_accuracy")
-
-    def train_dataset(input_context):
-        batch = input_context.get_per_replica_batch_size(global_batch)
-        pipeline = data.training_pipeline(splits.train, batch, setup.seed, input_context=input_context)
-        if constant_input:
-            # The first batch, kept and served again: no Python iterator to
-            # create and delete (deleting one waits for tf.data's tuning threads).
-            pipeline = pipeline.take(1).cache().repeat()
-        return pipeline
-
-    def test_dataset(input_context):
-        batch = input_context.get_per_replica_batch_size(global_batch)
-        return data.evaluation_pipeline(splits.test, batch, input_context=input_context)
-
-    train = strategy.distribute_datasets_from_function(train_dataset, options=options)
-    test = strategy.distribute_datasets_from_function(test_dataset, options=options)
-    per_example_loss = keras.losses.SparseCategoricalCrossentropy(from_logits=from_logits, reduction="none")
-
-    def replica_validation_step(inputs):
-        images, labels = inputs
-        outputs = model(images, training=False)
-        val_loss.update_state(per_example_loss(labels, outputs))
-        val_accuracy.update_state(labels, outputs)
-
-    @tf.function(reduce_retracing=True)
-    def validation_step(inputs):
-        strategy.run(replica_validation_step, args=(inputs,))
-
-    class EpochTimer(keras.callbacks.Callback):
-        """Times each epoch's training part, then validates (outside the timed part)."""
-
-        def __init__(self):
-            super().__init__()
-            self.throughputs: list[float] = []
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.started = _now()
-
-        def on_epoch_end(self, epoch, logs=None):
-            seconds = _now() - self.started
-            self.throughputs.append(steps_per_epoch * global_batch / seconds)
-            val_loss.reset_state()
-            val_accuracy.reset_state()
-            for inputs in test:
-                validation_step(inputs)
-            self.last_validation = {"loss": float(val_loss.result()), "accuracy": float(val_accuracy.result())}
-
-    timer = EpochTimer()
-    model.fit(train, epochs=setup.epochs, steps_per_epoch=steps_per_epoch, callbacks=[timer], verbose=0, shuffle=False)
-    return timer.throughputs
-
-
-def _now() -> float:
-    return time.perf_counter()
-
-
-# -- tpudash headless ----------------------------------------------------------------
-
-
-class NullTerminal(io.TextIOBase):
-    """Swallows output but says it is a terminal, so rich draws its live display as on screen."""
-
-    def isatty(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-
-def recorded_throughputs(runs_dir: Path) -> list[float]:
-    """The per-epoch ``examples_per_second`` of the only run recorded in ``runs_dir``."""
-    from jobs.events import Metric
-    from tpudash.runs.store import RunStore
-
-    store = RunStore(runs_dir)
-    runs = store.list_runs()
-    if len(runs) != 1:
-        raise RuntimeError(f"expected one run in {runs_dir}, found {len(runs)}")
-    if runs[0].status != "done":
-        raise RuntimeError(f"the train run ended {runs[0].status}: {runs[0].error}")
-    data = store.load(runs[0].run_id)
-    return [
-        event.value
-        for _, event in data.events
-        if isinstance(event, Metric) and event.name == "examples_per_second" and event.split == "train"
-    ]
-
-
-def headless_throughputs(setup: TrainingSetup) -> list[float]:
-    """``tpudash run train --set …`` in this process, its display to a null terminal."""
-    from tpudash.cli import main as cli
-
-    runs_dir = Path(tempfile.mkdtemp(prefix="tpudash-bench-headless-"))
-    argv = ["run", "train", "--runs-dir", str(runs_dir)]
-    for name, value in setup.overrides().items():
-        argv += ["--set", f"{name}={value}"]
-    with contextlib.redirect_stdout(NullTerminal()):
-        code = cli.main(argv)
-    if code != 0:
-        raise RuntimeError(f"tpudash run train exited {code}")
-    return recorded_throughputs(runs_dir)
-
-
-# -- tpudash TUI ---------------------------------------------------------------------
-
-
-TUI_SIZE = (120, 40)
-RUN_TIMEOUT = 900.0
-
-
-async def _tui_run(setup: TrainingSetup, runs_dir: Path) -> dict:
-    """Launch train in the TUI (engine process), wait for its end; the CPU each side used meanwhile (cores)."""
-    import os
-
-    from tests.benchmarks.harness import process_cpu_seconds, wait_for_engine_exit
-    from tpudash.config import Settings
-    from tpudash.tui.app import TpudashApp
-
-    app = TpudashApp(Settings(runs_dir=runs_dir))
-    async with app.run_test(size=TUI_SIZE) as pilot:
-        await asyncio.wait_for(app.runtime_settled.wait(), RUN_TIMEOUT)
-        if app.runtime is None:
-            raise RuntimeError(f"the engine has no runtime: {app.runtime_error}")
-        engine = app.session.lane.engine
-        engine_started = process_cpu_seconds(engine.pid)
-        thread_started, wall_started = time.thread_time(), time.perf_counter()
-        times = os.times()
-        process_started = times.user + times.system
-        live = app.session.launch_by_name("train", setup.overrides())
-        if live is None:
-            raise RuntimeError(f"the TUI refused the launch: {app.notices[-1:]}")
-        await asyncio.wait_for(live.settled.wait(), RUN_TIMEOUT)
-        wall = time.perf_counter() - wall_started
-        engine_ended = process_cpu_seconds(engine.pid)
-        times = os.times()
-        loads = {
-            "ui_thread": (time.thread_time() - thread_started) / wall,
-            "dashboard_process": (times.user + times.system - process_started) / wall,
-            "engine_process": (engine_ended - engine_started) / wall
-            if None not in (engine_started, engine_ended)
-            else float("nan"),
-        }
-        await pilot.pause()
-    wait_for_engine_exit(engine)
-    return loads
-
-
-def tui_throughputs(setup: TrainingSetup, loads: list[dict] | None = None) -> list[float]:
-    """The TUI driven by Pilot launches train in its engine process and shows it live until it ends.
-
-    The app's event loop runs in this (the main) thread; what the UI thread,
-    the dashboard process and the engine used over the run is appended to
-    ``loads`` (in cores).
-    """
-    runs_dir = Path(tempfile.mkdtemp(prefix="tpudash-bench-tui-"))
-    measured = asyncio.run(_tui_run(setup, runs_dir))
-    if loads is not None:
-        loads.append(measured)
-    return recorded_throughputs(runs_dir)
-
-
-# -- the benchmark -------------------------------------------------------------------
-
-
-def run(quick: bool) -> list[Result]:
-    from tpudash.accel.runtime import get_runtime
-    from tpudash.config import Settings
-
-    setup = QUICK if quick else FULL
-    rounds = 1 if quick else 5
-    runtime = get_runtime(Settings())
-    loads: list[dict] = []
-    sides = {
-        "plain": lambda: plain_keras_throughputs(runtime, setup),
-        "headless": lambda: headless_throughputs(setup),
-        "tui": lambda: tui_throughputs(setup, loads),
-    }
-    epochs: dict[str, list[list[float]]] = {name: [] for name in sides}
-    for _ in range(rounds):
-        for name, measure in sides.items():  # plain, headless, TUI, plain, headless, TUI, …
-            # The previous run's distributed iterators wait in reference
-            # cycles; free them here, not in the middle of the next run.
-            gc.collect()
-            epochs[name].append(measure())
-    gc.collect()
-    per_run = {name: [steady(run_epochs) for run_epochs in runs] for name, runs in epochs.items()}
-    figures = {name: statistics.median(values) for name, values in per_run.items()}
-    global_batch = setup.batch_per_replica * int(runtime.num_replicas)
-    described = (
-        f"light model, synthetic MNIST, {runtime.num_replicas} replicas, global batch {global_batch}, "
-        f"{setup.limit_train // global_batch} steps × {setup.epochs - 1} epochs after a warm-up epoch, "
-        f"{rounds} rounds; ratio = median of each round's side / plain"
-    )
-    results = []
-    for name, label in (
-        ("headless", "tpudash run train (headless)"),
-        ("tui", "TUI under Pilot, job in the engine process"),
-    ):
-        # Each round's side against the plain run just before it: the load
-        # from other processes drifts over minutes, less within a round.
-        paired = [side / plain for side, plain in zip(per_run[name], per_run["plain"])]
-        ratio = statistics.median(paired)
-        notes = described
-        if name == "tui" and loads:
-
-            def typical(key: str) -> float:
-                return statistics.median(load[key] for load in loads)
-
-            notes += (
-                f"; during the run the dashboard's UI thread used {typical('ui_thread'):.3f} cores, "
-                f"the dashboard process {typical('dashboard_process'):.3f}, the engine "
-                f"{typical('engine_process'):.2f} (medians over runs)"
+def compare(runs: dict[str, list], name: str, against: str = "plain") -> dict[str, Spread]:
+    """``name`` against ``against`` round by round: marginal epoch (speed), examples/s, CPU per step (cost)."""
+    return {
+        "marginal_epoch": spread(
+            paired_ratios(figure(runs[against], "marginal_epoch_seconds"), figure(runs[name], "marginal_epoch_seconds"))
+        ),
+        "examples_per_second": spread(
+            paired_ratios(
+                figure(runs[name], "steady_examples_per_second"), figure(runs[against], "steady_examples_per_second")
             )
+        ),
+        "cpu_per_step": spread(
+            paired_ratios(figure(runs[name], "cpu_seconds_per_step"), figure(runs[against], "cpu_seconds_per_step"))
+        ),
+    }
+
+
+LABELS = {
+    "headless": "tpudash run train (headless)",
+    "headless@base": "tpudash run train (headless), base tree",
+    "tui": "TUI under Pilot, job in the engine process",
+}
+
+
+def describe(setup_name: str, setup: TrainingSetup, rounds: int) -> str:
+    model = "light model, synthetic MNIST" if setup.model == "light" else "CIFAR-10 CNN, synthetic CIFAR-10"
+    return (
+        f"{model}, {REPLICAS} replicas × {setup.batch_per_replica} per replica, "
+        f"{setup.steps_per_epoch(REPLICAS)} steps × {setup.epochs - 1} marginal epochs after the first, {rounds} rounds"
+    )
+
+
+def results_for(setup_name: str, setup: TrainingSetup, runs: dict[str, list], rounds: int) -> list[Result]:
+    valid = [run for name_runs in runs.values() for run in name_runs if run is not None]
+    loads = [run["load_average"] for run in valid]
+    external = [run["external_cores"] for run in valid]
+    load_text = (
+        f"load average {min(loads):.2f}–{max(loads):.2f} (median {statistics.median(loads):.2f}), other processes "
+        f"kept {statistics.median(external):.2f} cores busy (median)"
+    )
+    plain_epoch = statistics.median(figure(runs["plain"], "marginal_epoch_seconds"))
+    plain_cpu = statistics.median(figure(runs["plain"], "cpu_seconds_per_step"))
+    results = []
+    for name in runs:
+        if name == "plain":
+            continue
+        spreads = compare(runs, name)
+        epoch = spreads["marginal_epoch"]
+        notes = (
+            f"{describe(setup_name, setup, rounds)}; marginal epoch plain/side {epoch.text()}; "
+            f"examples/s side/plain {spreads['examples_per_second'].text()}; CPU per step side/plain "
+            f"{spreads['cpu_per_step'].text()} (plain {plain_cpu * 1000:.1f} ms CPU, "
+            f"{statistics.median(figure(runs['plain'], 'wall_seconds_per_step')) * 1000:.1f} ms wall per step); "
+            f"{load_text}"
+        )
+        samples: dict = {"runs": {"plain": runs["plain"], name: runs[name]}, "spreads": spreads}
+        if name == "headless@base" and "headless" in runs:
+            against_base = compare(runs, "headless", against="headless@base")
+            notes += f"; this tree / base tree: marginal epoch {against_base['marginal_epoch'].text()}, CPU per step {against_base['cpu_per_step'].text()}"
+            samples["head_vs_base"] = against_base
         results.append(
             Result(
                 benchmark="overhead",
-                figure=f"{label} examples/s",
-                value=figures[name],
-                unit="ex/s",
+                figure=f"{setup_name}: {LABELS[name]} marginal epoch",
+                value=statistics.median(figure(runs[name], "marginal_epoch_seconds")),
+                unit="s",
                 baseline_name="plain Keras fit",
-                baseline=figures["plain"],
-                ratio=ratio,
-                target=f"≥ {TARGET_RATIO}",
-                met=ratio >= TARGET_RATIO,
-                samples={
-                    "per_epoch": {"plain": epochs["plain"], name: epochs[name]},
-                    "per_run": {"plain": per_run["plain"], name: per_run[name]},
-                    "paired_ratios": paired,
-                    **({"cpu_cores": loads} if name == "tui" else {}),
-                },
+                baseline=plain_epoch,
+                ratio=epoch.median,
+                target=f"≥ {TARGET_RATIO}, interval > {INTERVAL_FLOOR}",
+                met=epoch.median >= TARGET_RATIO and epoch.low > INTERVAL_FLOOR,
+                samples=_jsonable(samples),
                 notes=notes,
             )
         )
+    return results
+
+
+def _jsonable(value):
+    if isinstance(value, Spread):
+        return value.__dict__
+    if isinstance(value, dict):
+        return {key: _jsonable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(item) for item in value]
+    return value
+
+
+def run(quick: bool) -> list[Result]:
+    rounds = int(os.environ.get("TPUDASH_OVERHEAD_ROUNDS", "1" if quick else "8"))
+    setups = [name.strip() for name in os.environ.get("TPUDASH_OVERHEAD_SETUPS", "light,cnn").split(",") if name]
+    sides = [name.strip() for name in os.environ.get("TPUDASH_OVERHEAD_SIDES", "headless,tui").split(",") if name]
+    head = Path(os.environ.get("TPUDASH_OVERHEAD_HEAD", str(REPO))).resolve()
+    base_text = os.environ.get("TPUDASH_OVERHEAD_BASE")
+    base = Path(base_text).resolve() if base_text else None
+    chosen = arms(sides, head, base)
+    results = []
+    for setup_name in setups:
+        full, small = SETUPS[setup_name]
+        started = time.perf_counter()
+        runs = measure_rounds(setup_name, chosen, rounds, quick)
+        print(f"[overhead] {setup_name}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        results += results_for(setup_name, small if quick else full, runs, rounds)
     return results
