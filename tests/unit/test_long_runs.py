@@ -1,4 +1,8 @@
-"""Long runs open in bounded memory: a run's file is read a chunk at a time and folded, never held whole."""
+"""Long runs open in bounded memory: a run's file is read a chunk at a time and folded, never held whole.
+
+Both layouts: the appended events.jsonl, and one large segment
+``events/<writer>-00000001.jsonl``, which was read whole (issue 37, item 3).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import json
 import tracemalloc
 
 from jobs.events import Metric, Progress, RunFinished, RunStarted, dumps
+from tpudash.cli.main import main as tpudash_main
 from tpudash.runs.follow import RunFollower
 from tpudash.runs.store import RunStore
 from tpudash.runs.tail import EventTail
@@ -13,7 +18,7 @@ from tpudash.runs.tail import EventTail
 START = 1_790_000_000.0
 
 
-def write_long_run(store: RunStore, steps: int, finished: bool = True) -> str:
+def write_long_run(store: RunStore, steps: int, finished: bool = True, segment: bool = False) -> str:
     """A training run as a long fit writes it: per step a loss, an accuracy and the progress."""
     recorder = store.create(f"20261125-000000-train-{steps:06d}", "train", {}, {})
     run_id = recorder.run_dir.name
@@ -26,8 +31,16 @@ def write_long_run(store: RunStore, steps: int, finished: bool = True) -> str:
         lines.append(dumps(Progress(step, steps, "step"), stamp))
     if finished:
         lines.append(dumps(RunFinished("done"), START + steps))
-    (recorder.run_dir / "events.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    if segment:  # as a writer to a store leaves it: one segment, no appended file
+        (recorder.run_dir / "events.jsonl").unlink()
+        (recorder.run_dir / "events").mkdir()
+        (recorder.run_dir / SEGMENT).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    else:
+        (recorder.run_dir / "events.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return run_id
+
+
+SEGMENT = "events/host-1-abcdef-00000001.jsonl"
 
 
 def peak_bytes_opening(store: RunStore, run_id: str) -> tuple[int, RunFollower]:
@@ -86,3 +99,65 @@ def test_reading_in_small_pieces_gives_the_events_one_read_gives(tmp_path):
     assert gathered == whole and len(whole) == 199
     assert pieces.problem_count == 1 and "line 200" in pieces.problems[0]
     assert json.loads(lines[-1])["step"] == whole[-1][1].step
+
+
+# One large segment (issue 37, item 3): before, a segment was read whole, its events held as one list.
+STEPS = 8_000
+"""24,001 events in 2.5 MB: held as one list they took more than what opening the run takes."""
+
+
+def peak_bytes_of(work) -> int:
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_run_in_one_large_segment_opens_in_as_little_memory_as_the_same_run_appended(tmp_path):
+    store, appended_store = RunStore(tmp_path / "runs"), RunStore(tmp_path / "appended")
+    appended, in_a_segment = write_long_run(appended_store, STEPS), write_long_run(store, STEPS, segment=True)
+    appended_peak, _ = peak_bytes_opening(appended_store, appended)
+    segment_peak, follower = peak_bytes_opening(store, in_a_segment)
+    assert follower.ended and follower.model.status == "done"
+    assert follower.model.progress["step"].done == STEPS
+    assert follower.model.last_metrics()["loss"] == 1.0 / STEPS
+    # The model and a piece of the file (about 6 MB here), as when the same events are appended.
+    assert (store.root / in_a_segment / SEGMENT).stat().st_size > 2_400_000
+    assert segment_peak < 1.25 * appended_peak
+
+
+def test_a_crashed_run_in_one_large_segment_lists_in_as_little_memory_as_the_same_run_appended(tmp_path):
+    store, appended_store = RunStore(tmp_path / "runs"), RunStore(tmp_path / "appended")
+    appended, in_a_segment = (
+        write_long_run(appended_store, STEPS, finished=False),
+        write_long_run(store, STEPS, finished=False, segment=True),
+    )
+    (appended_store.root / appended / "run.json").unlink()  # the listing rebuilds the runs from their events
+    (store.root / in_a_segment / "run.json").unlink()
+    listed = []
+    appended_peak = peak_bytes_of(lambda: appended_store.info(appended_store.root / appended))
+    segment_peak = peak_bytes_of(lambda: listed.append(store.info(store.root / in_a_segment)))
+    assert listed[0].status == "interrupted" and listed[0].job == "train"
+    assert listed[0].final_metrics["loss"] == 1.0 / STEPS
+    assert segment_peak < 1.25 * appended_peak
+
+
+def export_csv(store: RunStore, run_id: str, output) -> int:
+    return tpudash_main(["export", run_id, "--runs-dir", str(store.root), "-o", str(output)])
+
+
+def test_tpudash_export_of_a_run_four_times_as_long_takes_about_the_same_memory(tmp_path):
+    """The CSV is written as the run is read: before, every event and every row were held first."""
+    store = RunStore(tmp_path / "runs")
+    short, long = write_long_run(store, STEPS // 4, segment=True), write_long_run(store, STEPS, segment=True)
+    short_peak = peak_bytes_of(lambda: export_csv(store, short, tmp_path / "short.csv"))
+    long_peak = peak_bytes_of(lambda: export_csv(store, long, tmp_path / "long.csv"))
+    with (tmp_path / "long.csv").open(encoding="utf-8") as exported:
+        header, first = next(exported), next(exported)
+        rows = 2 + sum(1 for _ in exported)
+    assert header == "time,name,split,step,epoch,value\n"
+    assert first.startswith("1790000001.0,loss,train,1,0,1.0")
+    assert rows == 1 + 2 * STEPS  # the header, then a loss and an accuracy per step
+    assert long_peak < 2 * short_peak

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from tpudash.cli.exits import EXIT_BY_STATUS, EXIT_CANCELLED, EXIT_DONE, EXIT_FAILED, BadInput
 
@@ -495,23 +495,33 @@ def command_telemetry(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def command_export(args: argparse.Namespace, settings: Settings) -> int:
+    from tpudash.runs.export_stream import write_run_csv
     from tpudash.runs.store import RunStore
 
     runs_dir = readable_runs_dir(settings)
     with reaching(runs_dir):
         store = RunStore(runs_dir)
         try:
-            text = store.export(args.run_id, args.format)
+            store.find(args.run_id)  # no such run: said before the output is opened
         except KeyError as error:
             raise BadInput(error.args[0]) from None
-    if args.output:
+
+        def write(out: IO[str]) -> None:
+            # CSV is written as the run is read, in bounded memory (a run of a million events); JSON is one document.
+            if args.format == "csv":
+                write_run_csv(store, args.run_id, out)
+            else:
+                out.write(store.export(args.run_id, args.format))
+
+        if not args.output:
+            write(sys.stdout)
+            return EXIT_DONE
         try:
-            Path(args.output).write_text(text, encoding="utf-8")
+            with Path(args.output).open("w", encoding="utf-8") as out:
+                write(out)
         except OSError as error:
             raise BadInput(f"-o/--output: cannot write {args.output}: {error.strerror or error}") from None
-        print(f"exported {args.run_id} to {args.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    print(f"exported {args.run_id} to {args.output}", file=sys.stderr)
     return EXIT_DONE
 
 

@@ -2,94 +2,52 @@
 
 A local writer appends to ``events.jsonl``. An object store has no append,
 so a writer there puts its events in segments it never touches again,
-``events/<writer>-<seq>.jsonl`` (``telemetry/…`` likewise): ``writer`` is
-unique to one writer of one run (host, pid and a random token), ``seq``
-counts from 1 with no gaps, so two writers never overwrite each other and
-an upload retried after a failure writes the same object again. A run may
-have both (a local run copied into a bucket keeps its ``events.jsonl``).
+``events/<writer>-<seq>.jsonl`` (``segment_listing`` says how they are
+named, listed and ordered). A run may have both (a local run copied into a
+bucket keeps its ``events.jsonl``).
 
-``StreamTail`` reads both: the appended file incrementally, then each new
-segment whole, in order per writer. It lists the segments at most once a
-``list_every`` seconds, and less often (doubling, up to ``MAX_LIST_SECONDS``)
-while nothing new appears, so following a quiet run costs a store a few
-requests a minute.
-
-What a listing may hold that a writer never leaves is said, as the run's
-problems (``report``), never skipped in silence:
-
-- a name that is not a segment's (``-000000004.jsonl``, ``w-00000001.JSONL``,
-  a sequence number 0) is never read, and counted and named; a name
-  starting with "." is a writer's temporary file and is left alone;
-- a gap: a writer's segment N+2 is listed while N+1 is not. A follower
-  holds that writer's later segments back for ``GAP_WAIT_SECONDS`` (listing
-  every ``list_every`` meanwhile) and reads them in order if the gap fills:
-  a late listing is not worth a word. After that wait, or at once when the
-  reading is final (the writer is gone, a finished run opened), it reads on
-  and names the missing segments. Waiting for ever would stop a live run's
-  view at a segment that may never come (a writer killed mid-upload); never
-  waiting would read 1, 3, 2 whenever a listing lags. The wait is bounded,
-  the order stays right when the gap fills within it, and the events of a
-  segment that comes later still are read (nothing is dropped), named as
-  read out of order.
+``StreamTail`` reads both, a piece at a time whatever the layout: the
+appended file first (``appended.AppendedStream``), then each listed
+segment in the order ``segment_listing.SegmentListing`` gives, in pieces of
+at most the caller's ``max_bytes``, so a run held in one large segment
+opens in the memory of a piece, as an appended file does. A segment is at
+most ``MAX_SEGMENT_BYTES``: a reader never reads one past that, and the
+run's problems name the file, its size and the cap. A follower of a run in
+a store reads on a thread of its own (``prefetch.Prefetcher``).
 """
 
 from __future__ import annotations
 
-import re
-import secrets
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import PurePosixPath
+from threading import Event as Flag
+from threading import Thread
 
 from jobs.events import Event, RunFinished
+from tpudash.runs.appended import AppendedStream
 from tpudash.runs.backends import RunFiles
-from tpudash.runs.layout import EVENTS_STREAM, RefusedFile
-from tpudash.runs.tail import MAX_PROBLEMS_KEPT, EventTail
+from tpudash.runs.layout import EVENTS_STREAM, RefusedFile, size_words
+from tpudash.runs.prefetch import Prefetcher
+from tpudash.runs.segment_listing import LIST_SECONDS, MAX_ORDER_PROBLEMS, SegmentListing
+from tpudash.runs.segment_listing import MAX_LIST_SECONDS as MAX_LIST_SECONDS
+from tpudash.runs.segment_listing import SEGMENT_PATTERN as SEGMENT_PATTERN
+from tpudash.runs.segment_listing import new_writer_id as new_writer_id
+from tpudash.runs.segment_listing import parse_segment_name as parse_segment_name
+from tpudash.runs.segment_listing import segment_name as segment_name
+from tpudash.runs.segment_listing import segment_order as segment_order
+from tpudash.runs.tail import MAX_PROBLEMS_KEPT, READ_CHUNK_BYTES, EventTail
 
-LIST_SECONDS = 1.0
-TICK_SECONDS = 0.1
-"""How often a prefetching tail looks whether its next listing is due."""
-MAX_LIST_SECONDS = 8.0
-SEGMENT_PATTERN = re.compile(r"^(?P<writer>[A-Za-z0-9_.-]{1,96})-(?P<seq>[0-9]{8})\.jsonl$")
-SEGMENT_RULE = "<writer>-<8 digits, from 00000001>.jsonl"
-"""A segment's name, as a problem line says it."""
-GAP_WAIT_SECONDS = 10.0
-"""How long a follower holds a writer's segments back while an earlier one is not listed (module docstring)."""
-MAX_ORDER_PROBLEMS = 20
-"""Lines about missing and late segments kept for ``report``; more are counted in one line."""
-MISNAMED_SHOWN = 3
-"""Names of files that are not segments quoted in their one line; more are counted."""
+MAX_SEGMENT_BYTES = 1 << 30
+"""The most a segment may hold; a reader reads no further and names a larger one in the run's problems.
 
-
-def new_writer_id() -> str:
-    """``tpu-vm-0-4242-1a2b3c``: this host, this process and a token, in characters every store allows."""
-    import os
-
-    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:48] or "host"
-    return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-def segment_name(writer: str, seq: int) -> str:
-    """The file name of a writer's ``seq``-th segment (from 1)."""
-    return f"{writer}-{seq:08d}.jsonl"
-
-
-def segment_order(name: str) -> tuple[str, int]:
-    """How segments are read: by writer, then by sequence number."""
-    match = SEGMENT_PATTERN.match(name)
-    assert match is not None
-    return match["writer"], int(match["seq"])
-
-
-def parse_segment_name(name: str) -> tuple[str, int] | None:
-    """A segment's (writer, sequence number), or None when ``name`` is not one a writer gives (``SEGMENT_RULE``)."""
-    match = SEGMENT_PATTERN.match(name)
-    if match is None or int(match["seq"]) < 1:
-        return None
-    return match["writer"], int(match["seq"])
+Writers close a segment at ``uploader.SEGMENT_BYTES`` (256 KiB, looked at
+every quarter second) or every ``SEAL_SECONDS``, so theirs hold a few MiB at
+most even from a loop that records as fast as it can; a GiB is the most a
+writer reads back of its own spilled segment and what ``tpudash copy``
+copies (``transfer.MAX_COPY_FILE_BYTES``). A segment is read in pieces, so
+the cap bounds the time a reader spends on one object, not its memory."""
 
 
 class StreamTail:
@@ -108,44 +66,26 @@ class StreamTail:
         prefetch: bool = False,
         list_every: float = LIST_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        max_segment_bytes: int | None = None,
     ) -> None:
         self.files = files
+        self.stream = stream
         self.prefetch = prefetch
         """Read on a thread of its own (a follower of a run in a store): ``read_new`` then never waits for the network."""
-        self._prefetcher: threading.Thread | None = None
-        self._prefetch_stop = threading.Event()
-        self._prefetch_lock = threading.Lock()
-        self._ready: list[tuple[float | None, Event]] = []
-        self._leftover: list[tuple[float | None, Event]] = []
-        self.news = threading.Event()
-        """Set when the reading thread has read new events (``prefetch``); whoever takes them may clear it."""
-        self._prefetched_at_end = False
-        self.stream = stream
-        self.appends = appends
-        """Whether a writer may still append to ``<stream>.jsonl`` (a local run); in a store that file is complete."""
-        self.list_every = list_every
+        self.max_segment_bytes = max_segment_bytes or MAX_SEGMENT_BYTES
+        """The most of a segment read (``MAX_SEGMENT_BYTES`` unless a test says less)."""
         self._clock = clock
-        appended_name = f"{stream}.jsonl"
-        self.appended = EventTail(PurePosixPath(appended_name), opener=lambda: files.open(appended_name))
-        self._appended_checked = False
+        self.appended = AppendedStream(files, stream, appends=appends)
+        self.listing = SegmentListing(files, stream, list_every=list_every, clock=clock)
+        self._prefetch = Prefetcher(self._read_piece, self._until_next_listing, f"tpudash-follow-{files.where}")
+        self._leftover: list[tuple[float | None, Event]] = []
+        """What the reading thread read and no one took when it was stopped: the next read's first events."""
+        self._reading: tuple[str, int, EventTail] | None = None
+        """The segment being read, (writer, sequence number, its reader), until its end."""
         self._segment_tails: list[EventTail] = []
         """Segments read that had problems: their reasons go into ``report``."""
-        self._seen: set[str] = set()
-        self._waiting: dict[str, dict[int, str]] = {}
-        """Segments listed and not read yet: by writer, then by sequence number, their names."""
-        self._next_seq: dict[str, int] = {}
-        """Each writer's next segment in order (from 1)."""
-        self._gap_since: dict[str, float] = {}
-        """Writers whose next segment is not listed while a later one is: since when (``clock``)."""
-        self._order_problems: list[str] = []
-        self._order_problem_count = 0
-        self._misnamed: list[str] = []
-        self._misnamed_count = 0
-        self._next_listing = 0.0
-        self._quiet_interval = list_every
-        """How long to wait before the next listing while nothing new comes: doubles each time, up to the cap."""
-        self.listings = 0
-        """How many times the segments were listed: a store's requests, for the benchmark."""
+        self._over_cap: list[str] = []
+        self._over_cap_count = 0
         self.segments_read = 0
         self.finished = False
         """True once a RunFinished was read: nothing more will come."""
@@ -153,30 +93,54 @@ class StreamTail:
         self._read_at_end = False  # pragma: no mutate - set by every read before it is looked at
         self._read_finished = False
         self.unreachable: str | None = None
-        """Why the last listing failed (the store is unreachable), or None."""
+        """Why the last request failed (the store is unreachable), or None once a listing succeeds."""
 
     @property
     def path(self) -> PurePosixPath:
         return PurePosixPath(self.stream)
 
+    @property
+    def appends(self) -> bool:
+        """Whether a writer may still append to ``<stream>.jsonl`` (a local run); in a store that file is complete."""
+        return self.appended.appends
+
+    @property
+    def listings(self) -> int:
+        """How many times the segments were listed: a store's requests, for the benchmark."""
+        return self.listing.listings
+
+    @property
+    def news(self) -> Flag:
+        """Set when the reading thread has read new events (``prefetch``); whoever takes them may clear it."""
+        return self._prefetch.news
+
+    @property
+    def _prefetcher(self) -> Thread | None:
+        """The reading thread, while there is one (the tests look at it)."""
+        return self._prefetch.thread
+
     def read_all(self) -> Iterator[tuple[float | None, Event]]:
         """Everything written so far, in bounded pieces (see ``EventTail.read_all``)."""
         while True:
-            yield from self.read_new(final=True, max_bytes=1 << 20)
+            yield from self.read_new(final=True, max_bytes=READ_CHUNK_BYTES)
             if self.at_end:
                 return
 
     def read_new(self, final: bool = False, max_bytes: int | None = None) -> list[tuple[float | None, Event]]:
-        """The events completed since the last call, from the appended file and then from new segments.
+        """The events completed since the last call, from the appended file and then from the segments.
 
         ``final``: the writer is gone (read a last line without its newline,
-        and list the segments now, whatever the schedule). With ``prefetch``,
-        a call that is not final hands over what the reading thread has read
-        since, at once; a final one stops that thread and reads the rest here.
+        and list the segments now, whatever the schedule). ``max_bytes``: read
+        about that much at most (``at_end`` says whether all was read), at most
+        one segment a call. With ``prefetch``, a call that is not final hands
+        over what the reading thread has read since, at once; a final one
+        stops that thread and reads the rest here.
         """
         if self.prefetch and not final:
-            return self._take_prefetched()
-        self._stop_prefetching()
+            events, self.at_end = self._prefetch.take()
+            self.finished = self.finished or any(isinstance(event, RunFinished) for _, event in events)
+            return events
+        self._leftover += self._prefetch.stop()  # taken here, so nothing is read twice
         events = self._read(final, max_bytes)
         self.at_end, self.finished = self._read_at_end, self._read_finished
         return events
@@ -190,184 +154,112 @@ class StreamTail:
         finally:
             self.prefetch = prefetch
 
-    def _take_prefetched(self) -> list[tuple[float | None, Event]]:
-        if self._prefetcher is None:
-            self._prefetcher = threading.Thread(
-                target=self._prefetch_forever, name=f"tpudash-follow-{self.files.where}", daemon=True
-            )
-            self._prefetcher.start()
-        with self._prefetch_lock:
-            events, self._ready = self._ready, []
-            self.at_end = self._prefetched_at_end and not events
-        self.finished = self.finished or any(isinstance(event, RunFinished) for _, event in events)
-        return events
+    def _read_piece(self, max_bytes: int) -> tuple[list[tuple[float | None, Event]], bool]:
+        """The reading thread's read: a piece, and whether it reached the end of what is there."""
+        events = self._read(final=False, max_bytes=max_bytes)
+        return events, self._read_at_end
 
-    def _prefetch_forever(self) -> None:
-        while not self._prefetch_stop.is_set():
-            events = self._read(final=False, max_bytes=None)
-            with self._prefetch_lock:
-                self._ready += events
-                self._prefetched_at_end = self._read_at_end
-            if events:
-                self.news.set()
-            # Until the next listing is due (it backs off while nothing changes), or a stop.
-            self._prefetch_stop.wait(max(TICK_SECONDS, self._next_listing - self._clock()))
-
-    def _stop_prefetching(self) -> None:
-        """Stop the reading thread (after its current request) and take what it read, so nothing is read twice."""
-        thread, self._prefetcher = self._prefetcher, None
-        if thread is None:
-            return
-        self._prefetch_stop.set()
-        thread.join()
-        with self._prefetch_lock:
-            self._leftover, self._ready = self._ready, []
+    def _until_next_listing(self) -> float:
+        return self.listing.next_listing - self._clock()
 
     def _read(self, final: bool, max_bytes: int | None) -> list[tuple[float | None, Event]]:
-        events: list[tuple[float | None, Event]] = list(self._leftover)
-        self._leftover = []
-        if self.appends or not self._appended_checked:
-            try:
-                events += self.appended.read_new(final or not self.appends, max_bytes)
-                # In a store it is complete: read on until its end (a bounded read stops sooner), then never again.
-                self._appended_checked = self.appended.at_end
-            except OSError:
-                self.appended.lines.at_end = True  # absent (a run in segments only), or refused and named
-                self._appended_checked = True
-            except Exception as error:  # noqa: BLE001 - a store that does not answer: asked again next time
-                self.unreachable = f"{type(error).__name__}: {error}"
-                self.appended.lines.at_end = False
-        if final or self._clock() >= self._next_listing:
-            self._list_segments()
+        events, self._leftover = self._leftover, []
+        if not self.appended.done:
+            events += self.appended.read_new(final, max_bytes)
+            self.unreachable = self.appended.unreachable or self.unreachable
+        if self.listing.due(final):
+            self.unreachable = self.listing.refresh()
         if self.appended.at_end:  # the appended file's events come first
-            while (due := self._next_segment(final)) is not None:
-                writer, seq = due
-                read = self._read_segment(self._waiting[writer][seq])
-                if read is None:
-                    break  # the store did not answer: this segment is read again at the next call
-                self._took(writer, seq)
-                events += read
+            while True:
+                if self._reading is None:
+                    due = self.listing.next_segment(final)
+                    if due is None:
+                        break
+                    self._reading = self._open_segment(*due)
+                piece = self._read_segment(max_bytes)
+                if piece is None:
+                    break  # the store did not answer: the segment is read on from here at the next call
+                events += piece
                 if max_bytes is not None:
-                    break  # one segment a call when reading in bounded pieces
+                    break  # one piece a call when reading in bounded pieces
         # Kept apart from ``at_end`` and ``finished``: with prefetching, those say what the caller has taken.
         # At the end: nothing more can be read now (segments held behind a gap wait for a later call).
-        self._read_at_end = self.appended.at_end and self._next_segment(final) is None
+        self._read_at_end = self.appended.at_end and self._reading is None and self.listing.next_segment(final) is None
         self._read_finished = self._read_finished or self.appended.finished
         return events
 
-    def _list_segments(self) -> None:
-        self.listings += 1
-        try:
-            listed = self.files.list(self.stream)
-        except Exception as error:  # noqa: BLE001 - a store's client raises its own types when unreachable
-            self.unreachable = f"{type(error).__name__}: {error}"
-            self._next_listing = self._clock() + MAX_LIST_SECONDS
-            return
-        self.unreachable = None
-        names = [name for name in listed if name not in self._seen]
-        self._seen.update(names)
-        new = False
-        for name in names:
-            if name.startswith("."):
-                continue  # a writer's temporary file (a local spill): it becomes a segment under its own name
-            parsed = parse_segment_name(name)
-            if parsed is None:
-                self._misnamed_count += 1
-                if len(self._misnamed) < MISNAMED_SHOWN:
-                    self._misnamed.append(name)
-                continue
-            writer, seq = parsed
-            self._waiting.setdefault(writer, {})[seq] = name
-            new = True
-        # Nothing new: look less often, up to MAX_LIST_SECONDS; something new: back to every list_every.
-        self._quiet_interval = self.list_every if new else min(MAX_LIST_SECONDS, self._quiet_interval * 2)
-        # While a gap is open, look every list_every: the segment it waits for is read as soon as it is listed.
-        self._next_listing = self._clock() + (self.list_every if self._gap_since else self._quiet_interval)
+    def _open_segment(self, writer: str, seq: int) -> tuple[str, int, EventTail]:
+        relative = self.listing.name(writer, seq)
+        opener = lambda: self.files.open(relative)  # noqa: E731 - bound to this segment's name
+        return writer, seq, EventTail(PurePosixPath(relative), opener=opener, max_file_bytes=self.max_segment_bytes)
 
-    def _next_segment(self, final: bool) -> tuple[str, int] | None:
-        """The (writer, sequence number) to read next, or None: none listed, or each writer's held behind a gap.
-
-        Writers in the order of their names, each one's segments in order; a
-        writer whose next segment is not listed while a later one is waits up
-        to GAP_WAIT_SECONDS (not when ``final``), then reads on.
-        """
-        now = self._clock()
-        for writer in sorted(self._waiting):
-            seq = min(self._waiting[writer])
-            if seq > self._next_seq.get(writer, 1) and not final:
-                since = self._gap_since.setdefault(writer, now)
-                if now - since < GAP_WAIT_SECONDS:
-                    continue  # held: the gap may yet fill
-            return writer, seq
-        return None
-
-    def _took(self, writer: str, seq: int) -> None:
-        """Segment ``seq`` of ``writer`` was read: what comes next for that writer, and what was out of order."""
-        expected = self._next_seq.get(writer, 1)
-        where = f"{self.stream}/{writer}"
-        if seq > expected:
-            count = seq - expected
-            missing = f"{where}-{expected:08d}.jsonl" + (f" to -{seq - 1:08d}.jsonl" if count > 1 else "")
-            self._order_problem(
-                f"{missing}: {'missing' if count == 1 else f'{count} segments missing'}"
-                f" (the writer's next is {seq:08d}); read on without {'it' if count == 1 else 'them'}"
-            )
-        elif seq < expected:
-            self._order_problem(
-                f"{where}-{seq:08d}.jsonl: came late, after {writer}-{expected - 1:08d}.jsonl;"
-                " its events were read after later ones"
-            )
-        self._next_seq[writer] = max(expected, seq + 1)
-        self._gap_since.pop(writer, None)
-        del self._waiting[writer][seq]
-        if not self._waiting[writer]:
-            del self._waiting[writer]
-
-    def _order_problem(self, line: str) -> None:
-        self._order_problem_count += 1
-        if len(self._order_problems) < MAX_ORDER_PROBLEMS:
-            self._order_problems.append(line)
-
-    @property
-    def segment_problems(self) -> list[str]:
-        """What the listing held that a writer never leaves: segments missing or late, files not named as segments."""
-        lines = list(self._order_problems)
-        if self._order_problem_count > len(self._order_problems):
-            more = self._order_problem_count - len(self._order_problems)
-            lines.append(f"{self.stream}/: {more} more segment{'' if more == 1 else 's'} missing or late")
-        if self._misnamed_count:
-            count = self._misnamed_count
-            shown = ", ".join(f"{name!r:.60}" for name in self._misnamed) + (
-                ", …" if count > len(self._misnamed) else ""
-            )
-            lines.append(
-                f"{self.stream}/: {count} file{'' if count == 1 else 's'} not named as a segment ({SEGMENT_RULE}),"
-                f" never read: {shown}"
-            )
-        return lines
-
-    def _read_segment(self, name: str) -> list[tuple[float | None, Event]] | None:
-        """A segment's events, read whole; None when the store failed to answer (it is read again later)."""
-        relative = f"{self.stream}/{name}"
-        tail = EventTail(PurePosixPath(relative), opener=lambda: self.files.open(relative))
+    def _read_segment(self, max_bytes: int | None) -> list[tuple[float | None, Event]] | None:
+        """The next piece of the segment being read (to its end when ``max_bytes`` is None), or None when the
+        store failed to answer; at the segment's end, the next one is due."""
+        assert self._reading is not None
+        writer, seq, tail = self._reading
         events: list[tuple[float | None, Event]] = []
         try:
-            for item in tail.read_all():  # a segment is complete: read to its end, in chunks
-                events.append(item)
+            while True:  # a segment is complete: each read is final, in pieces of at most a chunk
+                events += tail.read_new(final=True, max_bytes=min(max_bytes or READ_CHUNK_BYTES, READ_CHUNK_BYTES))
+                if tail.at_end or max_bytes is not None:
+                    break
         except FileNotFoundError:
-            return []  # listed, then removed (a spill directory emptied by its upload)
+            self._done_with_segment(found=False)  # listed, then removed (a spill directory emptied by its upload)
+            return events
         except RefusedFile:
-            pass  # named in the tail's problems: never read
+            tail.lines.at_end = True  # named in the tail's problems: never read
         except Exception as error:  # noqa: BLE001 - a store's client raises its own types when unreachable
             self.unreachable = f"{type(error).__name__}: {error}"
-            return None  # nothing of it is kept, so a later read never repeats an event
-        finally:
-            tail.close()
+            return events or None  # what was read is kept; the rest is read from there at the next call
+        if tail.at_end:
+            self._done_with_segment(found=True)
+        return events
+
+    def _done_with_segment(self, *, found: bool) -> None:
+        assert self._reading is not None
+        writer, seq, tail = self._reading
+        self._reading = None
+        tail.close()
+        self.listing.took(writer, seq)
+        if not found:
+            return
         self.segments_read += 1
         self._read_finished = self._read_finished or tail.finished
         if tail.problem_count:
             self._segment_tails.append(tail)
-        return events
+        if tail.lines.over_cap:
+            self._note_over_cap(str(tail.path))
+
+    def _note_over_cap(self, relative: str) -> None:
+        self._over_cap_count += 1
+        if len(self._over_cap) >= MAX_ORDER_PROBLEMS:
+            return
+        cap = size_words(self.max_segment_bytes)
+        size = self._size_of(relative)
+        held = f"{size_text(size)}, more" if size is not None else "more"
+        self._over_cap.append(
+            f"{relative}: {held} than a segment may hold ({cap}); its first {cap} read, the rest never"
+        )
+
+    def _size_of(self, relative: str) -> int | None:
+        """A file's size from its key (``RunFiles.key``: its size comes last), or None when it cannot be told."""
+        key = getattr(self.files, "key", None)
+        try:
+            found = key(relative) if key is not None else None
+        except Exception:  # noqa: BLE001 - a store away: the line says the cap without the size
+            return None
+        size = found[-1] if found else None
+        return size if isinstance(size, int) else None
+
+    @property
+    def segment_problems(self) -> list[str]:
+        """What the listing held that a writer never leaves (``SegmentListing.problems``), and segments over the cap."""
+        lines = self.listing.problems + self._over_cap
+        if self._over_cap_count > len(self._over_cap):
+            more = self._over_cap_count - len(self._over_cap)
+            lines.append(f"{self.stream}/: {more} more segment{'' if more == 1 else 's'} over the cap")
+        return lines
 
     @property
     def problem_count(self) -> int:
@@ -383,7 +275,7 @@ class StreamTail:
     def report(self) -> list[str]:
         """What could not be read, as a run shows it: ``N events could not be read: <the first reason>``.
 
-        Then ``segment_problems``: segments missing or late, files not named as segments.
+        Then ``segment_problems``: segments missing, late or over the cap, files not named as segments.
         """
         return self._events_report() + self.segment_problems
 
@@ -396,5 +288,15 @@ class StreamTail:
         return [f"{count} event{'' if count == 1 else 's'} could not be read: {self.problems[0]}"]
 
     def close(self) -> None:
-        self._prefetch_stop.set()  # the thread ends after its current request; nothing waits for it here
+        self._prefetch.close()  # the thread ends after its current request; nothing waits for it here
         self.appended.close()
+        if self._reading is not None:
+            self._reading[2].close()
+
+
+def size_text(count: int) -> str:
+    """``104.9 MiB``, ``1 GiB``, ``900 bytes``: a file's size as a problem line says it."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if count >= size:
+            return size_words(count) if count % size == 0 else f"{count / size:.1f} {unit}"
+    return f"{count} bytes"

@@ -3,8 +3,8 @@
 ``LineTail`` is the one reader of a growing file: each ``read_lines`` returns
 the lines completed since the last, never half a line a writer is still
 writing. It opens only regular files (``layout.open_regular``), reads in
-bounded chunks, and skips (and counts) a line longer than its cap rather
-than buffering it. ``EventTail`` parses those lines of events.jsonl or
+bounded chunks, skips (and counts) a line longer than its cap rather than
+buffering it, and given a cap on the file (a segment's) reads no further. ``EventTail`` parses those lines of events.jsonl or
 telemetry.jsonl into ``jobs.events`` events, every field checked, naming
 what it could not read; ``read_events`` reads a whole file that way.
 """
@@ -32,8 +32,12 @@ class LineTail:
     mid-line), unless ``final`` says the writer is gone. A line longer than
     ``max_line_bytes`` is dropped as it streams in and its number kept in
     ``long_lines``. ``limit`` caps the bytes one call consumes (None: up to
-    the end of the file, in chunks). A missing file reads as nothing yet; a
-    file ``open_regular`` refuses reads as nothing, its reason in ``refused``.
+    the end of the file, in chunks). ``max_file_bytes`` caps the bytes read
+    from the file in all: the file ends there for this reader (a line cut by
+    the cap is dropped), and ``over_cap`` says whether it held more. A
+    missing file reads as nothing yet; a file ``open_regular`` refuses reads
+    as nothing, its reason in ``refused``. A read that fails after some lines
+    were read returns those lines; the next call meets the failure again.
     """
 
     def __init__(
@@ -43,6 +47,7 @@ class LineTail:
         max_line_bytes: int = MAX_LINE_BYTES,
         chunk_bytes: int = READ_CHUNK_BYTES,
         opener: Callable[[], BinaryIO] | None = None,
+        max_file_bytes: int | None = None,
     ) -> None:
         self.path = path if isinstance(path, PurePath) else Path(path)
         self.opener = opener or (lambda: open_regular(Path(self.path)))
@@ -50,6 +55,11 @@ class LineTail:
         self.limit = limit
         self.max_line_bytes = max_line_bytes
         self.chunk_bytes = chunk_bytes
+        self.max_file_bytes = max_file_bytes
+        self.bytes_read = 0
+        """Bytes taken from the file so far."""
+        self.over_cap = False
+        """The file holds more than ``max_file_bytes``: what is past the cap is never read."""
         self.refused: str | None = None
         """Why the file is not read (a FIFO, a symbolic link), once found; then it is not tried again."""
         self.long_lines: list[int] = []
@@ -84,7 +94,13 @@ class LineTail:
         budget = min(budgets) if budgets else None
         self.at_end = False
         while budget is None or budget > 0:
-            chunk = self._handle.read(self.chunk_bytes if budget is None else min(self.chunk_bytes, budget))
+            wanted = self.chunk_bytes if budget is None else min(self.chunk_bytes, budget)
+            try:
+                chunk = self._read_chunk(wanted)
+            except Exception:
+                if lines:
+                    break  # a store that stopped answering mid-way: these lines are the caller's, the error the next's
+                raise
             if not chunk:
                 self.at_end = True
                 break
@@ -92,8 +108,27 @@ class LineTail:
                 budget -= len(chunk)
             self._split(chunk, lines)
         if final and self.at_end and (self._partial or self._skipping):
-            self._end_line(lines)
+            if self.over_cap:
+                self._partial.clear()  # cut by the cap, not by its writer: the cap's own line says so
+                self._skipping = False
+            else:
+                self._end_line(lines)
         return lines
+
+    def _read_chunk(self, wanted: int) -> bytes:
+        """Up to ``wanted`` bytes more of the file; b"" at its end, or at the cap (``over_cap``: there is more)."""
+        assert self._handle is not None
+        if self.max_file_bytes is not None:
+            room = self.max_file_bytes - self.bytes_read
+            if room <= 0:
+                # One byte past the cap says whether the file ends there or goes on unread.
+                if not self.over_cap:
+                    self.over_cap = bool(self._handle.read(1))
+                return b""
+            wanted = min(wanted, room)
+        chunk = self._handle.read(wanted)
+        self.bytes_read += len(chunk)
+        return chunk
 
     def _open(self, final: bool) -> bool:
         if self.refused is not None:
@@ -198,13 +233,16 @@ class EventTail:
     Lines come from a ``LineTail``; a line that does not parse (not JSON, a
     field of the wrong type or range, longer than the line cap) is skipped,
     counted in ``problem_count`` and named in ``problems`` (the first
-    hundred); ``report`` says it as a user reads it. A missing file reads
+    hundred); ``report`` says it as a user reads it. ``max_file_bytes``: see
+    ``LineTail`` (its reader names a file over it). A missing file reads
     as no events yet (the engine has not started the run); a file that is
     not a regular one is never read, and named.
     """
 
-    def __init__(self, path: PurePath, opener: Callable[[], BinaryIO] | None = None) -> None:
-        self.lines = LineTail(path, opener=opener)
+    def __init__(
+        self, path: PurePath, opener: Callable[[], BinaryIO] | None = None, max_file_bytes: int | None = None
+    ) -> None:
+        self.lines = LineTail(path, opener=opener, max_file_bytes=max_file_bytes)
         self.problems: list[str] = []
         self.problem_count = 0
         self.finished = False
