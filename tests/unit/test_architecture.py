@@ -8,6 +8,7 @@ that ARCHITECTURE.md's codemap names what is really there.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 
 PACKAGES = ("tpudash", "screens", "jobs")
+BACKENDS = REPO_ROOT / "tpudash" / "runs" / "backends.py"
 MAX_MODULE_LINES = 600
 ARCHITECTURE = REPO_ROOT / "ARCHITECTURE.md"
 
@@ -100,6 +102,52 @@ def test_every_module_is_short_enough_to_read_and_says_what_it_is_for(path):
     assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{path.name}: split it by what its parts do"
     if text.strip():
         assert text.lstrip().startswith(('"""', 'r"""')), f"{path.name} opens without a docstring"
+
+
+def backend_classes() -> set[str]:
+    """The classes ``tpudash/runs/backends.py`` defines (``LocalRunFiles``, ``BucketRoot``, …)."""
+    tree = ast.parse(BACKENDS.read_text(encoding="utf-8"))
+    return {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def backend_isinstance_checks(source: str, classes: set[str]) -> list[int]:
+    """The lines of ``source`` that ask ``isinstance(x, <a backend class>)`` (a tuple of classes included)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"):
+            continue
+        if len(node.args) != 2:
+            continue
+        asked = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+        names = {item.id if isinstance(item, ast.Name) else getattr(item, "attr", None) for item in asked}
+        if names & classes:
+            found.append(node.lineno)
+    return found
+
+
+def test_the_backend_check_finder_finds_a_check_of_a_backend_class():
+    source = (
+        "from tpudash.runs import backends\n"
+        "isinstance(files, LocalRunFiles)\n"
+        "isinstance(root, (int, backends.BucketRoot))\n"
+        "isinstance(files, dict)\n"
+    )
+    assert backend_isinstance_checks(source, backend_classes()) == [2, 3]
+
+
+def test_no_module_but_the_backends_asks_which_backend_it_holds():
+    """What differs between a local directory and a store is asked of ``RunFiles`` or the root, never by class."""
+    classes = backend_classes()
+    assert {"LocalRunFiles", "BucketRunFiles", "LocalRoot", "BucketRoot"} <= classes
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{line}"
+        for path in project_modules()
+        if path != BACKENDS
+        for line in backend_isinstance_checks(path.read_text(encoding="utf-8"), classes)
+    ]
+    assert found == [], "isinstance of a backend class outside tpudash/runs/backends.py (add a property there):\n" + (
+        "\n".join(found)
+    )
 
 
 def codemap_entries() -> list[str]:

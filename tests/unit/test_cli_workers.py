@@ -142,7 +142,7 @@ def test_the_workers_are_read_at_most_every_five_seconds():
     class Files:
         reads = 0
 
-        def list(self, folder):
+        def list_by_time(self, folder):
             Files.reads += 1
             return []
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tpudash.runs import heartbeat
-from tpudash.runs.backends import LocalRunFiles, runs_root
+from tpudash.runs.backends import LocalRunFiles, listed_time, runs_root
 from tpudash.runs.heartbeat import (
     CLOCK_AHEAD,
     CLOCK_SKEW_SECONDS,
@@ -171,10 +171,10 @@ def test_a_stores_folder_is_listed_newest_first_by_the_time_its_listing_gives() 
 
 
 class NamesOnly:
-    """A kind of RunFiles whose listing gives names only."""
+    """A kind of RunFiles whose listing gives names only (every time 0: unknown)."""
 
-    def list(self, folder: str) -> list[str]:
-        return ["b.json", ".hidden", "a.json"]
+    def list_by_time(self, folder: str) -> list[tuple[float, str]]:
+        return [(0.0, "b.json"), (0.0, ".hidden"), (0.0, "a.json")]
 
 
 def test_files_whose_listing_gives_no_time_are_listed_by_name() -> None:
@@ -193,7 +193,7 @@ def test_files_whose_listing_gives_no_time_are_listed_by_name() -> None:
     ],
 )
 def test_a_listings_time_is_read_from_what_each_store_calls_it(entry: dict, stamp: float) -> None:
-    assert heartbeat._listed_time(entry) == stamp
+    assert listed_time(entry) == stamp
 
 
 def test_junk_is_counted_and_the_first_few_named_in_one_line() -> None:

@@ -17,9 +17,12 @@ import errno
 import os
 import stat
 from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 
+from jobs.events import is_finite_number
 from tpudash.runs.layout import HOSTS_FOLDER as HOSTS_FOLDER  # defined with the run id's rule, used from here too
 from tpudash.runs.layout import RESERVED_FOLDERS as RESERVED_FOLDERS
 from tpudash.runs.layout import RefusedFile, is_run_id, open_regular, size_words, write_bytes_atomically
@@ -28,6 +31,9 @@ from tpudash.runs.storeclient import describe_store, open_for_reading
 
 # How many objects a store is asked for at once when many small files are read (History's first look).
 STORE_READ_CONCURRENCY = 64
+# How many objects one call of a batch read asks for: a call is timed out whole (--store-timeout, 8 s by
+# default), and ten thousand run.json take longer than that; a thousand take about a second.
+STORE_READS_PER_CALL = 1_000
 
 
 def is_listed_run_id(name: str) -> bool:
@@ -35,11 +41,29 @@ def is_listed_run_id(name: str) -> bool:
     return is_run_id(name)  # which refuses the reserved folders (``layout.is_reserved_name``)
 
 
+TimedNames = list[tuple[float, str]]
+"""(when written, name) pairs: what a listing of a folder gives, newest first once sorted (``heartbeat.newest_first``)."""
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """One file as a listing shows it, without reading it: what changes when it does, and when it was written."""
+
+    key: tuple
+    written: float
+    """Unix time, by the store's clock (locally the file's mtime); 0 when the listing does not say."""
+
+
 class RunFiles(Protocol):
     """One run's files; names are relative to the run (``run.json``, ``events/w-00000001.jsonl``)."""
 
     where: str
     """The run's location as a user reads it: a directory, or a URL."""
+
+    @property
+    def local_dir(self) -> Path | None:
+        """The run's directory on this host's disk (where locks, links and appends exist); None in a store."""
+        ...
 
     def open(self, name: str) -> BinaryIO: ...
 
@@ -55,12 +79,27 @@ class RunFiles(Protocol):
 
     def walk(self) -> dict[str, int]: ...
 
+    def list_by_time(self, folder: str) -> TimedNames: ...
+
 
 class RunsRoot(Protocol):
     """A runs directory: its runs by id, and each run's files."""
 
     where: str
     local: bool
+
+    @property
+    def runs_dir(self) -> Path | str:
+        """The runs directory as given: a Path on this host, a URL in a store."""
+        ...
+
+    def folders_by_time(self, folder: str) -> list[tuple[float, str]]: ...
+
+    def files_by_run(self) -> dict[str, dict[str, ListedFile]]: ...
+
+    def read_files(
+        self, wanted: Iterable[tuple[str, str]], max_bytes: int
+    ) -> dict[tuple[str, str], bytes | Exception]: ...
 
     def run_ids(self) -> list[str]: ...
 
@@ -82,8 +121,19 @@ class LocalRunFiles:
         self.run_dir = run_dir
         self.where = str(run_dir)
 
+    @property
+    def local_dir(self) -> Path:
+        return self.run_dir
+
     def open(self, name: str) -> BinaryIO:
         return open_regular(self.run_dir / name)
+
+    def list_by_time(self, folder: str) -> list[tuple[float, str]]:
+        """(modification time, name) of the regular files in ``folder`` (one scan); [] when it is absent."""
+        try:
+            return entries_by_time(self.run_dir / folder, folders=False)
+        except OSError:
+            return []
 
     def list(self, folder: str) -> list[str]:
         """The regular files in ``folder``, by name (links and anything else are left out); [] when absent."""
@@ -146,6 +196,26 @@ class LocalRoot:
         self.path = Path(path)
         self.where = str(self.path)
 
+    @property
+    def runs_dir(self) -> Path:
+        return self.path
+
+    def folders_by_time(self, folder: str) -> list[tuple[float, str]]:
+        """(modification time, name) of the folders in ``folder``; FileNotFoundError or NotADirectoryError when absent."""
+        return entries_by_time(self.path / folder, folders=True)
+
+    def files_by_run(self) -> dict[str, dict[str, ListedFile]]:
+        """Every run's files at any depth by name (a walk of each run): what one listing of a store gives."""
+        found: dict[str, dict[str, ListedFile]] = {}
+        for run_id in self.run_ids():
+            files = self.files(run_id)
+            listed = found.setdefault(run_id, {})
+            for name in files.walk():
+                key = files.key(name)
+                if key is not None:
+                    listed[name] = ListedFile(key, key[1] / 1e9)
+        return found
+
     def run_ids(self) -> list[str]:
         """Every run directory's name; a symbolic link to a directory is listed (the store says it is not read)."""
         try:
@@ -163,12 +233,17 @@ class LocalRoot:
         return LocalRunFiles(self.path / run_id)
 
     def read_many(self, run_ids: Iterable[str], name: str, max_bytes: int) -> dict[str, bytes | Exception]:
-        found: dict[str, bytes | Exception] = {}
-        for run_id in run_ids:
+        found = self.read_files(((run_id, name) for run_id in run_ids), max_bytes)
+        return {run_id: data for (run_id, _), data in found.items()}
+
+    def read_files(self, wanted: Iterable[tuple[str, str]], max_bytes: int) -> dict[tuple[str, str], bytes | Exception]:
+        """Files of many runs, by (run id, name): the bytes, or the error reading them."""
+        found: dict[tuple[str, str], bytes | Exception] = {}
+        for run_id, name in wanted:
             try:
-                found[run_id] = self.files(run_id).read(name, max_bytes)
+                found[run_id, name] = self.files(run_id).read(name, max_bytes)
             except OSError as error:
-                found[run_id] = error
+                found[run_id, name] = error
         return found
 
     def prepare(self) -> None:
@@ -202,6 +277,22 @@ def _links_to_dir(entry: os.DirEntry) -> bool:
         return False
 
 
+def listed_time(entry: dict[str, Any]) -> float:
+    """When a store's listing says an object was written (unix time); 0 when it does not say."""
+    for name in ("mtime", "LastModified", "updated", "created", "last_modified"):
+        value = entry.get(name)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if is_finite_number(value):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
+
+
 def object_key(info: dict[str, Any]) -> tuple:
     """What changes when an object does: its generation (GCS), ETag (S3), else its time, with its size."""
     for field in ("generation", "ETag", "etag", "mtime", "LastModified", "updated", "created"):
@@ -218,8 +309,23 @@ class BucketRunFiles:
         self.prefix = prefix
         self.where = url
 
+    local_dir = None
+    """A store's run has no directory on this host."""
+
     def _path(self, name: str) -> str:
         return f"{self.prefix}/{name}"
+
+    def list_by_time(self, folder: str) -> list[tuple[float, str]]:
+        """(time the listing gives, name) of the objects directly in ``folder``; [] when there are none."""
+        try:
+            entries = self.filesystem.ls(self._path(folder), detail=True, refresh=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        return [
+            (listed_time(entry), str(entry["name"]).rpartition("/")[2])
+            for entry in entries
+            if entry.get("type") == "file"
+        ]
 
     def open(self, name: str) -> BinaryIO:
         info = self.filesystem.info(self._path(name), refresh=True)  # FileNotFoundError when absent
@@ -285,6 +391,45 @@ class BucketRoot:
         self.where = url
         self.filesystem, self.root = open_filesystem(url)
 
+    @property
+    def runs_dir(self) -> str:
+        return self.url
+
+    def folders_by_time(self, folder: str) -> list[tuple[float, str]]:
+        """The folders in ``folder`` (one listing), all at time 0: a store's folders have no time of their own.
+
+        FileNotFoundError or NotADirectoryError when there is none.
+        """
+        entries = self.filesystem.ls(f"{self.root}/{folder}", detail=True, refresh=True)
+        return [
+            (0.0, entry["name"].rstrip("/").rsplit("/", 1)[-1]) for entry in entries if entry.get("type") == "directory"
+        ]
+
+    def files_by_run(self) -> dict[str, dict[str, ListedFile]]:
+        """Every object under the runs directory by run and name, from one recursive listing (paged by the library).
+
+        What a judge of many runs asks once instead of once per run: each
+        run.json's key and each heartbeat's time, in a request per thousand objects.
+        """
+        try:
+            listed = self.filesystem.find(self.root, detail=True)
+        except FileNotFoundError:
+            return {}
+        finally:
+            # The listing filled the client's cache of folders, which its ``info`` answers from even when
+            # asked to refresh: a key asked later must come from the store, not from this listing.
+            self.filesystem.invalidate_cache()
+        base = self.root.strip("/") + "/"
+        found: dict[str, dict[str, ListedFile]] = {}
+        for path, entry in listed.items():
+            relative = path.strip("/")
+            if entry.get("type", "file") != "file" or not relative.startswith(base):
+                continue
+            run_id, _, name = relative[len(base) :].partition("/")
+            if name and is_listed_run_id(run_id):
+                found.setdefault(run_id, {})[name] = ListedFile(object_key(entry), listed_time(entry))
+        return found
+
     def run_ids(self) -> list[str]:
         """Every run prefix (one listing, paged by the library), by name; MissingBucket when there is no bucket."""
         try:
@@ -315,21 +460,31 @@ class BucketRoot:
 
     def read_many(self, run_ids: Iterable[str], name: str, max_bytes: int) -> dict[str, bytes | Exception]:
         """One file of many runs, fetched concurrently (fsspec batches them): History's first look at a bucket."""
-        paths = {f"{self.root}/{run_id}/{name}": run_id for run_id in run_ids}
+        found = self.read_files(((run_id, name) for run_id in run_ids), max_bytes)
+        return {run_id: data for (run_id, _), data in found.items()}
+
+    def read_files(self, wanted: Iterable[tuple[str, str]], max_bytes: int) -> dict[tuple[str, str], bytes | Exception]:
+        """Files of many runs by (run id, name), fetched concurrently in one batch: the bytes, or the error."""
+        paths = {f"{self.root}/{run_id}/{name}": (run_id, name) for run_id, name in wanted}
         if not paths:
             return {}
-        found: dict[str, bytes | Exception] = {}
-        results = self.filesystem.cat(list(paths), on_error="return", batch_size=STORE_READ_CONCURRENCY)
+        found: dict[tuple[str, str], bytes | Exception] = {}
+        listed = list(paths)
+        results: dict[str, Any] = {}
+        for first in range(0, len(listed), STORE_READS_PER_CALL):
+            # Each call within the store's timeout (--store-timeout), however many runs the bucket holds.
+            batch = listed[first : first + STORE_READS_PER_CALL]
+            results.update(self.filesystem.cat(batch, on_error="return", batch_size=STORE_READ_CONCURRENCY))
         for path, data in results.items():
-            run_id = paths.get(path) or paths.get(path.lstrip("/")) or paths.get("/" + path)
-            if run_id is None:
+            wanted_as = paths.get(path) or paths.get(path.lstrip("/")) or paths.get("/" + path)
+            if wanted_as is None:
                 continue
             if isinstance(data, Exception):
-                found[run_id] = data
+                found[wanted_as] = data
             elif len(data) > max_bytes:
-                found[run_id] = too_large(name, max_bytes)
+                found[wanted_as] = too_large(wanted_as[1], max_bytes)
             else:
-                found[run_id] = bytes(data)
+                found[wanted_as] = bytes(data)
         return found
 
     def prepare(self) -> None:

@@ -335,8 +335,8 @@ class RunsDirectoryWatch:
     """Notices new runs and changes of live ones, cheaply enough to look every second.
 
     Only new run directories and the runs that were live are read again
-    (``RunStore.info`` keeps ended runs), so a directory of thousands of old
-    runs costs one ``scandir`` a look.
+    (``RunStore.infos`` keeps ended runs, and judges a store's runs together),
+    so a directory of thousands of old runs costs one ``scandir`` a look.
     """
 
     def __init__(self, store: RunStore, clock: Callable[[], float] = time.monotonic):
@@ -360,8 +360,9 @@ class RunsDirectoryWatch:
         changed = bool(appeared or vanished)
         live: dict[str, tuple] = {}
         result = RunsScan(changed=False)
-        for name in sorted(appeared | ((set(self._live) | self._unsettled) & names)):
-            info = self.store.info(name)
+        # One scan of the runs to look at: in a store they are judged together (``RunStore.infos``).
+        for info in self.store.infos(sorted(appeared | ((set(self._live) | self._unsettled) & names))):
+            name = info.run_id
             files = self.store.files(name)
             # Caught between its directory and its run.json: look again next time.
             if info.problems and files.key(RUN_FILE) is None:
@@ -370,7 +371,8 @@ class RunsDirectoryWatch:
                 self._unsettled.discard(name)
             if info.live:
                 result.live.append(info)
-                live[name] = (info.status, self.store.record_key(files))
+                key = info.record_key if info.record_key is not None else self.store.record_key(files)
+                live[name] = (info.status, key)
                 if name not in self._seen_live:
                     self._seen_live.add(name)
                     result.appeared_live.append(info)

@@ -25,12 +25,12 @@ names the first in one problem line.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from jobs.events import is_finite_number
-from tpudash.runs.backends import BucketRunFiles, LocalRunFiles, RunFiles, entries_by_time
+from tpudash.runs.backends import RunFiles
 
 STALE_AFTER_INTERVALS = 3
 """A heartbeat older than this many of its writer's intervals is stale."""
@@ -121,22 +121,6 @@ def why_not_a_beat(data: bytes) -> str:
 # -- many heartbeats in one folder -----------------------------------------------------------------
 
 
-def _listed_time(entry: dict[str, Any]) -> float:
-    """When a store's listing says an object was written (unix time); 0 when it does not say."""
-    for name in ("mtime", "LastModified", "updated", "created", "last_modified"):
-        value = entry.get(name)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        if is_finite_number(value):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-            except ValueError:
-                continue
-    return 0.0
-
-
 def listed_newest_first(files: RunFiles, folder: str) -> list[str]:
     """The files in ``folder`` (hidden ones left out), the most recently written first; one listing.
 
@@ -144,24 +128,13 @@ def listed_newest_first(files: RunFiles, folder: str) -> list[str]:
     out), in a store by the time its listing gives; a kind of files that
     gives no time lists by name. Raises what the store raises when it cannot be asked.
     """
-    timed: list[tuple[float, str]] = []
-    if isinstance(files, LocalRunFiles):
-        try:
-            timed = entries_by_time(files.run_dir / folder, folders=False)
-        except OSError:
-            return []
-    elif isinstance(files, BucketRunFiles):
-        try:
-            entries = files.filesystem.ls(f"{files.prefix}/{folder}", detail=True, refresh=True)
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        for entry in entries:
-            if entry.get("type") == "file":
-                timed.append((_listed_time(entry), str(entry["name"]).rpartition("/")[2]))
-    else:
-        timed = [(0.0, name) for name in files.list(folder)]
-    timed = [(stamp, name) for stamp, name in timed if name and name[0] != "."]
-    return [name for _, name in sorted(timed, key=lambda pair: (-pair[0], pair[1]))]
+    return newest_first(files.list_by_time(folder))
+
+
+def newest_first(timed: Iterable[tuple[float, str]]) -> list[str]:
+    """The names of (time, name) pairs, hidden ones left out, the most recent first and by name at a tie."""
+    kept = [(stamp, name) for stamp, name in timed if name and name[0] != "."]
+    return [name for _, name in sorted(kept, key=lambda pair: (-pair[0], pair[1]))]
 
 
 @dataclass

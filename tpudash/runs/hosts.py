@@ -40,7 +40,7 @@ from typing import Any
 
 from jobs.events import is_finite_number, is_sane_timestamp
 from tpudash.runs import heartbeat
-from tpudash.runs.backends import HOSTS_FOLDER, BucketRoot, LocalRoot, entries_by_time, runs_root
+from tpudash.runs.backends import HOSTS_FOLDER, BucketRoot, LocalRoot, runs_root
 from tpudash.runs.heartbeat import INTERVAL_RANGE_SECONDS as INTERVAL_RANGE_SECONDS
 from tpudash.runs.heartbeat import STALE_AFTER_INTERVALS as STALE_AFTER_INTERVALS
 from tpudash.runs.layout import RefusedFile, is_run_id, parse_run_file
@@ -302,24 +302,11 @@ class HostsReader:
 
         A folder that is no host name is named in ``problems``.
         """
-        timed: list[tuple[float, str]] = []
-        if isinstance(self.root, LocalRoot):
-            try:
-                timed = entries_by_time(self.root.path / HOSTS_FOLDER, folders=True)
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-        else:
-            filesystem, prefix = self.root.filesystem, f"{self.root.root}/{HOSTS_FOLDER}"
-            try:
-                entries = filesystem.ls(prefix, detail=True, refresh=True)
-            except (FileNotFoundError, NotADirectoryError):
-                return []
-            # A store's folders have no time of their own: by name.
-            timed = [
-                (0.0, entry["name"].rstrip("/").rsplit("/", 1)[-1])
-                for entry in entries
-                if entry.get("type") == "directory"
-            ]
+        try:
+            # Locally by the folders' times; a store's folders have none (all 0): by name.
+            timed = self.root.folders_by_time(HOSTS_FOLDER)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
         names = {name for _, name in timed}
         bad = sorted(name for name in names if not is_host_name(name))
         for name in bad[:10]:

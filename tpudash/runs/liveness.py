@@ -207,15 +207,26 @@ def store_writers_alive(files: RunFiles, now: float | None = None, problems: lis
     ``MAX_WRITERS_READ`` are read, newest first: files that are no heartbeat,
     and heartbeats from the future, are counted and named in ``problems``.
     """
-    junk = heartbeat.Junk(WRITERS_FOLDER, "heartbeats")
     names = heartbeat.listed_newest_first(files, WRITERS_FOLDER)
+    return writers_alive(names, lambda name: files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES), now, problems)
+
+
+def writers_alive(
+    names: list[str], read: Callable[[str], bytes], now: float | None = None, problems: list[str] | None = None
+) -> bool:
+    """Whether any of a run's heartbeats ``names`` (in ``writers/``, newest first) is a live chief's or sole writer's.
+
+    ``read(name)`` gives a heartbeat's bytes (from the store, or from what a
+    batch read of many runs fetched); the rest is ``store_writers_alive``'s rule.
+    """
+    junk = heartbeat.Junk(WRITERS_FOLDER, "heartbeats")
     try:
         for name in names[:MAX_WRITERS_READ]:
             if not name.endswith(".json"):
                 junk.add(name, "not a heartbeat's name (<writer>.json)")
                 continue
             try:
-                data = files.read(f"{WRITERS_FOLDER}/{name}", MAX_HEARTBEAT_BYTES)
+                data = read(name)
             except FileNotFoundError:
                 continue  # removed since the listing
             except OSError as error:  # a refused file: too large, not a file

@@ -1,26 +1,31 @@
-"""The runs directory: create runs, list them (with a cache of ended runs), find, load and export one.
+"""The runs directory (local or a store): the facade the rest of the code calls to write, list, find and read runs.
+
+``RunStore`` keeps the caches a dashboard needs to list a runs directory
+every few seconds, and hands the work to one part per job:
+
+- writing a run (create, join, end an abandoned one): ``tpudash.runs.writing``;
+- reading one run's record (run.json checked, or its events): ``tpudash.runs.records``;
+- judging whether a running run's writer is alive: ``tpudash.runs.judge``;
+- reading a growing stream: ``tpudash.runs.segments`` and ``tpudash.runs.tail``.
 
 Reading never trusts the files: a truncated line, a malformed run.json or an
 unknown event is reported as a problem and the rest is still shown. A run
 left ``running`` by a process that no longer exists is reported as
-``interrupted``. The file layout is ``tpudash.runs.layout``; writing one run
-is ``tpudash.runs.recorder``; reading a growing file is ``tpudash.runs.tail``.
+``interrupted`` (locally) or ``stale`` (in a store, where it may come back).
+The file layout is ``tpudash.runs.layout``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import socket
-import time
-from dataclasses import dataclass, field
+import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from jobs.events import Event, Metric, RunFinished, RunStarted
-from tpudash.runs import liveness
-from tpudash.runs.backends import LocalRoot, LocalRunFiles, RunFiles, runs_root
+from tpudash.runs.backends import RunFiles, runs_root
 from tpudash.runs.export import export_run
+from tpudash.runs.export_stream import run_csv
+from tpudash.runs.heartbeat import add_problem
+from tpudash.runs.judge import Listing, Verdict, WriterJudge
 from tpudash.runs.layout import (
     EVENTS_FILE,
     EVENTS_STREAM,
@@ -28,134 +33,23 @@ from tpudash.runs.layout import (
     RUN_FILE,
     RUN_ID_RULE,
     SOURCE_JOB,
-    STATUS_INTERRUPTED,
-    STATUS_RUNNING,
-    STATUS_STALE,
     TELEMETRY_STREAM,
-    RefusedFile,
-    checked_run_id,
     is_run_id,
-    parse_run_file,
-    readable_run_name,
 )
-from tpudash.runs.record_fields import bounded_dict, checked_field
-from tpudash.runs.recorder import RunRecorder
+from tpudash.runs.layout import STATUS_INTERRUPTED as STATUS_INTERRUPTED
+from tpudash.runs.layout import STATUS_RUNNING as STATUS_RUNNING
+from tpudash.runs.layout import STATUS_STALE as STATUS_STALE
+from tpudash.runs.records import RunData as RunData
+from tpudash.runs.records import RunInfo as RunInfo
+from tpudash.runs.records import copy_info, read_record, refresh_from_events
+from tpudash.runs.records import run_id_of as run_id_of
 from tpudash.runs.segments import StreamTail
-from tpudash.runs.tail import fold_events, read_events
-from tpudash.runs.uploader import StoreRecorder, local_run_dir
+from tpudash.runs.tail import read_events
+from tpudash.runs.uploader import local_run_dir
 from tpudash.runs.worker_recorder import JoinedRecorder
 from tpudash.runs.workers import WorkerIdentity
-
-Recorder = RunRecorder | StoreRecorder | JoinedRecorder
-
-
-@dataclass
-class RunInfo:
-    """What the History screen and ``tpudash runs`` show of one run."""
-
-    run_id: str
-    path: str
-    """Where the run is: its directory, or its URL in a store."""
-    job: str = "?"
-    name: str = ""
-    """What the user reads to tell runs apart (``train mnist mnist-cnn``, or the ``--name`` given): ``layout.readable_run_name``."""
-    status: str = "unknown"
-    started: float | None = None
-    finished: float | None = None
-    params: dict = field(default_factory=dict)
-    summary: dict = field(default_factory=dict)
-    final_metrics: dict = field(default_factory=dict)
-    error: str | None = None
-    problems: list[str] = field(default_factory=list)
-    source: str = SOURCE_JOB
-    """Who wrote it: ``job``, ``keras-callback`` or ``record`` (see SOURCE_*)."""
-    pid: int | None = None
-    pid_start_time: float | None = None
-    """When the writing process started (unix time): tells it from a later process given the same pid."""
-    pid_start_ticks: str | None = None
-    """The same, as runs written by older versions stored it (``pid_start``: clock ticks since boot)."""
-    host: str | None = None
-    workers: int | None = None
-    """How many workers of a training cluster write the run (its chief wrote run.json); None: one writer."""
-    live: bool = False
-    """Running, and its writer is alive (its lock on this host, its heartbeat in a store): the run is still growing."""
-    files: RunFiles | None = field(default=None, repr=False, compare=False)
-
-    def writer_alive(self) -> bool | None:
-        """Whether the run's writer is still writing it (None: it cannot be told, such as an old run of another host).
-
-        In a store, its writers' heartbeats (``liveness.store_writers_alive``;
-        None when the store cannot be asked). Locally, its lock on this host,
-        its heartbeat from another (``liveness.writer_alive``); runs written
-        before the lock existed are judged by their pid on this host.
-        """
-        if self.files is not None and not isinstance(self.files, LocalRunFiles):
-            try:
-                return liveness.store_writers_alive(self.files, problems=self.problems)
-            except Exception:  # noqa: BLE001 - the store is unreachable: nothing can be told
-                return None
-        on_this_host = self.host is not None and self.host == socket.gethostname()
-        judged = liveness.writer_alive(Path(self.path), on_this_host, problems=self.problems)
-        if judged is not None or not on_this_host:
-            return judged
-        return isinstance(self.pid, int) and liveness.process_alive(
-            self.pid, self.pid_start_time, start_ticks=self.pid_start_ticks
-        )
-
-    @property
-    def duration(self) -> float | None:
-        if self.started is None or self.finished is None:
-            return None
-        return max(0.0, self.finished - self.started)
-
-    def to_dict(self) -> dict:
-        return {
-            "run_id": self.run_id,
-            "path": self.path,
-            "job": self.job,
-            "name": self.name,
-            "status": self.status,
-            "started": self.started,
-            "finished": self.finished,
-            "duration": self.duration,
-            "params": self.params,
-            "summary": self.summary,
-            "final_metrics": self.final_metrics,
-            "error": self.error,
-            "problems": self.problems,
-            "source": self.source,
-            "pid": self.pid,
-            "host": self.host,
-            "workers": self.workers,
-            "live": self.live,
-        }
-
-
-def _as_float(value: Any) -> float | None:
-    return None if value is None else float(value)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def run_id_of(run: str | Path) -> str:
-    """The run id in a run's location (its directory or URL), or the id itself."""
-    return str(run).rstrip("/").rsplit("/", 1)[-1]
-
-
-@dataclass
-class RunData:
-    """A run read back: its info, the events that parsed, and what did not."""
-
-    info: RunInfo
-    events: list[tuple[float | None, Event]]
-    problems: list[str]
-    telemetry: list[tuple[float | None, Event]] = field(default_factory=list)
-    """The accelerator and host samples observers took while the run was live (telemetry.jsonl)."""
-
-    def metrics(self) -> list[tuple[float | None, Metric]]:
-        return [(stamp, event) for stamp, event in self.events if isinstance(event, Metric)]
+from tpudash.runs.writing import Recorder as Recorder
+from tpudash.runs.writing import RunWriter
 
 
 class RunStore:
@@ -168,11 +62,13 @@ class RunStore:
 
     def __init__(self, root: Path | str, *, spill_root: Path | None = None):
         self.backend = runs_root(root)
-        self.root: Path | str = self.backend.path if isinstance(self.backend, LocalRoot) else self.backend.url
+        self.root: Path | str = self.backend.runs_dir
         self.where = self.backend.where
         """The runs directory as a user reads it."""
         self.local = self.backend.local
         self.spill_root = spill_root
+        self.writer = RunWriter(self.backend, spill_root, self.stream)
+        self.judge = WriterJudge(self.backend)
         self._recorded: dict[str, tuple[tuple | None, RunInfo]] = {}
         """run.json as read, by run id, with the key (mtime and size, generation, ETag) it was read at."""
         self._ended: dict[str, tuple[tuple | None, RunInfo]] = {}
@@ -188,8 +84,7 @@ class RunStore:
     def local_dir(self, run_id: str) -> Path:
         """Where this host writes a run's files: its directory, or for a store run its local directory
         (``uploader.local_run_dir``: telemetry and TensorBoard logs there go up at the run's finish)."""
-        files = self.files(run_id)
-        return files.run_dir if isinstance(files, LocalRunFiles) else local_run_dir(self.spill_root, run_id)
+        return self.files(run_id).local_dir or local_run_dir(self.spill_root, run_id)
 
     def stream(self, run_id: str, stream: str = EVENTS_STREAM, *, follow: bool = False) -> StreamTail:
         """A reader of a run's events (or ``telemetry``) in either layout (``segments.StreamTail``).
@@ -202,6 +97,8 @@ class RunStore:
     def prepare(self) -> None:
         """Create the runs directory if it is local (a store's prefix needs nothing)."""
         self.backend.prepare()
+
+    # -- writing (``tpudash.runs.writing``) ------------------------------------------------------------
 
     def create(
         self,
@@ -223,29 +120,9 @@ class RunStore:
         The other workers ``join`` the run; one of them may have begun before the chief, so the run's
         directory may exist already, but a run.json there is another run's (FileExistsError).
         """
-        meta = {
-            "source": source,
-            "run_id": checked_run_id(run_id),
-            "job": job,
-            "name": name or readable_run_name(job, params),
-            "params": params,
-            "runtime": runtime,
-            "status": STATUS_RUNNING,
-            "started": time.time(),
-            "finished": None,
-            "pid": os.getpid(),
-            "pid_start_time": liveness.process_start_time(os.getpid()),
-            "host": socket.gethostname(),
-        }
-        if worker is not None:
-            if not worker.is_chief:
-                raise ValueError(
-                    f"worker: {worker.index} is not the chief (0); the chief creates the run, others join it"
-                )
-            meta["workers"] = {"count": worker.count}
-            if self.files(run_id).key(RUN_FILE) is not None:
-                raise FileExistsError(f"run {run_id} exists already in {self.where}; give each run its own id")
-        return self._recorder(run_id, meta, new=True, flush_interval=flush_interval, worker=worker)
+        return self.writer.create(
+            run_id, job, params, runtime, source=source, flush_interval=flush_interval, name=name, worker=worker
+        )
 
     def join(self, run_id: str, job: str, params: dict, runtime: dict, *, worker: WorkerIdentity) -> JoinedRecorder:
         """A non-chief worker's recorder of the run its chief creates (``worker_recorder.JoinedRecorder``).
@@ -253,33 +130,7 @@ class RunStore:
         It never writes run.json; its events go to the stream ``worker-<index>`` and its heartbeat to
         ``writers/``, locally as in a store. ``job``, ``params`` and ``runtime`` go into its own RunStarted.
         """
-        if worker.is_chief:
-            raise ValueError("worker: the chief (0) creates the run with create(); the other workers join it")
-        meta = {
-            "run_id": checked_run_id(run_id),
-            "job": job,
-            "params": params,
-            "runtime": runtime,
-            "worker": worker.index,
-        }
-        return JoinedRecorder(self.files(run_id), meta, worker=worker, spill_root=self.spill_root)
-
-    def _recorder(
-        self,
-        run_id: str,
-        meta: dict,
-        *,
-        new: bool = False,
-        flush_interval: float = 0.0,
-        worker: WorkerIdentity | None = None,
-    ) -> Recorder:
-        files = self.files(run_id)
-        if isinstance(files, LocalRunFiles):
-            if new:
-                # A cluster's other workers may have made the directory first (their streams).
-                files.run_dir.mkdir(parents=True, exist_ok=worker is not None)
-            return RunRecorder(files.run_dir, meta, flush_interval=flush_interval, worker=worker)
-        return StoreRecorder(files, meta, spill_root=self.spill_root, worker=worker)
+        return self.writer.join(run_id, job, params, runtime, worker=worker)
 
     def finish_abandoned(self, run_id: str, job: str, params: dict, status: str, error: str | None) -> OSError | None:
         """End a run whose writer died (a killed engine): record RunFinished and update run.json.
@@ -293,63 +144,9 @@ class RunStore:
         as it is. Returns the error that kept the end from being written (a
         full disk, a store away), or None; it never raises one.
         """
-        latest: dict[str, Metric] = {}  # per metric, its last point: what run.json's final_metrics keeps
-        ended, events_seen = False, 0
+        return self.writer.finish_abandoned(run_id, job, params, status, error)
 
-        def visit(stamp: float | None, event: Event) -> None:
-            nonlocal ended, events_seen
-            events_seen += 1
-            ended = ended or isinstance(event, RunFinished)
-            if isinstance(event, Metric):
-                latest[event.final_name] = event
-
-        fold_events(self.stream(run_id), visit)  # in bounded memory, whatever the run holds
-        if ended:
-            return None
-        try:
-            # A regular file only, capped: never a FIFO that would block the lane.
-            meta = parse_run_file(self.files(run_id).read(RUN_FILE, MAX_RUN_FILE_BYTES))
-        except (OSError, ValueError):
-            meta = None
-        try:
-            return self._write_finish(run_id, job, params, status, error, events_seen, list(latest.values()), meta)
-        except OSError as write_error:
-            return write_error
-
-    def _write_finish(
-        self,
-        run_id: str,
-        job: str,
-        params: dict,
-        status: str,
-        error: str | None,
-        events_seen: int,
-        metrics: list[Metric],
-        meta: Any,
-    ) -> OSError | None:
-        if not isinstance(meta, dict):
-            if self.files(run_id).exists():
-                recorder = self._recorder(
-                    run_id,
-                    {
-                        "run_id": run_id,
-                        "job": job,
-                        "params": params,
-                        "status": STATUS_RUNNING,
-                        "started": time.time(),
-                        "host": socket.gethostname(),
-                    },
-                )
-            else:
-                recorder = self.create(run_id, job, params, {})
-            if not events_seen:
-                recorder.record(RunStarted(run_id, job, params, {}, time.time()))
-        else:
-            recorder = self._recorder(run_id, meta)
-        for metric in metrics:
-            recorder.remember_metric(metric)
-        recorder.record(RunFinished(status=status, summary={}, error=error, traceback=None))
-        return recorder.write_error
+    # -- reading and judging ---------------------------------------------------------------------------
 
     def run_ids(self) -> list[str]:
         """Every run's id, by name (locally a symbolic link to a directory is listed; ``info`` says it is not read)."""
@@ -371,128 +168,61 @@ class RunStore:
         batch read of many runs.
         """
         run_id = run_id_of(run)
-        files = self.files(run_id)
-        ended = self._ended.get(run_id)
-        if ended is not None and (not self.local or ended[0] == self.record_key(files)):
-            return _copy(ended[1])
-        key = None if prefetched is not None else self.record_key(files)
-        recorded = self._recorded.get(run_id)
-        if recorded is None or key is None or recorded[0] != key:
-            recorded = (key, self._read_record(run_id, files, prefetched))
-            self._recorded[run_id] = recorded
-        info = self._judged(_copy(recorded[1]))
-        # A stale run may come back (its writer was cut off from the store): it is judged again each time.
-        if info.status not in (STATUS_RUNNING, STATUS_STALE) and (key is not None or not self.local):
-            self._ended[run_id] = (key, info)
-            self._recorded.pop(run_id, None)
-        return _copy(info)
-
-    def _read_record(self, run_id: str, files: RunFiles, prefetched: bytes | Exception | None) -> RunInfo:
-        """run.json read with every field checked: a field that breaks its rule is left out and named."""
-        info = RunInfo(run_id=run_id, path=files.where, files=files)
-        if isinstance(files, LocalRunFiles) and files.run_dir.is_symlink():
-            info.problems.append(f"{run_id}: a symbolic link, not followed")
-            return info
-        meta: Any = None
-        try:
-            if isinstance(prefetched, Exception):
-                raise prefetched
-            data = prefetched if prefetched is not None else files.read(RUN_FILE, MAX_RUN_FILE_BYTES)
-            meta = parse_run_file(data)
-            if not isinstance(meta, dict):
-                raise ValueError("not a JSON object")
-        except FileNotFoundError:
-            info.problems.append(f"{RUN_FILE}: missing")
-            meta = None
-        except RefusedFile as error:
-            info.problems.append(str(error))
-            meta = None
-        except (OSError, ValueError) as error:
-            info.problems.append(f"{RUN_FILE}: unreadable ({getattr(error, 'strerror', None) or error})")
-            meta = None
-        if meta is None:
-            self._info_from_events(info)
-            return info
-        problems = info.problems
-        info.job = checked_field(meta, "job", problems) or "?"
-        info.name = checked_field(meta, "name", problems) or ""
-        info.status = checked_field(meta, "status", problems) or "unknown"
-        info.started = _as_float(checked_field(meta, "started", problems))
-        info.finished = _as_float(checked_field(meta, "finished", problems))
-        info.params = checked_field(meta, "params", problems) or {}
-        info.summary = checked_field(meta, "summary", problems) or {}
-        final_metrics = checked_field(meta, "final_metrics", problems) or {}
-        info.final_metrics = {name: value for name, value in final_metrics.items() if _is_number(value)}
-        info.error = checked_field(meta, "error", problems)
-        info.source = checked_field(meta, "source", problems) or SOURCE_JOB
-        info.pid = checked_field(meta, "pid", problems)
-        info.pid_start_time = _as_float(checked_field(meta, "pid_start_time", problems))
-        info.pid_start_ticks = checked_field(meta, "pid_start", problems)
-        info.host = checked_field(meta, "host", problems)
-        workers = checked_field(meta, "workers", problems)
-        info.workers = workers["count"] if workers is not None else None
-        info.name = info.name or readable_run_name(info.job, info.params)
-        return info
-
-    def _judged(self, info: RunInfo) -> RunInfo:
-        """A run recorded as running, judged by its writer: live, interrupted (its writer is gone) or stale."""
-        if info.status != STATUS_RUNNING:
-            return info
-        alive = info.writer_alive()
-        if alive is False:
-            if self.local:
-                info.status = STATUS_INTERRUPTED
-                self._refresh_from_events(info)
-            else:
-                # Its writers stopped beating: dead, or cut off from the store (then it comes back).
-                info.status = STATUS_STALE
-        info.live = bool(alive)
-        return info
-
-    def _info_from_events(self, info: RunInfo) -> None:
-        info.status = STATUS_INTERRUPTED
-
-        def visit(stamp: float | None, event: Event) -> None:
-            if isinstance(event, RunStarted):
-                info.job, info.params, info.started = event.job, event.params, event.time
-                # (A RunStarted's params passed the event's checks; bound them as run.json's are.)
-                if not bounded_dict(info.params):
-                    info.params = {}
-            elif isinstance(event, RunFinished):
-                info.status, info.summary, info.error, info.finished = event.status, event.summary, event.error, stamp
-            elif isinstance(event, Metric):
-                info.final_metrics[event.final_name] = event.value
-
-        info.problems.extend(fold_events(self.stream(info.run_id), visit))
-        info.name = readable_run_name(info.job, info.params)
-
-    def _refresh_from_events(self, info: RunInfo) -> None:
-        """For an interrupted run, the last metrics and time come from its events."""
-
-        def visit(stamp: float | None, event: Event) -> None:
-            if isinstance(event, Metric):
-                info.final_metrics[event.final_name] = event.value
-            if stamp is not None:
-                info.finished = stamp
-
-        fold_events(self.stream(info.run_id), visit)
+        ended = self._ended_info(run_id)
+        if ended is not None:
+            return ended
+        key = None if prefetched is not None else self.record_key(self.files(run_id))
+        return self._judged(self._record(run_id, key, prefetched), self.judge.judge_one)
 
     def list_runs(self) -> list[RunInfo]:
         """Every run, oldest first. A run that cannot be read at all still lists, with what went wrong.
 
+        See ``infos``: ended runs cost nothing, and in a store the running ones are judged together.
+        """
+        return self.infos(self.run_ids())
+
+    def infos(self, run_ids: list[str]) -> list[RunInfo]:
+        """The runs ``run_ids`` (in that order), read and judged as one scan.
+
         In a store, the run.json of every run not read before is fetched in
         one concurrent batch (a bucket of a thousand runs opens in about a
         second against an emulator), and ended runs are never fetched again.
+        When more than ``judge.ONE_BY_ONE_RUNS`` running runs need a look,
+        one recursive listing of the store gives every run.json's key and
+        every heartbeat (``judge.WriterJudge.judge_listed``); a running run
+        found silent keeps its verdict for a while (``judge``'s backoff), so a
+        bucket of crashed runs is not asked about each of them at every scan.
         """
-        run_ids = self.run_ids()
-        prefetched: dict[str, bytes | Exception] = {}
+        listing: Listing | None = None
+        fresh: set[str] = set()
         if not self.local:
             unread = [run_id for run_id in run_ids if run_id not in self._ended and run_id not in self._recorded]
-            prefetched = self.backend.read_many(unread, RUN_FILE, MAX_RUN_FILE_BYTES)
-        infos = []
+            due = len(unread) + sum(self._running(run_id) and self.judge.due(run_id) for run_id in run_ids)
+            # Listed before anything is read: a run.json read after the listing is at least as new as its key.
+            listing = self.judge.listing(due)
+            if listing is None:
+                fresh = self._read_new(unread)
+            else:
+                self._read_listed(run_ids, listing)
+        known: dict[str, RunInfo | Exception] = {}
         for run_id in run_ids:
             try:
-                infos.append(self.info(run_id, prefetched.get(run_id)))
+                known[run_id] = self._ended_info(run_id) or self._scanned_record(run_id, listing, fresh)
+            except Exception as error:  # noqa: BLE001 - one bad run must never stop a scan of the others
+                known[run_id] = error
+        verdicts: dict[str, Verdict] = {}
+        if listing is not None:
+            running = [info for run_id, info in known.items() if isinstance(info, RunInfo) and self._running(run_id)]
+            verdicts = self.judge.judge_listed(running, listing)
+        infos = []
+        for run_id in run_ids:
+            info = known[run_id]
+            try:
+                if isinstance(info, Exception):
+                    raise info
+                if run_id in self._recorded and self._recorded[run_id][1] is info:
+                    info = self._judged(info, lambda judged: self._scan_verdict(judged, verdicts))
+                infos.append(info)
             except Exception as error:  # noqa: BLE001 - one bad run must never stop a scan of the others
                 infos.append(
                     RunInfo(
@@ -503,21 +233,96 @@ class RunStore:
                 )
         return infos
 
+    def _running(self, run_id: str) -> bool:
+        recorded = self._recorded.get(run_id)
+        return recorded is not None and recorded[1].status == STATUS_RUNNING
+
+    def _read_new(self, unread: list[str]) -> set[str]:
+        """The run.json of the runs not read before, in one batch (their key unknown yet); those runs."""
+        for run_id, data in self.backend.read_many(unread, RUN_FILE, MAX_RUN_FILE_BYTES).items():
+            with contextlib.suppress(Exception):  # said when the run is looked at again, one by one
+                self._record(run_id, None, data)
+        return set(unread)
+
+    def _read_listed(self, run_ids: list[str], listing: Listing) -> None:
+        """The run.json of each run not read before or whose key in ``listing`` changed, in one batch, with that key."""
+        changed = []
+        for run_id in run_ids:
+            recorded = self._recorded.get(run_id)
+            if run_id not in self._ended and (recorded is None or recorded[0] != _listed_key(listing, run_id)):
+                changed.append(run_id)
+        for run_id, data in self.backend.read_many(changed, RUN_FILE, MAX_RUN_FILE_BYTES).items():
+            with contextlib.suppress(Exception):  # said when the run is looked at again, one by one
+                self._record(run_id, _listed_key(listing, run_id), data)
+
+    def _scanned_record(self, run_id: str, listing: Listing | None, fresh: set[str]) -> RunInfo:
+        """A run's record in a scan: read again only when its key says so; a silent run's is not even asked."""
+        recorded = self._recorded.get(run_id)
+        if recorded is not None and not self.local:
+            if listing is not None or run_id in fresh or not self.judge.due(run_id):
+                return recorded[1]  # its key settled by the listing, just read, or silent: asked again later
+        return self._record(run_id, self.record_key(self.files(run_id)), None)
+
+    def _scan_verdict(self, info: RunInfo, verdicts: dict[str, Verdict]) -> Verdict:
+        verdict = verdicts.get(info.run_id)
+        if verdict is None and not self.local and not self.judge.due(info.run_id):
+            verdict = self.judge.last(info.run_id)
+        return verdict or self.judge.judge_one(info)
+
+    def _ended_info(self, run_id: str) -> RunInfo | None:
+        """A copy of the run's record if it ended (locally: and run.json has not changed since)."""
+        ended = self._ended.get(run_id)
+        if ended is not None and (not self.local or ended[0] == self.record_key(self.files(run_id))):
+            return copy_info(ended[1])
+        return None
+
+    def _record(self, run_id: str, key: tuple | None, prefetched: bytes | Exception | None) -> RunInfo:
+        """The run's record as last read, read again when ``key`` changed (or is unknown)."""
+        recorded = self._recorded.get(run_id)
+        if recorded is None or key is None or recorded[0] != key:
+            info = read_record(run_id, self.files(run_id), prefetched, self.stream)
+            info.record_key = key
+            recorded = (key, info)
+            self._recorded[run_id] = recorded
+        return recorded[1]
+
+    def _judged(self, record: RunInfo, verdict_of: Callable[[RunInfo], Verdict]) -> RunInfo:
+        """A run recorded as running, judged by its writer: live, interrupted (its writer is gone) or stale."""
+        info = copy_info(record)
+        if info.status == STATUS_RUNNING:
+            verdict = verdict_of(info)
+            for line in verdict.problems:
+                add_problem(info.problems, line)
+            if verdict.alive is False:
+                if self.local:
+                    info.status = STATUS_INTERRUPTED
+                    refresh_from_events(info, self.stream(info.run_id))
+                else:
+                    # Its writers stopped beating: dead, or cut off from the store (then it comes back).
+                    info.status = STATUS_STALE
+            info.live = bool(verdict.alive)
+        # A stale run may come back (its writer was cut off from the store): it is judged again.
+        if info.status not in (STATUS_RUNNING, STATUS_STALE) and (info.record_key is not None or not self.local):
+            self._ended[info.run_id] = (info.record_key, info)
+            self._recorded.pop(info.run_id, None)
+            self.judge.forget(info.run_id)
+        return copy_info(info)
+
     def find(self, run_id: str) -> Path | str:
         """The location of ``run_id`` (a unique prefix is enough): a directory, or a URL; KeyError if none."""
         if not isinstance(run_id, str) or not is_run_id(run_id):
             raise KeyError(f"{run_id!r} is not a run id: {RUN_ID_RULE}")
         exact = self.files(run_id)
-        if isinstance(exact, LocalRunFiles) and exact.exists():
-            return exact.run_dir
+        if exact.local_dir is not None and exact.exists():
+            return exact.local_dir
         run_ids = self.run_ids()
         matches = [run_id] if run_id in run_ids else [name for name in run_ids if name.startswith(run_id)]
         if len(matches) == 1:
             files = self.files(matches[0])
-            if isinstance(files, LocalRunFiles):
-                if files.run_dir.is_symlink():
+            if files.local_dir is not None:
+                if files.local_dir.is_symlink():
                     raise KeyError(f"run {matches[0]}: a symbolic link to a directory, not followed")
-                return files.run_dir
+                return files.local_dir
             return files.where
         if not matches:
             raise KeyError(f"no run {run_id!r} in {self.where}")
@@ -534,10 +339,13 @@ class RunStore:
 
     def export(self, run_id: str, fmt: str = "csv") -> str:
         """A run's metrics as CSV (one row per metric point) or JSON, with its telemetry (see ``tpudash.runs.export``)."""
+        if fmt == "csv":  # written as the run is read: its events are never all held (``export_stream``)
+            return run_csv(self, run_id)
         data = self.load(run_id)
         return export_run(data.info.to_dict(), data.metrics(), data.telemetry, fmt)
 
 
-def _copy(info: RunInfo) -> RunInfo:
-    """A copy a caller may change (its problems are its own)."""
-    return dataclasses.replace(info, problems=list(info.problems))
+def _listed_key(listing: Listing, run_id: str) -> tuple | None:
+    """run.json's key as the store's listing gave it (None: the run has no run.json)."""
+    listed = listing.get(run_id, {}).get(RUN_FILE)
+    return None if listed is None else listed.key

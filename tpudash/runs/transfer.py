@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpudash.runs.backends import LocalRunFiles, RunFiles
+from tpudash.runs.backends import RunFiles
 from tpudash.runs.layout import (
     EVENTS_STREAM,
     MAX_RUN_FILE_BYTES,
@@ -115,8 +115,8 @@ def copy_run(source: RunStore, run_id: str, destination: RunStore) -> CopyReport
     present = {name: size for name, size in source_files.walk().items() if is_copied(name)}
     if not present:
         raise FileNotFoundError(f"{source_files.where}: no such run, or it holds no files")
-    if isinstance(target, LocalRunFiles):
-        refuse_links_in_the_way(target.run_dir, present)  # before anything is written, or listed through a link
+    if target.local_dir is not None:
+        refuse_links_in_the_way(target.local_dir, present)  # before anything is written, or listed through a link
     there = target.walk()
     refused: list[str] = []
     # run.json last (a reader that finds it finds its events); the events before the rest.
@@ -171,8 +171,8 @@ def refuse_links_in_the_way(run_dir: Path, names: Iterable[str]) -> None:
 
 
 def _write(target: RunFiles, name: str, data: bytes) -> None:
-    if isinstance(target, LocalRunFiles):
-        write_without_links(target.run_dir, name, data)
+    if target.local_dir is not None:
+        write_without_links(target.local_dir, name, data)
     else:
         target.write(name, data)  # a store: an object replaced whole, no links
 

@@ -248,8 +248,8 @@ class LiveRunsOnHost:
 
     def _writes_here(self, info: RunInfo) -> bool:
         files = info.files or self.store.files(info.run_id)
-        if isinstance(files, LocalRunFiles):
-            return bool(liveness.lock_held(files.run_dir))  # a lock is seen only by processes of this host
+        if files.local_dir is not None:
+            return bool(liveness.lock_held(files.local_dir))  # a lock is seen only by processes of this host
         if info.host == self.hostname:
             return True
         return any(self._is_here(host) for host in self._writer_hosts(files))
