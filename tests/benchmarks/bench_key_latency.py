@@ -1,9 +1,11 @@
 """Target: a key's new screen within 50 ms p95 on its first press and 16 ms p95 after, while training runs.
 
 The TUI (``TpudashApp`` under Pilot, 120×40, headless driver) runs as users
-get it: no TensorFlow in this process, the train job (light model,
-synthetic MNIST, 8 replicas, fit loop) in the engine process it starts
-(``python -m tpudash.engine``, nice 10).
+get it: no TensorFlow in this process, the collector settled once the
+screens are built (``freeze_after_start``, as ``run_app`` makes it; see
+``tpudash.tui.collector``), the train job (light model, synthetic MNIST, 8
+replicas, fit loop) in the engine process it starts (``python -m
+tpudash.engine``, nice 10).
 
 What is measured, per press: from just before the key event is handed to
 the driver's message queue (``driver.send_message(events.Key(…))``, the
@@ -37,6 +39,7 @@ Three figures:
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import sys
 import tempfile
@@ -66,20 +69,48 @@ def key_label(key: str) -> str:
     return CHARACTER_FOR_KEY.get(key, key)
 
 
+class CollectorPauses:
+    """Every garbage collection of this process while installed: (start, end) in ``perf_counter`` seconds."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, float]] = []
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((self._started, time.perf_counter()))
+
+    def within(self, start: float, end: float) -> float:
+        """Seconds of collection between ``start`` and ``end``."""
+        return sum(max(0.0, min(end, e) - max(start, s)) for s, e in self.pauses[-50:])
+
+
 class FrameClock:
-    """Wraps ``app._display``: stamps the first frame drawn for a screen of the awaited class."""
+    """Wraps ``app._display``: stamps the first frame drawn for a screen of the awaited class.
+
+    With it, where a press's time went: the UI thread's CPU time over the press
+    (the rest of the wall time is waiting for a core, or for the GIL) and the
+    garbage collections within it.
+    """
 
     def __init__(self, app):
         self.app = app
         self.awaited: str | None = None
         self.drawn = asyncio.Event()
         self.drawn_at = 0.0
+        self.drawn_cpu = 0.0
+        self.last_cpu = self.last_collecting = 0.0
+        """The last press's UI-thread CPU seconds and seconds of garbage collection."""
+        self.collector = CollectorPauses()
         original = app._display
 
         def display(screen, renderable):
             original(screen, renderable)
             if renderable is not None and self.awaited and type(screen).__name__ == self.awaited:
                 self.drawn_at = time.perf_counter()
+                self.drawn_cpu = time.thread_time()
                 self.awaited = None
                 self.drawn.set()
 
@@ -93,9 +124,15 @@ class FrameClock:
         key_event.set_sender(self.app)  # as pilot.press does
         self.awaited = SCREEN_FOR_KEY[key]
         self.drawn.clear()
-        started = time.perf_counter()
-        self.app._driver.send_message(key_event)
-        await asyncio.wait_for(self.drawn.wait(), TIMEOUT)
+        gc.callbacks.append(self.collector)
+        try:
+            started, started_cpu = time.perf_counter(), time.thread_time()
+            self.app._driver.send_message(key_event)
+            await asyncio.wait_for(self.drawn.wait(), TIMEOUT)
+        finally:
+            gc.callbacks.remove(self.collector)
+        self.last_cpu = self.drawn_cpu - started_cpu
+        self.last_collecting = self.collector.within(started, self.drawn_at)
         return self.drawn_at - started
 
 
@@ -143,11 +180,15 @@ async def stop_training(app, live) -> bool:
     return still_training
 
 
+FIRST_VISIT_SPENT: dict[tuple[str, bool], tuple[float, float]] = {}
+"""(key, training) → the first visit's (UI-thread CPU, garbage collection) seconds."""
+
+
 async def first_visit(settings, key: str, overrides: dict | None) -> float:
     """A fresh app: its runtime up, every screen composed ahead (and training if ``overrides``), then ``key``."""
     from tpudash.tui.app import TpudashApp
 
-    app = TpudashApp(settings)
+    app = TpudashApp(settings, freeze_after_start=True)  # as run_app makes it: the collector settled
     async with app.run_test(size=APP_SIZE) as pilot:
         await runtime_up(app)
         live = await start_training(app, overrides) if overrides is not None else None
@@ -158,6 +199,7 @@ async def first_visit(settings, key: str, overrides: dict | None) -> float:
             await clock.press("v")
             await app.next_tick()
         seconds = await clock.press(key)
+        FIRST_VISIT_SPENT[key, overrides is not None] = (clock.last_cpu, clock.last_collecting)
         if live is not None and not await stop_training(app, live):
             raise RuntimeError(f"the train run ended ({live.model.status}) before the press of {key_label(key)}")
         engine = app.session.lane.engine
@@ -170,15 +212,15 @@ async def revisits(settings, overrides: dict, presses: int, rounds: int) -> dict
     """One app, warmed up; rounds of presses alternating engine idle / training."""
     from tpudash.tui.app import TpudashApp
 
-    app = TpudashApp(settings)
-    idle: tuple[list[float], dict] = ([], {key: [] for key in KEYS})
-    loaded: tuple[list[float], dict] = ([], {key: [] for key in KEYS})
+    app = TpudashApp(settings, freeze_after_start=True)  # as run_app makes it: the collector settled
+    idle: tuple[list[float], dict, list] = ([], {key: [] for key in KEYS}, [])
+    loaded: tuple[list[float], dict, list] = ([], {key: [] for key in KEYS}, [])
     engine_seconds = own_seconds = wall = 0.0
     async with app.run_test(size=APP_SIZE) as pilot:
         await runtime_up(app)
         await composed_ahead(app)
         clock = FrameClock(app)
-        await _presses(app, clock, 2 * len(KEYS), lambda: True, ([], {key: [] for key in KEYS}))  # the warm-up
+        await _presses(app, clock, 2 * len(KEYS), lambda: True, ([], {key: [] for key in KEYS}, []))  # the warm-up
         engine = app.session.lane.engine
         for _ in range(rounds):
             await _presses(app, clock, presses, lambda: True, idle)
@@ -206,9 +248,14 @@ async def revisits(settings, overrides: dict, presses: int, rounds: int) -> dict
     }
 
 
-async def _presses(app, clock: FrameClock, count: int, going: Callable[[], bool], into: tuple[list, dict]) -> None:
-    """Press ``d j h v l ?`` in turn ``count`` times (skipping the screen shown), two UI ticks apart."""
-    latencies, by_key = into
+async def _presses(
+    app, clock: FrameClock, count: int, going: Callable[[], bool], into: tuple[list, dict, list]
+) -> None:
+    """Press ``d j h v l ?`` in turn ``count`` times (skipping the screen shown), two UI ticks apart.
+
+    ``into``: the latencies, by key, and (UI-thread CPU, garbage collection) seconds of each press.
+    """
+    latencies, by_key, spent = into
     pressed, index = 0, 0
     while pressed < count and going():
         key = KEYS[index % len(KEYS)]
@@ -218,6 +265,7 @@ async def _presses(app, clock: FrameClock, count: int, going: Callable[[], bool]
         seconds = await clock.press(key)
         latencies.append(seconds)
         by_key[key].append(seconds)
+        spent.append((clock.last_cpu, clock.last_collecting))
         pressed += 1
         await app.next_tick()
         await app.next_tick()
@@ -261,8 +309,8 @@ def run(quick: bool) -> list[Result]:
         if not quick or key == first_keys[0]:
             first_loaded[key] = asyncio.run(first_visit(_settings(), key, overrides))
     measured = asyncio.run(revisits(_settings(), overrides, presses=8 if quick else 36, rounds=1 if quick else 3))
-    idle, idle_by_key = measured["idle"]
-    loaded, loaded_by_key = measured["loaded"]
+    idle, idle_by_key, idle_spent = measured["idle"]
+    loaded, loaded_by_key, loaded_spent = measured["loaded"]
     first_loaded_values = list(first_loaded.values())
     first_p95 = percentile(first_loaded_values, 0.95) * 1000
     first_idle_p95 = percentile(list(first_idle.values()), 0.95) * 1000
@@ -272,6 +320,13 @@ def run(quick: bool) -> list[Result]:
         f"while training: engine process {measured['engine_load']:.2f} cores, dashboard process "
         f"{measured['dashboard_load']:.2f} cores"
     )
+
+    def cpu_listing(training: bool) -> str:
+        return ", ".join(
+            f"{key_label(key)} {cpu * 1000:.0f}/{collecting * 1000:.0f}"
+            for (key, loaded_side), (cpu, collecting) in FIRST_VISIT_SPENT.items()
+            if loaded_side == training
+        )
 
     def listing(visits: dict) -> str:
         return ", ".join(f"{key_label(key)} {seconds * 1000:.0f}" for key, seconds in visits.items())
@@ -289,7 +344,8 @@ def run(quick: bool) -> list[Result]:
             met=first_p95 <= TARGET_FIRST_P95_MS,
             samples={"first_visit_training_seconds": first_loaded, "first_visit_idle_seconds": first_idle},
             notes=f"per key (ms) training: {listing(first_loaded)}; engine idle: {listing(first_idle)}; "
-            "each after the compose-ahead worker had finished; d is the first return to Devices",
+            "each after the compose-ahead worker had finished; d is the first return to Devices; UI-thread CPU / "
+            f"garbage collection per key (ms) training: {cpu_listing(True)}; engine idle: {cpu_listing(False)}",
         ),
         Result(
             benchmark="key_latency",
@@ -322,4 +378,29 @@ def run(quick: bool) -> list[Result]:
             notes=f"same presses as the row above; engine idle p50 {idle_p50:.1f} ms, loaded / idle "
             f"{p50 / idle_p50 if idle_p50 > 0 else float('nan'):.2f}",
         ),
+        Result(
+            benchmark="key_latency",
+            figure="AFTER (re-visits): the UI thread's CPU per press, p95, training",
+            value=percentile([cpu for cpu, _ in loaded_spent], 0.95) * 1000,
+            unit="ms",
+            baseline_name="engine idle",
+            baseline=percentile([cpu for cpu, _ in idle_spent], 0.95) * 1000,
+            samples={"loaded_cpu_and_collecting_seconds": loaded_spent, "idle_cpu_and_collecting_seconds": idle_spent},
+            notes=f"where a press's time went (same presses): training: {_spent(loaded, loaded_spent)}; "
+            f"engine idle: {_spent(idle, idle_spent)}",
+        ),
     ]
+
+
+def _spent(latencies: list[float], spent: list[tuple[float, float]]) -> str:
+    """The UI thread's CPU, garbage collection, and the rest (waiting for a core or the GIL), p50 / p95 in ms."""
+    waiting = [max(0.0, seconds - cpu) for seconds, (cpu, _) in zip(latencies, spent)]
+    collecting = [seconds for _, seconds in spent]
+
+    def p50_p95(values: list[float]) -> str:
+        return f"{median(values) * 1000:.1f} / {percentile(values, 0.95) * 1000:.1f}"
+
+    return (
+        f"UI-thread CPU {p50_p95([cpu for cpu, _ in spent])}, of which collecting {p50_p95(collecting)} "
+        f"(max {max(collecting) * 1000:.1f}); waiting (wall − CPU) {p50_p95(waiting)}"
+    )

@@ -28,7 +28,6 @@ the modes, the lifecycle and the actions.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from tpudash.config import Settings
+from tpudash.tui import collector
 from tpudash.tui.background import AfterFirstFrame
 from tpudash.tui.hostio import HostIO
 from tpudash.tui.modes import MODE_SCREENS, mode_screen_factories, run_detail_screen
@@ -123,9 +123,10 @@ class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, Dashboar
         ``job_specs`` the job registry. ``redirect_stderr`` sends fd 2 to the session log while the app
         runs (off by default so tests keep pytest's capture); ``handle_signals`` makes SIGTERM/SIGINT
         cancel the running job cleanly, then exit. ``freeze_after_start``: once every screen is built,
-        what the process holds is frozen out of the collector's way (``gc.freeze``), as a dashboard's
-        own process does; not in a process that makes many apps (tests): unfrozen at each app's end,
-        the whole heap would come back to the collector's oldest generation every time.
+        what the process holds is frozen out of the collector's way and full collections made rare
+        (``tpudash.tui.collector``), as a dashboard's own process does; not in a process that makes many
+        apps (tests): unfrozen at each app's end, the whole heap would come back to the collector's oldest
+        generation every time.
         """
         super().__init__()
         self.freeze_after_start = freeze_after_start
@@ -180,7 +181,7 @@ class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, Dashboar
         self.session.close()
         self.host_io.remove_signal_handlers()
         if self.freeze_after_start:
-            gc.unfreeze()  # what the app froze is the collector's again: an app that ended frees all it held
+            collector.release()  # what the app froze is the collector's again: an app that ended frees all it held
 
     def run(self, *args: Any, **kwargs: Any) -> Any:
         try:

@@ -12,8 +12,9 @@
 - the telemetry sampler, if the settings ask for one;
 - after ``COMPOSE_AHEAD_AFTER_SECONDS``, every mode's screen built ahead in
   idle time, so a key's first press only switches, as a re-visit does; then
-  what the process holds is frozen out of the collector's way
-  (``gc.freeze``) when the app was made with ``freeze_after_start``.
+  what the process holds is frozen out of the collector's way and full
+  collections made rare (``tpudash.tui.collector``) when the app was made
+  with ``freeze_after_start``.
 
 A worker that fails says so in a notification.
 """
@@ -21,12 +22,12 @@ A worker that fails says so in a notification.
 from __future__ import annotations
 
 import asyncio
-import gc
 from typing import TYPE_CHECKING
 
 from textual import work
 from textual.worker import Worker, WorkerState
 
+from tpudash.tui import collector
 from tpudash.tui.modes import MODE_SCREENS
 
 if TYPE_CHECKING:
@@ -114,12 +115,11 @@ class AfterFirstFrame(_MixedIntoApp):
                 return
             await self.compose_mode_ahead(mode, module_name)
         if self.freeze_after_start and not self.exiting:
-            # Everything built so far (modules, screens, widgets) lives as long as the app. Moved out of the
-            # collector's reach, a full collection walks only what came after: ~15 ms instead of ~150 ms, which
-            # was the tail of every key's latency (bench_hosts). No collection first: freezing is a moment's
-            # work, a collection of a large heap (a notebook's, with TensorFlow in it) is not, and holds the GIL
-            # over the sampler's deadlines. Given back at unmount.
-            gc.freeze()
+            # Everything built so far (modules, screens, widgets) lives as long as the app: out of the collector's
+            # reach, and full collections made rare (tpudash.tui.collector). No collection first: freezing is a
+            # moment's work, a collection of a large heap (a notebook's, with TensorFlow in it) is not, and holds
+            # the GIL over the sampler's deadlines. Given back at unmount.
+            collector.settle()
         self.settled_in.set()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
