@@ -101,13 +101,16 @@ def test_a_followers_thread_holds_one_piece_until_the_poll_takes_it(files):
     files.objects["events/w-00000001.jsonl"] = segment_bytes(1, 40_000)  # over 3 MiB: several pieces
     tail = StreamTail(files, appends=False, prefetch=True)
 
+    files.listings_open.clear()  # the thread's first listing waits until the first poll has returned
     assert tail.read_new() == []  # the thread starts
+    files.listings_open.set()
     assert tail.news.wait(DEADLINE_SECONDS)
+    tail.news.clear()
     taken = steps(tail.read_new())
     assert 0 < len(taken) < 40_000  # one piece waited for the poll; before, the whole segment did
     while len(taken) < 40_000:
-        tail.news.clear()
         assert tail.news.wait(DEADLINE_SECONDS)
+        tail.news.clear()  # before taking: news of a piece read after this take is not lost
         taken += steps(tail.read_new())
     assert taken == list(range(1, 40_001))
     tail.close()
