@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from tpudash.runs.follow import STORE_SCAN_SECONDS, RunsDirectoryWatch
 from tpudash.runs.judge import ONE_BY_ONE_RUNS, SILENT_FIRST_SECONDS, SILENT_MAX_SECONDS, WriterJudge
 from tpudash.runs.store import RunStore
 
@@ -120,3 +121,25 @@ def test_a_crashed_run_whose_writer_beats_again_is_live_within_the_bound(gcs_sto
     listed = {info.run_id: info for info in store.list_runs()}
     assert (listed[returning].status, listed[returning].live) == ("running", True)  # … never longer than the bound
     assert {info.status for run_id, info in listed.items() if run_id not in (returning, asked_for)} == {"stale"}
+
+
+def watch_scans(gcs_store: Any, tmp_path, crashed: int) -> tuple[int, int, list[str]]:
+    """The dashboard's watch of a store: (calls of its first scan, of its next one, the live runs it shows)."""
+    url = write_runs(gcs_store, f"watched-{crashed}", crashed, live=2)
+    store = RunStore(url, spill_root=tmp_path / "unsent")
+    requests = Requests(store)
+    now = [0.0]
+    watch = RunsDirectoryWatch(store, clock=lambda: now[0])
+    watch.scan()
+    first = requests.count
+    now[0] += STORE_SCAN_SECONDS
+    live = [info.run_id for info in watch.scan().live]
+    return first, requests.count - first, sorted(live)
+
+
+def test_the_dashboards_watch_of_a_store_of_crashed_runs_reads_each_once_then_only_the_live_ones(gcs_store, tmp_path):
+    few = watch_scans(gcs_store, tmp_path, crashed=ONE_BY_ONE_RUNS + 2)
+    many = watch_scans(gcs_store, tmp_path, crashed=4 * (ONE_BY_ONE_RUNS + 2))
+    assert few[2] == many[2] == [live_id(0), live_id(1)]
+    assert many[0] - few[0] == 3 * (ONE_BY_ONE_RUNS + 2)  # each crashed run's run.json, read once
+    assert many[1] == few[1]  # then the live runs only

@@ -76,6 +76,8 @@ class WriterJudge:
         self._silent: dict[str, _Silence] = {}
         self._beats: dict[str, dict[str, tuple[tuple, bytes | Exception]]] = {}
         """Per run, each heartbeat read (by name in ``writers/``) with the key it had: read again only when it changes."""
+        self._live_until: dict[str, tuple[float, tuple | None]] = {}
+        """Runs found live from a listing: until when (unix time) that heartbeat stays live, and their run.json's key."""
         self.objects_listed = 0
         """How many objects the last listing of the runs directory held: what the next one will cost."""
 
@@ -115,8 +117,24 @@ class WriterJudge:
         return verdict
 
     def judge_listed(self, runs: Iterable[RunInfo], listing: Listing, now: float | None = None) -> dict[str, Verdict]:
-        """Every run of ``runs`` judged from ``listing``, the heartbeats not read before fetched in one batch."""
-        runs = list(runs)
+        """Every run of ``runs`` judged from ``listing``, the heartbeats not read before fetched in one batch.
+
+        A run found live stays live without a read until the heartbeat that made it live turns stale by
+        the one rule (``heartbeat.judge``): a newer beat only moves that later. Its run.json changing ends that.
+        """
+        wall = time.time() if now is None else now
+        verdicts: dict[str, Verdict] = {}
+        judged = []
+        for info in runs:
+            kept_live = self._live_until.get(info.run_id)
+            last = self._verdicts.get(info.run_id)
+            if kept_live is not None and last is not None and wall <= kept_live[0] and kept_live[1] == info.record_key:
+                verdicts[info.run_id] = last
+            else:
+                judged.append(info)
+        return verdicts | self._judge_listed(judged, listing, now)
+
+    def _judge_listed(self, runs: list[RunInfo], listing: Listing, now: float | None) -> dict[str, Verdict]:
         names: dict[str, list[str]] = {}
         wanted: list[tuple[str, str]] = []
         for info in runs:
@@ -153,6 +171,10 @@ class WriterJudge:
                 alive = None
             verdicts[info.run_id] = verdict = Verdict(alive, problems)
             self._remember(info.run_id, verdict, info.record_key)
+            if alive:
+                until = _live_until(self._beats[info.run_id], now)
+                if until is not None:
+                    self._live_until[info.run_id] = (until, info.record_key)
         for run_id, name in unanswered:
             self._beats[run_id].pop(name, None)
         return verdicts
@@ -162,9 +184,11 @@ class WriterJudge:
         self._verdicts.pop(run_id, None)
         self._silent.pop(run_id, None)
         self._beats.pop(run_id, None)
+        self._live_until.pop(run_id, None)
 
     def _remember(self, run_id: str, verdict: Verdict, record_key: tuple | None) -> None:
         self._verdicts[run_id] = verdict
+        self._live_until.pop(run_id, None)
         if verdict.alive is not False:
             self._silent.pop(run_id, None)  # live, or the store could not be asked: due at the next scan
             return
@@ -174,6 +198,21 @@ class WriterJudge:
         else:
             delay = SILENT_FIRST_SECONDS  # newly silent, or its run.json changed: looked at again soon
         self._silent[run_id] = _Silence(self._clock() + delay, delay, record_key)
+
+
+def _live_until(beats: dict[str, tuple[tuple, bytes | Exception]], now: float | None) -> float | None:
+    """Until when (unix time) the latest live beat of a chief or sole writer among ``beats`` stays live; None: none."""
+    until = None
+    for _, data in beats.values():
+        if isinstance(data, Exception) or liveness.beat_state(data, now) != heartbeat.LIVE:
+            continue
+        payload = heartbeat.parse_beat(data)
+        if payload is None or liveness.beats_for_another_worker(data):
+            continue
+        interval = heartbeat.interval_or(payload.get("interval"), liveness.HEARTBEAT_INTERVAL_SECONDS)
+        ends = float(payload["heartbeat"]) + heartbeat.stale_after(interval)
+        until = ends if until is None else max(until, ends)
+    return until
 
 
 def _reader(beats: dict[str, tuple[tuple, bytes | Exception]]) -> Callable[[str], bytes]:
