@@ -30,7 +30,7 @@ replica × 8 replicas = 16 steps per epoch).
 
 Environment (all optional): ``TPUDASH_OVERHEAD_ROUNDS`` (default 8, quick 1),
 ``TPUDASH_OVERHEAD_SETUPS`` (``light,cnn``), ``TPUDASH_OVERHEAD_SIDES``
-(``headless,tui``), ``TPUDASH_OVERHEAD_HEAD`` (the tree measured as this
+(``headless,tui``; ``headless-pipe`` adds the headless run into a pipe, without its live display), ``TPUDASH_OVERHEAD_HEAD`` (the tree measured as this
 one, default this checkout), ``TPUDASH_OVERHEAD_BASE`` (a tree compared
 with it, headless). Run it alone with
 ``python -m tests.benchmarks --only overhead [--quick]``.
@@ -93,6 +93,8 @@ def arms(sides: list[str], head: Path, base: Path | None) -> dict[str, tuple[str
         chosen["headless"] = ("headless", head)
         if base is not None:
             chosen["headless@base"] = ("headless", base)
+    if "headless-pipe" in sides:
+        chosen["headless-pipe"] = ("headless-pipe", head)
     if "tui" in sides:
         chosen["tui"] = ("tui", head)
     return chosen
@@ -152,6 +154,7 @@ def compare(runs: dict[str, list], name: str, against: str = "plain") -> dict[st
 LABELS = {
     "headless": "tpudash run train (headless)",
     "headless@base": "tpudash run train (headless), base tree",
+    "headless-pipe": "tpudash run train (headless) into a pipe, no live display",
     "tui": "TUI under Pilot, job in the engine process",
 }
 

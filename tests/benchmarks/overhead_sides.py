@@ -20,6 +20,7 @@ so the code) of the tree it measures::
   installed copy), its rich live display drawing to a pseudo-terminal that
   this process drains, the run recorded to disk as usual. Only the command
   line is used, so any commit that has ``run train --set`` can be measured.
+- **headless-pipe**: the same into a pipe: no live display (what the display costs).
 - **tui**: ``TpudashApp`` under Pilot (120×40, headless driver) as users get
   it: the job in the engine process the app starts, the run view drawn live.
 
@@ -330,8 +331,12 @@ def run_plain(setup: TrainingSetup) -> tuple[list[float], list[float]]:
     return plain_keras_throughputs(runtime, setup, epoch_ends=ends), ends
 
 
-def run_headless(setup: TrainingSetup, code: Path) -> tuple[list[float], list[float]]:
-    """``python -m tpudash run train`` from ``code``, drawing to a pseudo-terminal drained here."""
+def run_headless(setup: TrainingSetup, code: Path, terminal: bool = True) -> tuple[list[float], list[float]]:
+    """``python -m tpudash run train`` from ``code``, drawing to a pseudo-terminal drained here (else a pipe).
+
+    Into a pipe rich draws no live display: the difference is what the
+    display costs.
+    """
     import pty
     import subprocess
 
@@ -339,7 +344,7 @@ def run_headless(setup: TrainingSetup, code: Path) -> tuple[list[float], list[fl
     argv = [sys.executable, "-m", "tpudash", "run", "train", "--runs-dir", str(runs_dir)]
     for name, value in setup.overrides().items():
         argv += ["--set", f"{name}={value}"]
-    leader, follower = pty.openpty()
+    leader, follower = pty.openpty() if terminal else os.pipe()
     os.set_blocking(leader, True)
 
     def drain() -> None:
@@ -392,8 +397,8 @@ def measure(side: str, setup: TrainingSetup, code: Path) -> dict[str, Any]:
     try:
         if side == "plain":
             throughputs, ends = run_plain(setup)
-        elif side == "headless":
-            throughputs, ends = run_headless(setup, code)
+        elif side in ("headless", "headless-pipe"):
+            throughputs, ends = run_headless(setup, code, terminal=side == "headless")
         else:
             throughputs, ends = run_tui(setup)
     finally:
@@ -418,7 +423,7 @@ def measure(side: str, setup: TrainingSetup, code: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--side", choices=("plain", "headless", "tui"), required=True)
+    parser.add_argument("--side", choices=("plain", "headless", "headless-pipe", "tui"), required=True)
     parser.add_argument("--setup", choices=tuple(SETUPS), required=True)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--code", type=Path, required=True, help="the tree whose tpudash and jobs are measured")
