@@ -14,6 +14,7 @@ from textual import work
 from textual.message import Message
 
 from screens.base import DashScreen
+from tpudash.runs.export_stream import write_run_csv
 from tpudash.runs.follow import RunFollower
 from tpudash.runs.store import RunStore
 
@@ -60,7 +61,8 @@ class ExportsRuns(DashScreen):
         store = self.dashboard.session.store
         path = export_path(store, run_id)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(store.export(run_id, "csv"), encoding="utf-8")
+        with path.open("w", encoding="utf-8") as out:
+            write_run_csv(store, run_id, out)  # as the run is read: a run of a million events in bounded memory
         self.post_message(RunExported(path))
 
     def on_run_exported(self, message: RunExported) -> None:
