@@ -29,6 +29,9 @@ from tests.fake_tpu_metrics import GIB, FakeTpuMetrics
 from tests.object_stores import StoreHandle
 from tpudash.runs.hosts import STALE_AFTER_INTERVALS, HostsReader, HostStatus
 
+# A whole-process end-to-end test: CI runs it after the default suite (pytest -m slow).
+pytestmark = pytest.mark.slow
+
 pytest_plugins = ["tests.object_stores"]  # gcs_store: a loopback GCS emulator
 
 AGENTS = 3

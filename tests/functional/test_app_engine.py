@@ -15,6 +15,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from jobs import registry
 from screens.jobs import JobsScreen
 from tests.conftest import REPO_ROOT
@@ -25,6 +27,9 @@ from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
 from tpudash.engine.handle import EngineProcess
 from tpudash.runs.store import RunStore
 from tpudash.tui.app import TpudashApp
+
+# A whole-process end-to-end test: CI runs it after the default suite (pytest -m slow).
+pytestmark = pytest.mark.slow
 
 SEED_FIGURE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
 LONG_SYNTHETIC_TRAIN = {

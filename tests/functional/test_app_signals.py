@@ -36,6 +36,9 @@ from tests.unit.test_cli import USER_UNSET
 from tpudash.runs.store import RunStore
 from tpudash.runs.tail import read_events
 
+# A whole-process end-to-end test: CI runs it after the default suite (pytest -m slow).
+pytestmark = pytest.mark.slow
+
 TPUDASH_SCRIPT = Path(sys.executable).with_name("tpudash")
 ROWS, COLUMNS = 40, 120
 EXIT_CANCELLED = 130

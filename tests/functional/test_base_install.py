@@ -22,6 +22,9 @@ from tests.conftest import REPO_ROOT
 from tpudash.runs.layout import new_run_id
 from tpudash.runs.store import RunStore
 
+# A whole-process end-to-end test: CI runs it after the default suite (pytest -m slow).
+pytestmark = pytest.mark.slow
+
 CPU_INSTALL_LINE = 'pip install "tensorflow>=2.20,<2.22"'
 
 

@@ -14,12 +14,17 @@ from __future__ import annotations
 import os
 import signal
 
+import pytest
+
 from tests.functional.conftest import SIZE, run_settled, runtime_ready, until
 from tests.functional.test_app_engine import LONG_SYNTHETIC_TRAIN
 from tests.functional.test_app_engine import SEED_FIGURE as GRADIENT_DESCENT_FIGURE
 from tpudash.config import Settings
 from tpudash.runs.store import RunStore
 from tpudash.tui.app import TpudashApp
+
+# A whole-process end-to-end test: CI runs it after the default suite (pytest -m slow).
+pytestmark = pytest.mark.slow
 
 pytest_plugins = ["tests.object_stores"]  # gcs_store: a loopback GCS emulator
 

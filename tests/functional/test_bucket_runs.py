@@ -149,6 +149,7 @@ def log_of(runs: RunStore, run_id: str) -> list[str]:
 # -- Show: `tpudash run` and `tpudash runs` with the runs directory in a bucket -------------------------
 
 
+@pytest.mark.slow  # long: CI runs it after the default suite (pytest -m slow)
 def test_tpudash_run_into_a_bucket_prints_the_figure_and_tpudash_runs_lists_it_done(gcs_store, tmp_path):
     # s3:// is the same code under another client: the outage and two-writer tests below run it against moto.
     url = gcs_store.url("tpudash/runs")
@@ -207,6 +208,7 @@ def dashboard_on(runs_dir: str, tmp_path: Path):
     return TpudashApp(settings, engine_factory=engine, job_specs={})
 
 
+@pytest.mark.slow  # long: CI runs it after the default suite (pytest -m slow)
 async def test_a_users_fit_into_a_bucket_is_watched_live_by_tpudash_watch_and_by_the_dashboard(gcs_store, tmp_path):
     url = gcs_store.url("runs")
     fit = start_child([sys.executable, "-m", "tests.functional.bucket_fit", url], tmp_path / "fit.err")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from jobs import registry
 from tests.engine_jobs import SPECS as TEST_ENGINE_JOBS
 from tests.engine_main import ENGINE_MAIN
@@ -17,6 +19,9 @@ from tests.functional.conftest import SIZE, runtime_ready, until
 from tpudash.engine.handle import EngineProcess
 from tpudash.runs.store import RunStore
 from tpudash.tui.app import TpudashApp
+
+# A whole-process end-to-end test: CI runs it after the default suite (pytest -m slow).
+pytestmark = pytest.mark.slow
 
 TRAINING = {"source": "synthetic", "epochs": "50", "batch_per_replica": "8", "limit_train": "2048", "limit_test": "128"}
 ENGINE_EXIT_TIMEOUT = 30.0

@@ -20,6 +20,9 @@ import pytest
 
 from tests.serve_process import start_server
 
+# A whole-process end-to-end test: CI runs it after the default suite (pytest -m slow).
+pytestmark = pytest.mark.slow
+
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FIRST_FRAME_TIMEOUT_MS = 60_000
 RUN_DONE_TIMEOUT_S = 240.0  # the engine imports TensorFlow first, on a loaded 2-core machine

@@ -102,6 +102,7 @@ def test_the_cpu_build_on_a_tpu_host_gives_the_install_line_for_the_tpu_build(tm
     assert 'pip install "tensorflow-tpu==2.20.0" "libtpu==0.0.17"' in message
 
 
+@pytest.mark.slow  # long: CI runs it after the default suite (pytest -m slow)
 def test_an_automatic_tpu_that_never_answers_falls_back_to_eight_cpu_devices_in_a_fresh_process(isolated_runs_dir):
     # A legacy Colab TPU address (TPU Node) nobody listens on: the real
     # TensorFlow tries to connect, the attempt is bounded, and the CPU default

@@ -143,6 +143,7 @@ def test_mixed_bfloat16_trains_and_the_policy_is_restored(run_job):
     assert keras.mixed_precision.global_policy().name == before == "float32"
 
 
+@pytest.mark.slow  # long: CI runs it after the default suite (pytest -m slow)
 def test_deterministic_runs_give_identical_losses(run_job):
     from tensorflow.python.framework.config import is_op_determinism_enabled
 
