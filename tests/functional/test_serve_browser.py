@@ -12,6 +12,7 @@ chromium``; .ci/run installs it) or playwright is missing.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from pathlib import Path
@@ -127,6 +128,15 @@ def finished_runs(runs_dir: Path, job: str) -> list[dict]:
     return runs
 
 
+def what_the_page_and_dashboards_said(page, runs_dir: Path) -> str:
+    """The end of the page's terminal text, and of every dashboard's session log: what a failure needs to be read."""
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", page.evaluate("window.__tpudash.text"))
+    logs = "".join(
+        f"\n--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}" for log in sorted(runs_dir.glob(".logs/*.log"))
+    )
+    return f"the page's terminal, last lines:\n{text[-3000:]}{logs or chr(10) + 'no session log'}"
+
+
 def test_the_dashboard_in_a_browser_runs_gradient_descent_from_a_key(browser, served, tmp_path):
     server, runs_dir = served
     page, _ = open_dashboard(browser, server.url + "&transport=websocket")
@@ -135,7 +145,9 @@ def test_the_dashboard_in_a_browser_runs_gradient_descent_from_a_key(browser, se
     page.keyboard.press("g")
     deadline = time.monotonic() + RUN_DONE_TIMEOUT_S
     while not (runs := finished_runs(runs_dir, "gradient-descent")):
-        assert time.monotonic() < deadline, f"no gradient-descent run finished in {runs_dir}: {server.log()}"
+        assert time.monotonic() < deadline, (
+            f"no gradient-descent run finished in {runs_dir}: {server.log()}\n{what_the_page_and_dashboards_said(page, runs_dir)}"
+        )
         page.wait_for_timeout(200)  # lets the page go on drawing while the run goes
     assert [run["status"] for run in runs] == ["done"]
     # The page has been sent the finished run (its result in the run view,
