@@ -10,12 +10,15 @@ into a run (they import this package, not the other way round).
 - ``layout``: file names, run ids, statuses, sources, atomic run.json writes;
 - ``recorder``: ``RunRecorder``, the writer of one local run;
 - ``uploader``: ``StoreRecorder``, the writer of one run in a store (segments, heartbeat, spill);
-- ``segments``: ``StreamTail``, a run's events in both layouts (appended file, segments);
+- ``segments``: ``StreamTail``, a run's events in both layouts, a piece at a time: ``appended`` (the
+  appended file), ``segment_listing`` (which segments, in what order), ``prefetch`` (a follower's thread);
 - ``transfer``: runs copied between runs directories (``tpudash copy``);
 - ``tail``: ``LineTail`` (whole lines of a growing file) and ``EventTail``;
 - ``liveness``: whether a run's writer is still writing (its flock, its heartbeat; pid and psutil for older runs);
-- ``store``: ``RunStore``, listing, finding and loading runs;
-- ``export``: a run as CSV or JSON; ``telemetry_samples``: what its samples say;
+- ``store``: ``RunStore``, the facade for writing, listing, finding and loading runs, over ``records``
+  (reading one run's record), ``judge`` (whether running runs' writers live, a store's at once) and
+  ``writing`` (creating, joining and ending runs);
+- ``export`` and ``export_stream``: a run as CSV or JSON; ``telemetry_samples``: what its samples say;
 - ``follow``: a run followed as it grows, the runs directory watched;
 - ``model`` and ``series``: what a run's events add up to, in bounded memory.
 """
