@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.serve_process import USER_UNSET, StubDashboard
 from tpudash.config import Settings
-from tpudash.web import serve
+from tpudash.web import polling, serve
 
 ROUTES = ["/", "/ws", "/poll/open", "/poll/read", "/poll/write", "/poll/close", "/static/js/textual.js", "/static/"]
 LIVE_SESSION = "<a live polling session>"
@@ -48,8 +48,8 @@ class _ErrorLog(logging.Handler):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A server on a loop of its own thread, with stub dashboards; a read with nothing to send returns at once."""
-    saved_wait = serve.POLL_WAIT_SECONDS
-    serve.POLL_WAIT_SECONDS = 0.01
+    saved_wait = polling.POLL_WAIT_SECONDS
+    polling.POLL_WAIT_SECONDS = 0.01
     settings = Settings.load({"runs_dir": str(tmp_path_factory.mktemp("fuzz") / "runs")})
     environ = {key: value for key, value in os.environ.items() if key not in USER_UNSET}
     dashboard_server = serve.DashboardServer(
@@ -75,7 +75,7 @@ def server(tmp_path_factory):
     loop.close()
     for logger in loggers:
         logger.removeHandler(errors)
-    serve.POLL_WAIT_SECONDS = saved_wait
+    polling.POLL_WAIT_SECONDS = saved_wait
 
 
 def request(port: int, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:

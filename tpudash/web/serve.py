@@ -31,8 +31,13 @@ module is the server around them:
   a running job cleanly), then whatever is still running after the cancel
   grace is ended. None is left behind.
 
-Each tab's dashboard process (how it starts, how it and its engine end)
-is ``tpudash.web.tabs``.
+This module's job is the server itself: its routes (the page, the
+WebSocket, the guard every request passes), the dashboards' places, and its
+lifecycle (listen, print the URL, stop everything on a signal). Beside it:
+``tpudash.web.serve_flags`` checks the flags, ``tpudash.web.polling`` is
+the transport over plain HTTP requests, ``tpudash.web.envelopes`` reads
+what a page says to its dashboard, and ``tpudash.web.tabs`` is each tab's
+dashboard process (how it starts, how it and its engine end).
 
 This module imports only the standard library (and tpudash's modules that
 import nothing more) at the top, so importing it costs nothing; aiohttp and textual-serve load when a server is built.
@@ -41,33 +46,55 @@ import nothing more) at the top, so importing it costs nothing; aiohttp and text
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import os
-import secrets
 import signal
 import socket
 import sys
-import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpudash.web.access import EMBED_PARAMETER, Access, host_name, without_token
+from tpudash.web.access import EMBED_PARAMETER, Access, without_token
+from tpudash.web.envelopes import dispatch, terminal_size
+from tpudash.web.polling import POLL_ABANDONED_SECONDS, POLL_WAIT_SECONDS, PollingTransport, PollSession
+from tpudash.web.serve_flags import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_DASHBOARDS,
+    DEFAULT_PORT,
+    PUBLIC_HOST,
+    ServeError,
+    parse_allowed_hosts,
+    parse_max_dashboards,
+    parse_port,
+    public_warning,
+    resolve_host,
+)
 from tpudash.web.tabs import dashboard_environment, dashboard_service_class
 
-DEFAULT_HOST = "127.0.0.1"
-PUBLIC_HOST = "0.0.0.0"
-DEFAULT_PORT = 8000
+__all__ = [  # the server's, and what callers and tests import from here
+    "DEFAULT_HOST",
+    "DEFAULT_MAX_DASHBOARDS",
+    "DEFAULT_PORT",
+    "POLL_ABANDONED_SECONDS",
+    "POLL_WAIT_SECONDS",
+    "PUBLIC_HOST",
+    "QUIT_MARGIN_SECONDS",
+    "REFUSED_CLOSE_CODE",
+    "DashboardServer",
+    "ServeError",
+    "parse_allowed_hosts",
+    "parse_max_dashboards",
+    "parse_port",
+    "public_warning",
+    "refusal_text",
+    "resolve_host",
+    "serve_dashboards",
+]
+
 # A dashboard asked to quit may first cancel its job (up to the cancel
 # grace) and wait for its engine; this much more before it is ended.
 QUIT_MARGIN_SECONDS = 5.0
-# A polling page asks for output at least this often; a session nobody has
-# asked for longer than POLL_ABANDONED_SECONDS (its tab was closed) is stopped.
-POLL_WAIT_SECONDS = 10.0
-POLL_ABANDONED_SECONDS = 45.0
-DEFAULT_MAX_DASHBOARDS = 4
 # The WebSocket close code (application range) with which a tab past the cap is refused.
 REFUSED_CLOSE_CODE = 4429
 PAGE_PATH = Path(__file__).with_name("serve_page.html")
@@ -77,87 +104,10 @@ FORBIDDEN_PAGE = (
 )
 
 
-class ServeError(ValueError):
-    """A --host or --port that cannot be served; the message names the flag."""
-
-
-def parse_port(raw: object) -> int:
-    """``--port``: 0 (any free port) to 65535."""
-    try:
-        port = int(str(raw).strip(), 10)
-    except ValueError:
-        raise ServeError(f"--port: {raw!r} is not an integer; allowed: 1 to 65535, or 0 for any free port") from None
-    if not 0 <= port <= 65535:
-        raise ServeError(f"--port: {port} is out of range; allowed: 1 to 65535, or 0 for any free port")
-    return port
-
-
-def parse_max_dashboards(raw: object) -> int:
-    """``--max-dashboards``: how many tabs may run a dashboard at once, 1 or more."""
-    try:
-        count = int(str(raw).strip(), 10)
-    except ValueError:
-        raise ServeError(f"--max-dashboards: {raw!r} is not an integer; allowed: 1 or more") from None
-    if count < 1:
-        raise ServeError(f"--max-dashboards: {count} is too few; allowed: 1 or more")
-    return count
-
-
-def parse_allowed_hosts(raw: list[str] | None) -> list[str]:
-    """``--allowed-host NAME`` (repeatable): a host name or address as the browser's address bar shows it."""
-    names = []
-    for text in raw or []:
-        name = host_name(text)
-        if name is None or any(character.isspace() or character in "/?#@\\" for character in text):
-            raise ServeError(
-                f"--allowed-host: {text!r} is not a host name; allowed: a name or address as the browser's "
-                "address bar shows it, e.g. my-tpu-vm or 10.0.0.5"
-            )
-        names.append(name)
-    return names
-
-
 def refusal_text(max_dashboards: int) -> str:
     """What a tab past the cap shows (also a WebSocket close reason: at most 123 bytes)."""
     are = "dashboard is" if max_dashboards == 1 else "dashboards are"
     return f"{max_dashboards} {are} open, the most this server allows (--max-dashboards); close one and reload"
-
-
-def resolve_host(host: str | None, public: bool) -> tuple[str, bool]:
-    """The address to listen on and whether it is loopback only.
-
-    No --host: 127.0.0.1, or every interface with --public. A --host that
-    is not loopback is refused without --public.
-    """
-    if host is None:
-        return (PUBLIC_HOST, False) if public else (DEFAULT_HOST, True)
-    text = host.strip()
-    if not text:
-        raise ServeError("--host: is empty; allowed: an IP address or a host name of this machine, e.g. 127.0.0.1")
-    try:
-        infos = socket.getaddrinfo(text, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as error:
-        raise ServeError(
-            f"--host: cannot resolve {text!r} ({error}); allowed: an IP address or a host name "
-            "of this machine, e.g. 127.0.0.1"
-        ) from None
-    loopback = all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
-    if not loopback and not public:
-        raise ServeError(
-            f"--host: {text} is not a loopback address, and whoever reaches it can launch jobs on "
-            "this machine; add --public to serve it anyway, or keep the default 127.0.0.1 and "
-            "forward the port over SSH (ssh -L 8000:localhost:8000 HOST)"
-        )
-    return text, loopback
-
-
-def public_warning(host: str, port: int) -> str:
-    return (
-        f"tpudash serve: warning: listening on {host}:{port}, not loopback. Anyone who can reach this port "
-        "with the printed URL gets a dashboard that launches jobs on this machine's accelerator and reads its "
-        "runs; the token in it is the only login, and plain HTTP carries it unencrypted. Keep it behind a "
-        "firewall, or serve on 127.0.0.1 and use SSH port forwarding."
-    )
 
 
 def serve_dashboards(args: Any, settings: Any) -> int:
@@ -186,24 +136,7 @@ def serve_dashboards(args: Any, settings: Any) -> int:
     return server.run()
 
 
-@dataclass
-class _PollSession:
-    """A dashboard reached through plain HTTP requests instead of a WebSocket."""
-
-    service: Any = None
-    frames: list[bytes] = field(default_factory=list)
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    closed: bool = False
-    last_seen: float = field(default_factory=time.monotonic)
-    reads_waiting: int = 0
-
-    def push(self, kind: bytes, payload: bytes) -> None:
-        # One frame: b"B" (terminal bytes) or b"S" (a JSON string), 4-byte length, payload.
-        self.frames.append(kind + len(payload).to_bytes(4, "big") + payload)
-        self.ready.set()
-
-
-class DashboardServer:
+class DashboardServer(PollingTransport):
     """The aiohttp server: the page, the terminal connections, one dashboard per connection."""
 
     def __init__(
@@ -236,7 +169,7 @@ class DashboardServer:
         # The tabs that hold one of the max_dashboards places; a closed tab gives its place back at once.
         self.open_tabs: set = set()
         self.websockets: set = set()
-        self.poll_sessions: dict[str, _PollSession] = {}
+        self.poll_sessions: dict[str, PollSession] = {}
         self.quit_grace = float(getattr(settings, "cancel_grace", 2.0)) + QUIT_MARGIN_SECONDS
         self.poll_abandoned_seconds = POLL_ABANDONED_SECONDS
         self.url: str | None = None
@@ -343,25 +276,6 @@ class DashboardServer:
         self.open_tabs.add(service)
         return service
 
-    async def _dispatch(self, service, envelope: Any) -> str | None:
-        """One message from the page (textual-serve's envelopes); a reply to send back, if any."""
-        if not isinstance(envelope, list) or not envelope:
-            return None
-        kind = envelope[0]
-        if kind == "stdin" and len(envelope) > 1 and isinstance(envelope[1], str):
-            await service.send_bytes(envelope[1].encode("utf-8"))
-        elif kind == "resize" and len(envelope) > 1 and isinstance(envelope[1], dict):
-            width, height = envelope[1].get("width"), envelope[1].get("height")
-            if isinstance(width, int) and isinstance(height, int) and 1 <= width <= 1000 and 1 <= height <= 1000:
-                await service.set_terminal_size(width, height)
-        elif kind == "ping" and len(envelope) > 1:
-            return json.dumps(["pong", envelope[1]])
-        elif kind == "blur":
-            await service.blur()
-        elif kind == "focus":
-            await service.focus()
-        return None
-
     async def handle_websocket(self, request):
         from aiohttp import WSMsgType, web
 
@@ -372,7 +286,7 @@ class DashboardServer:
             # The page shows the close reason instead of a dashboard.
             await websocket.close(code=REFUSED_CLOSE_CODE, message=refusal.encode("utf-8"))
             return websocket
-        width, height = _size(request)
+        width, height = terminal_size(request)
         service = self._new_service(websocket.send_bytes, websocket.send_str, websocket.close)
         self.websockets.add(websocket)
         try:
@@ -384,7 +298,7 @@ class DashboardServer:
                     envelope = json.loads(message.data)
                 except ValueError:
                     continue
-                reply = await self._dispatch(service, envelope)
+                reply = await dispatch(service, envelope)
                 if reply is not None:
                     await websocket.send_str(reply)
         finally:
@@ -394,103 +308,6 @@ class DashboardServer:
             self.websockets.discard(websocket)
             await websocket.close()
         return websocket
-
-    async def handle_poll_open(self, request):
-        from aiohttp import web
-
-        refusal = self._refusal()
-        if refusal is not None:
-            return web.json_response({"refused": refusal}, status=503)
-        session = _PollSession()
-        session_id = secrets.token_urlsafe(16)
-
-        async def write_bytes(data: bytes) -> None:
-            session.push(b"B", data)
-
-        async def write_str(text: str) -> None:
-            session.push(b"S", text.encode("utf-8"))
-
-        async def close() -> None:
-            session.closed = True
-            session.ready.set()
-
-        session.service = self._new_service(write_bytes, write_str, close)
-        self.poll_sessions[session_id] = session
-        width, height = _size(request)
-        await session.service.start(width, height)
-        return web.json_response({"session": session_id})
-
-    def _poll_session(self, request) -> _PollSession:
-        from aiohttp import web
-
-        session = self.poll_sessions.get(request.query.get("session", ""))
-        if session is None:
-            raise web.HTTPGone(text="no such session (it ended)\n")
-        session.last_seen = time.monotonic()
-        return session
-
-    async def handle_poll_read(self, request):
-        """Long poll: whatever the dashboard wrote, as soon as there is some (or after POLL_WAIT_SECONDS)."""
-        from aiohttp import web
-
-        session = self._poll_session(request)
-        session.reads_waiting += 1
-        try:
-            if not session.frames and not session.closed:
-                try:
-                    await asyncio.wait_for(session.ready.wait(), POLL_WAIT_SECONDS)
-                except asyncio.TimeoutError:
-                    pass
-        finally:
-            session.reads_waiting -= 1
-            session.last_seen = time.monotonic()
-        frames, session.frames = session.frames, []
-        session.ready.clear()
-        if not frames and session.closed:
-            await self._end_poll_session(request.query["session"])
-            raise web.HTTPGone(text="the dashboard has ended\n")
-        return web.Response(body=b"".join(frames), content_type="application/octet-stream")
-
-    async def handle_poll_write(self, request):
-        from aiohttp import web
-
-        session = self._poll_session(request)
-        try:
-            envelopes = json.loads(await request.read())
-        except ValueError:  # not JSON, or not UTF-8 (UnicodeDecodeError)
-            raise web.HTTPBadRequest(text="body: not JSON; expected a list of messages\n") from None
-        replies = []
-        for envelope in envelopes if isinstance(envelopes, list) else []:
-            reply = await self._dispatch(session.service, envelope)
-            if reply is not None:
-                replies.append(reply)
-        for reply in replies:
-            session.push(b"S", reply.encode("utf-8"))
-        return web.Response(status=204)
-
-    async def handle_poll_close(self, request):
-        """The polling page is going away (its tab closed or reloaded): its dashboard ends now."""
-        from aiohttp import web
-
-        self._poll_session(request)
-        await self._end_poll_session(request.query["session"])
-        return web.Response(status=204)
-
-    async def _end_poll_session(self, session_id: str) -> None:
-        session = self.poll_sessions.pop(session_id, None)
-        if session is not None:
-            self.open_tabs.discard(session.service)
-            await session.service.stop()
-            self.services.discard(session.service)
-
-    async def _reap_abandoned_polls(self) -> None:
-        """A polling page asks again as soon as a read returns; one that stopped asking was closed."""
-        while True:
-            await asyncio.sleep(min(POLL_WAIT_SECONDS, self.poll_abandoned_seconds / 2))
-            now = time.monotonic()
-            for session_id, session in list(self.poll_sessions.items()):
-                if not session.reads_waiting and now - session.last_seen > self.poll_abandoned_seconds:
-                    await self._end_poll_session(session_id)
 
     # -- running and stopping ------------------------------------------------
 
@@ -559,17 +376,6 @@ class DashboardServer:
             session.ready.set()
         for websocket in list(self.websockets):
             await websocket.close()
-
-
-def _size(request) -> tuple[int, int]:
-    def number(name: str, default: int) -> int:
-        try:
-            value = int(request.query.get(name, default))
-        except ValueError:
-            return default
-        return value if 1 <= value <= 1000 else default
-
-    return number("width", 80), number("height", 24)
 
 
 def _url_host(host: str) -> str:
