@@ -1,7 +1,7 @@
 """How a ``tpudash`` command ends: its exit codes, and ``BadInput`` for what the user typed that cannot be used.
 
-A leaf, so the parser (``tpudash.cli.main``) and the commands
-(``tpudash.cli.commands``) share the codes, and the commands need not import the parser.
+A leaf, so the parser (``tpudash.cli.parser``), the dispatch (``tpudash.cli.main``) and the
+commands (``tpudash.cli.commands``) share the codes, and the commands need not import the parser.
 """
 
 from __future__ import annotations
