@@ -1,16 +1,20 @@
-"""The dashboard's session, without Textual: what the app shows and why, apart from how it is drawn.
+"""The dashboard's session, without Textual: the runs it launches, the engine that runs them, how it quits.
 
 ``DashboardSession`` wires the runs directory (``RunStore``), the lane
 (``tpudash.engine.lane.Lane``) and the engine that executes its runs; it
-reacts to the lane (``LaneObserver``), validates launches, decides the quit
-flow (what to ask, when the engine is released), writes the session bar's
-status text, follows the runs directory for runs started elsewhere and runs
-the telemetry sampling thread. It shows everything through a ``SessionView``
-(the Textual app: its reactives and notifications), so it is tested with a
-plain object for a view, scripted engines and an injected clock, as ``Lane``
-is. Whatever reaches it from another thread (an engine reply, a scan of the
-runs directory, a telemetry sample) is handed to the UI thread with the
-view's ``call_later``, so its state changes only there.
+starts and releases the engine (once the host check allows it:
+``HostGate``), validates launches and cancels, decides the quit flow (what to
+ask, when the engine is released) and aims the telemetry sampling thread
+(``TelemetryFeed``) at the runs live now. What the lane says is shown by
+``LaneNews`` (``tpudash.tui.lane_news``: the runtime, a run's end, the
+session bar's status text); runs written elsewhere are followed by
+``RunsOnDisk`` (``tpudash.tui.runs_on_disk``). Everything is shown through a
+``SessionView`` (``tpudash.tui.session_view``: the Textual app's reactives and
+notifications), so the session is tested with a plain object for a view,
+scripted engines and an injected clock, as ``Lane`` is. Whatever reaches it
+from another thread (an engine reply, a scan of the runs directory, a
+telemetry sample) is handed to the UI thread with the view's ``call_later``,
+so its state changes only there.
 """
 
 from __future__ import annotations
@@ -20,28 +24,26 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
 from tpudash.config import Settings
-from tpudash.format import counted, display_beat, format_seconds
+from tpudash.format import display_beat
 from tpudash.tui.hostgate import HostGate
+from tpudash.tui.lane_news import LaneNews
+from tpudash.tui.runs_on_disk import RunsOnDisk
+from tpudash.tui.session_view import SessionView, Severity
 from tpudash.tui.telemetry_feed import TelemetryFeed
 
 if TYPE_CHECKING:  # the lane, the store, the engine's handle and telemetry load on first use, after the first frame
-    import asyncio
-
     from jobs.base import JobSpec
     from tpudash.accel.hostcheck import HostCheck
     from tpudash.engine.handle import EngineHandle, Listener
-    from tpudash.engine.lane import Lane, LaneObserver, LiveRun
-    from tpudash.engine.protocol import AcceleratorHeld, RuntimeFailed
-    from tpudash.runs.follow import RunsDirectoryWatch, RunsScan
+    from tpudash.engine.lane import Lane, LiveRun
     from tpudash.runs.store import RunInfo, RunStore
     from tpudash.telemetry.sampling import TelemetrySampler
-else:
-    # The lane (jobs, the engine's protocol, the store: ~35 ms of imports) loads with the session's first run,
-    # after the first frame; LaneObserver only names the methods the session implements.
-    LaneObserver = object
+
+# The view's protocol and its severities, importable from here as they were before they had a module of their own.
+__all__ = ["MAX_SESSION_RUNS", "MAX_WAITING_RUNS", "DashboardSession", "EngineFactory", "SessionView", "Severity"]
 
 # How many runs may wait for the lane: a longer queue is more likely a key
 # held down than a plan, and each waiting run is one more to cancel on quit.
@@ -51,48 +53,8 @@ MAX_SESSION_RUNS = 50
 
 EngineFactory = Callable[["Listener"], "EngineHandle"]
 
-Severity = Literal["information", "warning", "error"]
 
-
-class SessionView(Protocol):
-    """Where the session shows what it knows: the app's reactives, its notifications, its UI thread."""
-
-    runtime_status: str
-    engine_status: str
-    lane_status: str
-    runtime: Any
-    runtime_error: str | None
-    tensorflow_missing: str | None
-    device_check: dict | None
-    shown_run_id: str | None
-    lane_version: int
-    runs_version: int
-    telemetry: Any
-    runtime_settled: asyncio.Event
-    host_check: dict | None
-
-    def notify(
-        self, message: str, *, title: str = "", severity: Severity = "information", timeout: float | None = None
-    ) -> None: ...
-
-    def call_later(self, callback: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
-        """Run ``callback`` on the UI thread soon (callable from any thread); False once the UI has closed."""
-        ...
-
-    def redraw_now(self) -> None:
-        """A run was queued, started or ended: the screen on show redraws now rather than at the next tick."""
-        ...
-
-    def show_run_view(self) -> None:
-        """Switch to the Run view, which draws ``shown_run_id`` (after a launch)."""
-        ...
-
-    def ask(self, question: str, *, yes: str, no: str, answered: Callable[[bool], None]) -> None:
-        """A modal question, ``yes`` the default; ``answered`` gets the choice on the UI thread."""
-        ...
-
-
-class DashboardSession(LaneObserver):
+class DashboardSession:
     """The session's runs, engine, runs directory and telemetry, shown through a ``SessionView``."""
 
     def __init__(
@@ -124,10 +86,10 @@ class DashboardSession(LaneObserver):
         """True once quit was confirmed (or a signal came): no new run starts."""
         self._beat = 0
         self._poll_posted = False
-        self._runs_watch: RunsDirectoryWatch | None = None
-        self._runs_scan_failed = False
-        self.live_on_disk: list[RunInfo] = []
-        """Live runs in the runs directory at the last look (any writer), newest first."""
+        self.news = LaneNews(self)
+        """The lane's observer: what it says (the runtime, a run's end), shown; the session bar's status text."""
+        self.on_disk = RunsOnDisk(self, self._aim_telemetry)
+        """Runs written elsewhere: other writers' live runs, History's list, the last device check on disk."""
         self.telemetry = TelemetryFeed(settings, self._deliver_telemetry, telemetry_sampler)
         """The sampling thread behind the view's ``telemetry`` (started after the first frame, unless off)."""
         self.gate = HostGate(self)
@@ -159,7 +121,7 @@ class DashboardSession(LaneObserver):
             self._lane = Lane(
                 self.store,
                 self._start_engine,
-                self,
+                self.news,
                 self._wake_for_lane,
                 cancel_grace=self.settings.cancel_grace,
                 release_after=self.settings.release_after,
@@ -267,68 +229,7 @@ class DashboardSession(LaneObserver):
         )
         self._update_engine_status()
 
-    # -- what the lane says (LaneObserver, on the UI thread) ----------------------------------------
-    def lane_runtime(self, description: dict) -> None:
-        from tpudash.accel.description import Runtime
-
-        runtime = Runtime.from_description(description)
-        view = self.view
-        view.runtime_settled.set()
-        simulated = " (simulated)" if runtime.description.simulated else ""
-        view.runtime_status = (
-            f"{runtime.description.kind} · {runtime.description.strategy} · "
-            f"{counted(runtime.description.num_replicas, 'replica')}{simulated}"
-        )
-        view.runtime_error = None
-        view.tensorflow_missing = None
-        view.runtime = runtime
-
-    def lane_runtime_failed(self, failure: RuntimeFailed) -> None:
-        view = self.view
-        view.runtime_settled.set()
-        if failure.missing_tensorflow:
-            self.gate.show_missing_tensorflow(failure.message or failure.error)
-            return
-        error = failure.error or "unknown error"
-        view.runtime_status = "runtime failed"
-        view.runtime_error = error
-        view.runtime = None
-        view.notify(error, title="Runtime detection failed", severity="error", timeout=15)
-
-    def lane_accelerator_held(self, held: AcceleratorHeld) -> None:
-        self.gate.show_engine_lock_held(held.holder)
-
-    def lane_run_settled(self, live: LiveRun) -> None:
-        model = live.model
-        duration = format_seconds(model.elapsed())
-        if live.run_id not in self.live_runs:
-            return
-        from tpudash.engine.lane import ENGINE_HELD
-
-        if self.lane.engine_state == ENGINE_HELD and model.started is None:
-            return  # it never started: the accelerator-held notice says why
-        notify = self.view.notify
-        if model.status == "done":
-            notify(f"{model.job} done in {duration}", title="Run finished")
-        elif model.status == "failed":
-            notify(model.error or "failed", title=f"{model.job} failed", severity="error", timeout=10)
-        elif model.status == "cancelled" and model.started is None:
-            notify(f"{model.job} removed from the queue before it started", title="Run cancelled", severity="warning")
-        elif model.status == "cancelled":
-            notify(f"{model.job} cancelled after {duration}", title="Run cancelled", severity="warning")
-        results = model.device_results()
-        if results:
-            self.view.device_check = {
-                "run_id": model.run_id,
-                "job": model.job,
-                "finished": model.finished,
-                "status": model.status,
-                "results": results,
-            }
-
-    def lane_engine_changed(self) -> None:
-        self._update_engine_status()
-
+    # -- the lane ---------------------------------------------------------------------------------
     def lane_changed(self) -> None:
         """Something changed on the lane (a launch, a cancel, a run's start or end): status, lists, the screen."""
         self._aim_telemetry()
@@ -346,55 +247,15 @@ class DashboardSession(LaneObserver):
             self._beat = beat
             self._update_lane_status()
 
-    # -- status text ------------------------------------------------------------------------------
     def _update_engine_status(self) -> None:
-        lane = self._lane
-        if lane is None:
-            return
-        status = lane.engine_line()
-        if status != self.view.engine_status:
-            from tpudash.engine.lane import ENGINE_CRASHED
-
-            if lane.engine_state == ENGINE_CRASHED and lane.last_exit is not None:
-                self.view.notify(
-                    f"{lane.last_exit.describe()}; the next launch starts a new one. "
-                    "Its last lines are in the session log (l).",
-                    title="Engine crashed",
-                    severity="error",
-                    timeout=15,
-                )
-            self.view.engine_status = status
+        self.news.show_engine_status(self._lane)
 
     def _update_lane_status(self) -> None:
-        lane = self._lane
-        if lane is None:
-            return  # nothing launched yet
-        self.view.lane_status = self.lane_status_text(lane)
+        self.news.show_lane_status(self._lane)
 
     def lane_status_text(self, lane: Lane) -> str:
         """The session bar's words for the lane: the running job, its status and clock, the queue, the last end."""
-        live = lane.current
-        waiting = len(lane.waiting)
-        if live is not None and self.quitting:
-            # Quit was confirmed: the job is being cancelled and the app exits once it is recorded.
-            return f"stopping: cancelling {live.job}…"
-        if live is not None:
-            model = live.model
-            clock = format_seconds(model.elapsed(), precise=False)
-            status = "cancelling" if live.cancelling else model.status if model.started else "starting"
-            text = f"{model.job} ● {status} {clock}"
-        else:
-            last = next((item for item in reversed(lane.runs) if item.model.finished_state), None)
-            text = (
-                f"last: {last.model.job} {last.model.status} ({format_seconds(last.model.elapsed())})"
-                if last
-                else "idle"
-            )
-            if last is not None and last.model.error:
-                text += f": {last.model.error}"
-        if waiting:
-            text += f" · {waiting} queued"
-        return text
+        return self.news.lane_status_text(lane)
 
     # -- launching ----------------------------------------------------------------------------------
     def launch(self, spec: JobSpec, params: dict) -> LiveRun | None:
@@ -500,66 +361,22 @@ class DashboardSession(LaneObserver):
             self._lane.close()
         self.telemetry.stop()
 
-    # -- runs written elsewhere ---------------------------------------------------------------------
+    # -- runs written elsewhere (``RunsOnDisk``) ------------------------------------------------------
+    @property
+    def live_on_disk(self) -> list[RunInfo]:
+        """Live runs in the runs directory at the last look (any writer), newest first."""
+        return self.on_disk.live
+
     def scan_runs_directory(self) -> None:
         """Look for new runs and live runs of other writers (blocking: on a worker thread); the UI hears after."""
-        try:
-            if self._runs_watch is None:
-                from tpudash.runs.follow import RunsDirectoryWatch
-
-                self._runs_watch = RunsDirectoryWatch(self.store)
-            scan = self._runs_watch.scan()
-        except Exception as error:  # an unreadable runs directory: said on the screen, the scans go on
-            self.view.call_later(self.runs_unreadable, error)
-            return
-        self.view.call_later(self.runs_scanned, scan)
-
-    def runs_unreadable(self, error: Exception) -> None:
-        # Looked at every second: say it once, not every second.
-        if not self._runs_scan_failed:
-            self._runs_scan_failed = True
-            self.view.notify(
-                f"{type(error).__name__}: {error}", title="Cannot read the runs directory", severity="error"
-            )
-
-    def runs_scanned(self, scan: RunsScan) -> None:
-        from tpudash.runs.follow import SOURCE_WORDS
-
-        self.live_on_disk = scan.live
-        self._aim_telemetry()
-        for info in scan.appeared_live:
-            if info.run_id in self.live_runs:
-                continue  # this session's own run: its Run view is already showing it
-            writer = SOURCE_WORDS.get(info.source, info.source)
-            self.view.notify(
-                f"{info.job}, from {writer} in pid {info.pid}. Press w to watch it.", title="A run is live", timeout=10
-            )
-        if scan.changed:
-            self.view.runs_version += 1
+        self.on_disk.scan()
 
     def last_device_check(self) -> dict | None:
         """The newest matmul check on disk with device results (blocking: on a worker thread), or None."""
-        from tpudash.runs.follow import RunFollower
-
-        for info in reversed(self.store.list_runs()):
-            if info.job != "matmul" or info.status not in ("done", "failed"):
-                continue
-            follower = RunFollower(self.store, info.run_id)
-            follower.catch_up()  # in bounded memory, whatever the file holds
-            results = follower.model.device_results()
-            if results:
-                return {
-                    "run_id": info.run_id,
-                    "job": info.job,
-                    "finished": info.finished,
-                    "status": info.status,
-                    "results": results,
-                }
-        return None
+        return self.on_disk.last_device_check()
 
     def device_check_found(self, check: dict) -> None:
-        if self.view.device_check is None:  # a check run in this session came first
-            self.view.device_check = check
+        self.on_disk.device_check_found(check)
 
     # -- telemetry ----------------------------------------------------------------------------------
     def start_telemetry(self) -> threading.Thread:
