@@ -9,7 +9,8 @@ into a run (they import this package, not the other way round).
 - ``backends``: a run's files on disk or in a bucket (``RunFiles``), the runs of a root;
 - ``layout``: file names, run ids, statuses, sources, atomic run.json writes;
 - ``recorder``: ``RunRecorder``, the writer of one local run;
-- ``uploader``: ``StoreRecorder``, the writer of one run in a store (segments, heartbeat, spill);
+- ``uploader``: ``StoreRecorder``, the writer of one run in a store, over ``segment_writer`` (its streams as
+  segments, outages and spill) and ``spill`` (its local directory);
 - ``segments``: ``StreamTail``, a run's events in both layouts, a piece at a time: ``appended`` (the
   appended file), ``segment_listing`` (which segments, in what order), ``prefetch`` (a follower's thread);
 - ``transfer``: runs copied between runs directories (``tpudash copy``);

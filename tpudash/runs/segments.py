@@ -42,7 +42,7 @@ from tpudash.runs.tail import MAX_PROBLEMS_KEPT, READ_CHUNK_BYTES, EventTail
 MAX_SEGMENT_BYTES = 1 << 30
 """The most a segment may hold; a reader reads no further and names a larger one in the run's problems.
 
-Writers close a segment at ``uploader.SEGMENT_BYTES`` (256 KiB, looked at
+Writers close a segment at ``segment_writer.SEGMENT_BYTES`` (256 KiB, looked at
 every quarter second) or every ``SEAL_SECONDS``, so theirs hold a few MiB at
 most even from a loop that records as fast as it can; a GiB is the most a
 writer reads back of its own spilled segment and what ``tpudash copy``

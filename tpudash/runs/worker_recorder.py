@@ -7,7 +7,7 @@ thread of its own, with the worker's index, progress and time per step
 The chief's recorders (``RunRecorder``, ``StoreRecorder``) run one beside
 their own liveness; a non-chief worker's ``JoinedRecorder`` is nothing else
 but that and its events: it never writes run.json, and its events go to the
-stream ``worker-<index>`` as segments (``uploader.SegmentWriter``), locally
+stream ``worker-<index>`` as segments (``segment_writer.SegmentWriter``), locally
 as in a store, so the run's ``events`` stay the chief's.
 """
 

@@ -33,7 +33,7 @@ Which runs the agent records (each sample lands in a run once):
   no one records its telemetry yet: in a store its ``telemetry/`` holds no
   segment (a dashboard or ``tpudash run`` on this host records its own
   engine's run from the run's start, and its first segment is up within
-  ``uploader.SEAL_SECONDS``); locally the first to take the flock on
+  ``segment_writer.SEAL_SECONDS``); locally the first to take the flock on
   ``telemetry.jsonl`` records (``TelemetryRecorder``), and the run's own
   session takes it at the start. A run found recorded by someone else is
   left alone for good. A run over several hosts (a cluster's workers) is
@@ -43,7 +43,7 @@ Which runs the agent records (each sample lands in a run once):
   host streams, and their host.json lists the run.
 
 Bounds (memory stays flat over days): the sampler keeps one sample of
-history; each segment writer holds at most ``uploader.MAX_MEMORY_BYTES`` in
+history; each segment writer holds at most ``segment_writer.MAX_MEMORY_BYTES`` in
 memory and spills the rest to disk; at most ``MAX_RUNS_RECORDED`` runs are
 recorded at once; the live-runs scan runs once every ``RUNS_SCAN_SECONDS``,
 reads the newest ``MAX_RUNS_SCANNED`` runs only, and its cache of run
