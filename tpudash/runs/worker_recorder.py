@@ -23,6 +23,7 @@ from typing import Any
 from jobs.events import Event, Metric, RunFinished, dumps
 from tpudash.runs.backends import LocalRunFiles, RunFiles
 from tpudash.runs.liveness import HEARTBEAT_INTERVAL_SECONDS, WRITERS_FOLDER
+from tpudash.runs.spill import forget_local_dir
 from tpudash.runs.uploader import FINISH_WAIT_SECONDS, SEAL_SECONDS, SegmentWriter, local_run_dir, say_on_stderr
 from tpudash.runs.workers import StepTimer, WorkerIdentity, heartbeat_payload, worker_stream
 
@@ -189,7 +190,7 @@ class JoinedRecorder:
         complete = self.events.finish(deadline)
         self.heartbeat.stop(status, timeout=max(0.1, deadline - time.monotonic()))
         if complete:
-            _remove_empty_dirs(self.run_dir)
+            forget_local_dir(self.run_dir)  # empty folders only: another writer's files stay
             return
         left = self.events.keep_rest()
         self.kept_locally = self.run_dir
@@ -197,16 +198,3 @@ class JoinedRecorder:
             f"run {self.meta['run_id']} (worker {self.worker.index}): {left} events could not be written to "
             f"{self.files.where} within {self.finish_wait:g} s ({self.events.last_error}); kept in {self.run_dir}"
         )
-
-
-def _remove_empty_dirs(run_dir: Path) -> None:
-    """The run's local directory once everything is written (empty folders only: another writer's stay)."""
-    for folder in sorted((path for path in run_dir.rglob("*") if path.is_dir()), reverse=True):
-        try:
-            folder.rmdir()
-        except OSError:
-            pass
-    try:
-        run_dir.rmdir()
-    except OSError:
-        pass
