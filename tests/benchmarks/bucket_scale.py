@@ -9,16 +9,32 @@ Every crashed run must list ``stale``, every live one live. Beside it,
 10,000 finished runs, first and next call. Wall time, CPU time of this
 process (the client and the emulator's thread) and HTTP requests, per call.
 Run by ``bench_bucket`` (``TPUDASH_BENCH_BUCKET_PARTS=scale`` for these alone).
+
+Then key p95 while the dashboard shows that bucket: ``TpudashApp`` under
+Pilot with ``runs_dir`` the bucket of crashed and live runs (its runs scan
+every second, History among the screens pressed), against the same app on an
+empty bucket, rounds alternated empty / crashed, crashed / empty …; the
+presses and their timing are ``bench_key_latency``'s re-visits (``d j h v l ?``
+two UI ticks apart after a warm-up, key to the new screen's first frame).
+The emulator and the live writers' heartbeats run in a child process
+(``serve_buckets``): in this one they would take the GIL from the UI
+thread, which a real bucket and real writers elsewhere never do.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import json
 import statistics
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections import Counter
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from tests.benchmarks.bench_bucket import (
@@ -29,11 +45,16 @@ from tests.benchmarks.bench_bucket import (
     new_bucket,
     template_run,
 )
-from tests.benchmarks.harness import Result
+from tests.benchmarks.harness import Result, percentile, wait_for_engine_exit
 
 NEXT_CALL_TARGET_SECONDS = 0.5
 NEXT_CALLS = 5
 UPLOAD_BATCH = 400  # objects per fs.pipe: each call must finish within the store timeout
+HEARTBEAT_SECONDS = 5.0  # how often a live writer replaces its heartbeat
+KEY_P95_RATIO_TARGET = 1.2  # "key p95 unchanged": within the noise of a shared two-core machine
+KEY_ROUNDS = {True: 1, False: 3}  # per side, by quick
+KEY_PRESSES = {True: 8, False: 36}  # per round
+READY = "bucket-scale-ready "
 
 
 def upload(filesystem: Any, objects: dict[str, bytes]) -> float:
@@ -176,6 +197,9 @@ def measure_scale(server: Any, setup: BucketSetup) -> list[Result]:
             raise RuntimeError(f"{finished_url}: listed {Counter(info.status for info in runs)}")
 
     finished = first_and_next(finished_url, check_finished)
+    from tests.benchmarks.bench_bucket import QUICK
+
+    key_rows = measure_keys(setup, quick=setup == QUICK)
     results = []
     for what, figures, bucket_words in (
         ("crashed", crashed, f"{setup.crashed_runs:,} crashed + {setup.live_runs:,} live runs"),
@@ -218,4 +242,238 @@ def measure_scale(server: Any, setup: BucketSetup) -> list[Result]:
                 f"first {figures['next_requests'][0]}",
             ),
         ]
-    return results
+    return results + key_rows
+
+
+# -- key p95 while the dashboard shows the bucket of crashed runs ----------------------------------------
+
+
+def serve_buckets(crashed: int, live: int) -> None:
+    """The child process: an emulator with an empty bucket and one of crashed + live runs, live ones beating.
+
+    Prints one line (``READY`` and JSON: the environment to reach it, both URLs), then replaces the live
+    heartbeats every HEARTBEAT_SECONDS until its stdin closes.
+    """
+    from tests.benchmarks.bench_bucket import gcs_emulator, new_bucket
+    from tpudash.runs.location import open_filesystem
+
+    with gcs_emulator() as server:
+        crashed_url, empty_url = (f"gs://{new_bucket(server)}/runs" for _ in range(2))
+        written, heartbeats = crashed_and_live_runs(crashed_url, crashed, live)
+        filesystem, _ = open_filesystem(crashed_url)
+        ready = {
+            "environment": server.environment(),
+            "client_config": server.client_config(),
+            "crashed": crashed_url,
+            "empty": empty_url,
+            "written": written,
+        }
+        print(READY + json.dumps(ready), flush=True)
+        closed = threading.Event()
+        threading.Thread(target=lambda: (sys.stdin.read(), closed.set()), daemon=True).start()
+        while not closed.wait(HEARTBEAT_SECONDS):
+            upload(filesystem, {path: heartbeat_bytes() for path in heartbeats})
+
+
+def count_scans(app: Any) -> list[float]:
+    """The end time of each of the dashboard's runs scans from now on (the session's scan, wrapped)."""
+    ended: list[float] = []
+    scan = app.session.scan_runs_directory
+
+    def counted() -> None:
+        try:
+            scan()
+        finally:
+            ended.append(time.perf_counter())
+
+    app.session.scan_runs_directory = counted
+    return ended
+
+
+async def _first_scan_done(app: Any, scans: list[float]) -> None:
+    """Until the dashboard's runs scan has looked at the store once (its worker, not a clock)."""
+    from tests.benchmarks.bench_key_latency import TIMEOUT
+
+    while not scans:
+        worker = next((w for w in app.workers if w.group == "runs-scan" and not w.is_finished), None)
+        if worker is not None:
+            await asyncio.wait_for(worker.wait(), TIMEOUT)
+        else:
+            await asyncio.wait_for(app.next_tick(), TIMEOUT)
+
+
+def time_history_rows(history: Any) -> list[float]:
+    """The UI thread's seconds in each of History's table fills from now on (its ``_show_runs``, wrapped)."""
+    took: list[float] = []
+    show = history._show_runs
+
+    def timed(infos: list) -> None:
+        started = time.perf_counter()
+        show(infos)
+        took.append(time.perf_counter() - started)
+
+    history._show_runs = timed
+    return took
+
+
+async def _history_listed(app: Any) -> None:
+    """Until History's listing (started by its visits) has finished."""
+    from tests.benchmarks.bench_key_latency import TIMEOUT
+
+    while listing := next((w for w in app.workers if w.group == "history-list" and not w.is_finished), None):
+        await asyncio.wait_for(listing.wait(), TIMEOUT)
+
+
+async def keys_on(runs_dir: str, presses: int) -> dict:
+    """A dashboard on ``runs_dir``: warmed up as bench_key_latency's re-visits, then ``presses`` timed key presses."""
+    from tests.benchmarks.bench_key_latency import (
+        APP_SIZE,
+        KEYS,
+        FrameClock,
+        _presses,
+        composed_ahead,
+        runtime_up,
+    )
+    from tpudash.config import Settings
+    from tpudash.tui.app import TpudashApp
+
+    app = TpudashApp(Settings(runs_dir=runs_dir), freeze_after_start=True)  # as run_app makes it
+    measured: tuple[list[float], dict, list] = ([], {key: [] for key in KEYS}, [])
+    async with app.run_test(size=APP_SIZE) as pilot:
+        scans = count_scans(app)  # before the first frame, which starts them
+        await runtime_up(app)
+        await composed_ahead(app)
+        await _first_scan_done(app, scans)
+        clock = FrameClock(app)
+        await _presses(app, clock, 2 * len(KEYS), lambda: True, ([], {key: [] for key in KEYS}, []))  # warm-up
+        history_shown = time_history_rows(app._screen_stacks["history"][-1])
+        await _history_listed(app)
+        scans_before, started = len(scans), time.perf_counter()
+        await _presses(app, clock, presses, lambda: True, measured)
+        scanned, seconds = len(scans) - scans_before, time.perf_counter() - started
+        shown = len(app._screen_stacks["history"][-1].runs)  # the rows History lists
+        live_seen = len(app.session.live_on_disk)
+        engine = app.session.lane.engine
+        await pilot.pause()
+    if engine is not None:
+        wait_for_engine_exit(engine)
+    latencies, by_key, spent = measured
+    return {
+        "latencies": latencies,
+        "by_key": by_key,
+        "cpu": [cpu for cpu, _ in spent],
+        "live": live_seen,
+        "shown": shown,
+        "scans": scanned,
+        "history_shown_seconds": history_shown,
+        "seconds": seconds,
+    }
+
+
+def measure_keys(setup: Any, quick: bool) -> list[Result]:
+    """Key p95 on the bucket of crashed + live runs ÷ on an empty bucket, rounds alternated."""
+    import fsspec.config
+    import pytest
+
+    from tests.conftest import REPO_ROOT
+    from tests.object_stores import clear_filesystem_caches
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from tests.benchmarks.bucket_scale import serve_buckets; serve_buckets({setup.crashed_runs}, "
+            f"{setup.live_runs})",
+        ],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    sides: dict[str, dict[str, list]] = {
+        side: {"latencies": [], "cpu": [], "round_p95": [], "history_shown": []} for side in ("empty", "crashed")
+    }
+    by_key: dict[str, dict[str, list]] = {"empty": {}, "crashed": {}}
+    seen: dict[str, list] = {"empty": [], "crashed": []}
+    try:
+        line = child.stdout.readline()
+        if not line.startswith(READY):
+            raise RuntimeError(f"the bucket's child process said {line!r}")
+        ready = json.loads(line[len(READY) :])
+        print(
+            f"[bucket] keys: {setup.crashed_runs:,} crashed + {setup.live_runs:,} live runs written in the child's "
+            f"emulator: {ready['written']['objects']:,} objects",
+            file=sys.stderr,
+            flush=True,
+        )
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in ready["environment"].items():
+                patch.setenv(name, value)
+            patch.setitem(fsspec.config.conf, "gs", ready["client_config"])
+            # An engine lock of its own: another dashboard on this host (a colleague's) must not hold ours.
+            patch.setenv(
+                "TPUDASH_ENGINE_LOCK", str(Path(tempfile.mkdtemp(prefix="tpudash-bench-lock-")) / "engine.lock")
+            )
+            for round_number in range(KEY_ROUNDS[quick]):
+                order = ("empty", "crashed") if round_number % 2 == 0 else ("crashed", "empty")
+                for side in order:
+                    clear_filesystem_caches()
+                    figures = asyncio.run(keys_on(ready[side], KEY_PRESSES[quick]))
+                    sides[side]["latencies"] += figures["latencies"]
+                    sides[side]["cpu"] += figures["cpu"]
+                    sides[side]["round_p95"].append(percentile(figures["latencies"], 0.95))
+                    sides[side]["history_shown"] += figures["history_shown_seconds"]
+                    for key, values in figures["by_key"].items():
+                        by_key[side].setdefault(key, []).extend(values)
+                    seen[side].append((figures["live"], figures["shown"]))
+                    print(
+                        f"[bucket] keys on {side}: p95 {percentile(figures['latencies'], 0.95) * 1000:.1f} ms, "
+                        f"max {max(figures['latencies']) * 1000:.1f} ms; live runs seen {figures['live']}, "
+                        f"History rows {figures['shown']}; {figures['scans']} runs scans in the {figures['seconds']:.1f} s of presses",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+        clear_filesystem_caches()
+    if any(live != setup.live_runs for live, _ in seen["crashed"]):
+        raise RuntimeError(f"the dashboard saw {seen['crashed']} live runs (and History rows), not {setup.live_runs}")
+    crashed, empty = (percentile(sides[side]["latencies"], 0.95) * 1000 for side in ("crashed", "empty"))
+    crashed_cpu, empty_cpu = (percentile(sides[side]["cpu"], 0.95) * 1000 for side in ("crashed", "empty"))
+    ratio = crashed / empty
+    return [
+        Result(
+            benchmark="bucket",
+            figure=f"key → new screen's frame, p95 of {len(sides['crashed']['latencies'])} presses, the dashboard on "
+            f"{setup.crashed_runs:,} crashed + {setup.live_runs:,} live runs in gs://",
+            value=crashed,
+            unit="ms",
+            baseline_name=f"p95 of {len(sides['empty']['latencies'])}, on an empty bucket, alternated",
+            baseline=empty,
+            ratio=ratio,
+            target=f"ratio ≤ {KEY_P95_RATIO_TARGET:g} (unchanged)",
+            met=ratio <= KEY_P95_RATIO_TARGET,
+            samples={side: figures for side, figures in sides.items()} | {"seen": seen},
+            notes=f"{KEY_ROUNDS[quick]} round(s) per side of {KEY_PRESSES[quick]} presses (d j h v l ?, two ticks "
+            f"apart, after a warm-up visiting each screen twice), fresh app each; UI-thread CPU per press p95 "
+            f"{crashed_cpu:.1f} ms (crashed) / {empty_cpu:.1f} ms (empty); max {max(sides['crashed']['latencies']) * 1000:.0f} / "
+            f"{max(sides['empty']['latencies']) * 1000:.0f} ms; each round's p95 (ms) crashed "
+            f"{_milliseconds(sides['crashed']['round_p95'])}, empty {_milliseconds(sides['empty']['round_p95'])}; "
+            f"p95 per key (ms) crashed: {_per_key_p95(by_key['crashed'])}; empty: {_per_key_p95(by_key['empty'])}; "
+            f"History's table filled in {_milliseconds(sides['crashed']['history_shown'])} ms on the UI thread "
+            f"(crashed; empty: {_milliseconds(sides['empty']['history_shown'])}); live runs seen and History rows "
+            f"per app: {seen['crashed']}",
+        )
+    ]
+
+
+def _milliseconds(seconds: list[float]) -> str:
+    return "[" + ", ".join(f"{value * 1000:.0f}" for value in seconds) + "]"
+
+
+def _per_key_p95(by_key: dict[str, list[float]]) -> str:
+    from tests.benchmarks.bench_key_latency import key_label
+
+    return ", ".join(f"{key_label(key)} {percentile(values, 0.95) * 1000:.1f}" for key, values in by_key.items())
