@@ -131,7 +131,11 @@ class RunView(FollowsWorkers, Vertical):
         self._progress_rows: dict[str, ProgressRow] = {}
         self._plots: dict[str, MetricPlot] = {}
         self._path_plot: PathPlot | None = None
+        self._plots_shape: tuple[int, int] | None = None
+        """The plots' grid as last laid out: (columns, rows)."""
         self._replica_drawn: tuple[int, str, int] | None = None
+        self._replica_note_shown: str | None = ""
+        """The replica note as last drawn (None: hidden); "" before any."""
         self._beat = 0
         self._ended_shown = False
         self._last_note: Text | None = None
@@ -186,6 +190,7 @@ class RunView(FollowsWorkers, Vertical):
         self._device_names = DeviceNames()
         self._result_tables.clear()
         self._replica_drawn = None
+        self._replica_note_shown = ""
         self.query_one("#run-tabs", RunTabs).user_chose = False
         self.query_one(RunHeader).forget()
         self._ended_shown = False
@@ -198,6 +203,7 @@ class RunView(FollowsWorkers, Vertical):
             plot.remove()
         self._plots.clear()
         self._path_plot = None
+        self._plots_shape = None
         self._last_note = None
         self._plots_note = ""
         self.query_one("#telemetry-plot", MetricPlot).set_lines([])
@@ -342,9 +348,13 @@ class RunView(FollowsWorkers, Vertical):
             return
         self._replica_drawn = drawn
         note = replica_note(model)
-        self.query_one("#replica-note", Static).update(note or "")
-        self.query_one("#replica-note", Static).display = note is not None
-        self.query_one("#replica-plot", ReplicaBarPlot).display = note is None
+        if note != self._replica_note_shown:
+            # Only a change: updating the note, even with the same words, lays the whole screen out again
+            # and repaints every widget, at each epoch's values while a run trains (issue 37).
+            self._replica_note_shown = note
+            self.query_one("#replica-note", Static).update(note or "")
+            self.query_one("#replica-note", Static).display = note is not None
+            self.query_one("#replica-plot", ReplicaBarPlot).display = note is None
         fill_replica_table(self.query_one("#replica-table", DataTable), model, self.size.width - 2)
         if model.latest_numeric_replica:
             event = model.replicas[model.latest_numeric_replica]
@@ -452,8 +462,13 @@ class RunView(FollowsWorkers, Vertical):
         columns = 2 if count > 1 and self.size.width >= 100 else 1
         while columns < most_columns and height // math.ceil(count / columns) < MIN_PLOT_ROWS:
             columns += 1
-        grid.styles.grid_size_columns = columns
-        grid.styles.grid_size_rows = math.ceil(count / columns)
+        shape = (columns, math.ceil(count / columns))
+        if shape == self._plots_shape:
+            # Setting the grid's styles again, even to the same values, lays the whole screen out
+            # anew and repaints every widget: once per display beat while a run trains (issue 37).
+            return
+        self._plots_shape = shape
+        grid.styles.grid_size_columns, grid.styles.grid_size_rows = shape
         grid.styles.grid_rows = "1fr"
 
     # -- what tests and the History screen read -----------------------------------

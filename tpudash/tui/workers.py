@@ -142,6 +142,8 @@ class FollowsWorkers(Widget):
 
     _workers_feed: WorkersFeed | None = None
     _workers_tab = False
+    _workers_line_shown: Text | None = None
+    """What the workers' line shows (None: hidden, as it starts)."""
 
     def follow_workers(self, files: RunFiles | None, *, local: bool = True) -> None:
         """Read the shown run's worker heartbeats (``files``: the run's; None: no run) on the display beat."""
@@ -182,8 +184,10 @@ class FollowsWorkers(Widget):
             return
         line = self.query_one("#run-workers", Static)
         text = workers_line(statuses)
-        line.update(text or "")
-        line.display = text is not None
+        if text != self._workers_line_shown:  # an update lays the whole screen out again (issue 37)
+            self._workers_line_shown = text
+            line.update(text or "")
+            line.display = text is not None
         tabs = self.query_one("#run-tabs", TabbedContent)
         if not self._workers_tab:
             if statuses:
