@@ -157,9 +157,14 @@ class BudgetedPlot(PlotextPlot):
         return max(self.size.width - 10, 20)
 
     def redraw(self) -> None:
-        """Replot the current data and schedule a repaint (which asks for a build)."""
+        """Replot the current data and have its text built: the build repaints the plot when it lands."""
         self._replot_at_size()
-        self.refresh()
+        if self.is_on_screen and self._shown_text is not None and not self._too_small:
+            # The text on screen stays until the new build replaces it: a repaint now would paint the
+            # same text again, the whole plot on the UI thread at every display beat of a training (issue 37).
+            self._ensure_built()
+        else:
+            self.refresh()  # hidden (built once shown, by render) or nothing on screen yet
 
     def _replot_at_size(self) -> None:
         self._drawn_size = (self.size.width, self.size.height)
