@@ -348,8 +348,10 @@ async def keys_on(runs_dir: str, presses: int) -> dict:
         await _presses(app, clock, 2 * len(KEYS), lambda: True, ([], {key: [] for key in KEYS}, []))  # warm-up
         history_shown = time_history_rows(app._screen_stacks["history"][-1])
         await _history_listed(app)
+        http = HttpCounter().install(app.session.store.backend.filesystem.unwrapped)  # the scans' and History's
         scans_before, started = len(scans), time.perf_counter()
         await _presses(app, clock, presses, lambda: True, measured)
+        requests = dict(http.counts)
         scanned, seconds = len(scans) - scans_before, time.perf_counter() - started
         shown = len(app._screen_stacks["history"][-1].runs)  # the rows History lists
         live_seen = len(app.session.live_on_disk)
@@ -366,6 +368,7 @@ async def keys_on(runs_dir: str, presses: int) -> dict:
         "shown": shown,
         "scans": scanned,
         "history_shown_seconds": history_shown,
+        "requests": requests,
         "seconds": seconds,
     }
 
@@ -430,7 +433,8 @@ def measure_keys(setup: Any, quick: bool) -> list[Result]:
                     print(
                         f"[bucket] keys on {side}: p95 {percentile(figures['latencies'], 0.95) * 1000:.1f} ms, "
                         f"max {max(figures['latencies']) * 1000:.1f} ms; live runs seen {figures['live']}, "
-                        f"History rows {figures['shown']}; {figures['scans']} runs scans in the {figures['seconds']:.1f} s of presses",
+                        f"History rows {figures['shown']}; {figures['scans']} runs scans in the {figures['seconds']:.1f} s of presses, "
+                        f"HTTP requests meanwhile {figures['requests']}",
                         file=sys.stderr,
                         flush=True,
                     )
