@@ -131,6 +131,8 @@ class HistoryScreen(ExportsRuns):
         self.marked: list[str] = []
         self._columns: tuple = ()
         """The titles the table's columns have, and the job column's fixed width (None: its content's)."""
+        self._shown: dict[str, list] = {}
+        """The cells on screen, by run: a listing that changed only some of them updates only those."""
         self._listing: Worker | None = None
         self._list_again = False
         """A reload was asked for while a listing ran: one more follows it."""
@@ -231,15 +233,18 @@ class HistoryScreen(ExportsRuns):
             cells[METRICS_COLUMN] = pack_metrics(metrics, metrics_width) if narrow else Text(metrics)
         if (titles, name_width) != self._columns:
             self._columns = (titles, name_width)
+            self._shown = {}
             table.clear(columns=True)
             for key, title in zip(HISTORY_COLUMNS, titles):
                 table.add_column(title, key=key or "mark", width=name_width if key == "run" else None)
-        table.clear()
-        for run_id, cells in rows.items():
-            # A narrow row is as tall as its wrapped run name and metrics need.
-            table.add_row(*cells, key=run_id, height=None if narrow else 1)
-        if cursor_key in self.runs:
-            table.move_cursor(row=table.get_row_index(cursor_key))
+        if not self._update_changed_cells(table, rows, narrow):
+            table.clear()
+            for run_id, cells in rows.items():
+                # A narrow row is as tall as its wrapped run name and metrics need.
+                table.add_row(*cells, key=run_id, height=None if narrow else 1)
+            if cursor_key in self.runs:
+                table.move_cursor(row=table.get_row_index(cursor_key))
+        self._shown = rows
         where = self.dashboard.session.store.where
         self.query_one("#history-title", Static).update(
             Text.assemble(
@@ -248,6 +253,29 @@ class HistoryScreen(ExportsRuns):
                 ("enter open · space mark · o overlay two · e export CSV", "dim"),
             )
         )
+
+    def _update_changed_cells(self, table: DataTable, rows: dict[str, list], narrow: bool) -> bool:
+        """Only the cells that changed, when the same runs are shown in the same order; whether that was enough.
+
+        A bucket of thousands of runs re-listed every visit would otherwise
+        refill the whole table on the UI thread (60 ms and more for 2,000
+        rows), holding up the next key; usually only the live runs'
+        durations and statuses moved.
+        """
+        if list(rows) != list(self._shown):
+            return False
+        changed = [
+            (run_id, column, cell)
+            for run_id, cells in rows.items()
+            for column, (cell, before) in enumerate(zip(cells, self._shown[run_id]))
+            if cell != before
+        ]
+        # A narrow row's height follows its wrapped name and metrics: such a change needs the row laid out anew.
+        if narrow and any(column in (NAME_COLUMN, METRICS_COLUMN) for _, column, _ in changed):
+            return False
+        for run_id, column, cell in changed:
+            table.update_cell(run_id, HISTORY_COLUMNS[column] or "mark", cell, update_width=True)
+        return True
 
     @property
     def highlighted_run_id(self) -> str | None:
@@ -270,14 +298,18 @@ class HistoryScreen(ExportsRuns):
         run_id = self.highlighted_run_id
         if run_id is None:
             return
+        before = set(self.marked)
         if run_id in self.marked:
             self.marked.remove(run_id)
         else:
             self.marked.append(run_id)
             del self.marked[:-MAX_MARKED]
         table = self.query_one("#history-table", DataTable)
-        for key in self.runs:
-            table.update_cell(key, "mark", "✓" if key in self.marked else "")
+        for key in before.symmetric_difference(self.marked):  # the rows whose mark changed, not every row
+            mark = "✓" if key in self.marked else ""
+            table.update_cell(key, "mark", mark)
+            if key in self._shown:
+                self._shown[key][0] = mark
 
     def action_overlay(self) -> None:
         if len(self.marked) != 2:

@@ -188,3 +188,48 @@ async def test_a_listing_that_started_before_a_run_ended_never_shows_after_one_t
         await pilot.pause()
         assert [str(row[3]) for row in history_rows(screen)] == ["! interrupted"]
         assert len(calls) == 2  # the reloads asked for meanwhile were one listing, not a thread each
+
+
+async def test_a_relisting_of_many_runs_updates_the_rows_that_changed_and_refills_only_for_a_new_run(make_app):
+    """A bucket of thousands of runs re-listed on every visit: refilling the table each time held up the next key."""
+    from tpudash.runs.store import RunInfo
+
+    def run(index: int, status: str = "done", live: bool = False) -> RunInfo:
+        return RunInfo(
+            run_id=f"20261128-01{index // 60:02d}{index % 60:02d}-fit-{index:06x}",
+            path="/nowhere",
+            job=f"fit-{index}",
+            status=status,
+            live=live,
+            started=1_795_000_000.0 + index,
+        )
+
+    listings = [
+        [run(index) for index in range(299)] + [run(299, "running", live=True)],
+        [run(index) for index in range(299)] + [run(299, "interrupted")],  # the live one's writer died
+        [run(index) for index in range(301)],  # a new run appeared
+    ]
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_history(pilot, 0)
+        table = screen.query_one("#history-table", DataTable)
+        app.session.store.list_runs = lambda: listings[0]
+        screen.action_reload()
+        await until(pilot, lambda: table.row_count == 300)
+        assert str(history_rows(screen)[0][3]) == "● live"
+        table.move_cursor(row=5)
+        rows_added: list[object] = []
+        add_row = table.add_row
+        table.add_row = lambda *cells, **options: rows_added.append(options.get("key")) or add_row(*cells, **options)
+
+        app.session.store.list_runs = lambda: listings[1]
+        screen.action_reload()
+        await until(pilot, lambda: str(history_rows(screen)[0][3]) == "! interrupted")
+        assert rows_added == []  # one cell changed: the other 299 rows were left as they were
+        assert screen.highlighted_run_id == run(294).run_id  # and the cursor where the user left it
+
+        app.session.store.list_runs = lambda: listings[2]
+        screen.action_reload()
+        await until(pilot, lambda: table.row_count == 301)
+        assert history_rows(screen)[0][2] == "fit-300" and len(rows_added) == 301  # newest first: a refill
+        assert screen.highlighted_run_id == run(294).run_id
