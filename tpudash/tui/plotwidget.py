@@ -159,7 +159,7 @@ class BudgetedPlot(PlotextPlot):
     def redraw(self) -> None:
         """Replot the current data and have its text built: the build repaints the plot when it lands."""
         self._replot_at_size()
-        if self.is_on_screen and self._shown_text is not None and not self._too_small:
+        if self._shown_text is not None and not self._too_small and self.is_on_screen and self.screen.is_current:
             # The text on screen stays until the new build replaces it: a repaint now would paint the
             # same text again, the whole plot on the UI thread at every display beat of a training (issue 37).
             self._ensure_built()
