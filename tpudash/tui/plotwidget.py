@@ -157,14 +157,9 @@ class BudgetedPlot(PlotextPlot):
         return max(self.size.width - 10, 20)
 
     def redraw(self) -> None:
-        """Replot the current data and have its text built: the build repaints the plot when it lands."""
+        """Replot the current data and schedule a repaint (which asks for a build)."""
         self._replot_at_size()
-        if self._shown_text is not None and not self._too_small and self.is_on_screen and self.screen.is_current:
-            # The text on screen stays until the new build replaces it: a repaint now would paint the
-            # same text again, the whole plot on the UI thread at every display beat of a training (issue 37).
-            self._ensure_built()
-        else:
-            self.refresh()  # hidden (built once shown, by render) or nothing on screen yet
+        self.refresh()
 
     def _replot_at_size(self) -> None:
         self._drawn_size = (self.size.width, self.size.height)
