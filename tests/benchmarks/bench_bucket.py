@@ -294,22 +294,33 @@ def template_run(store_url: str) -> tuple[str, dict[str, bytes]]:
     return run_id, objects
 
 
-def thousand_runs(store_url: str, local_dir: Path, count: int) -> dict:
-    """``count`` ended runs in the store (one ``pipe``) and the same in ``local_dir``."""
+def ended_run_copies(store_url: str, count: int) -> tuple[Any, str, dict[str, bytes]]:
+    """``count`` copies of one ended run, a minute apart from 2026-01-01: (filesystem, root, {key: body}).
+
+    Keys are relative to the runs directory (``<run id>/<name>``); the template run is written to
+    ``<store_url>-template`` first, so what is copied is a real run's files.
+    """
     from tpudash.runs.location import open_filesystem
 
     template_id, objects = template_run(store_url + "-template")
     filesystem, root = open_filesystem(store_url)
     started = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
-    batch: dict[str, bytes] = {}
+    copies: dict[str, bytes] = {}
     for index in range(count):
         stamp = datetime.fromtimestamp(started + 60 * index, tz=timezone.utc)
         run_id = f"{stamp:%Y%m%d-%H%M%S}-train-{index:06x}"
         for name, data in objects.items():
-            body = data.replace(template_id.encode(), run_id.encode())
-            batch[f"{root}/{run_id}/{name}"] = body
-            (local_dir / run_id / name).parent.mkdir(parents=True, exist_ok=True)
-            (local_dir / run_id / name).write_bytes(body)
+            copies[f"{run_id}/{name}"] = data.replace(template_id.encode(), run_id.encode())
+    return filesystem, root, copies
+
+
+def thousand_runs(store_url: str, local_dir: Path, count: int) -> dict:
+    """``count`` ended runs in the store (one ``pipe``) and the same in ``local_dir``."""
+    filesystem, root, copies = ended_run_copies(store_url, count)
+    for key, body in copies.items():
+        (local_dir / key).parent.mkdir(parents=True, exist_ok=True)
+        (local_dir / key).write_bytes(body)
+    batch = {f"{root}/{key}": body for key, body in copies.items()}
     written = time.perf_counter()
     filesystem.pipe(batch)
     return {

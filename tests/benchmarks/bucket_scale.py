@@ -33,7 +33,6 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +41,8 @@ from tests.benchmarks.bench_bucket import (
     BucketSetup,
     HttpCounter,
     difference,
+    ended_run_copies,
     new_bucket,
-    template_run,
 )
 from tests.benchmarks.harness import Result, percentile, wait_for_engine_exit
 
@@ -74,27 +73,19 @@ def heartbeat_bytes() -> bytes:
 
 def crashed_and_live_runs(store_url: str, crashed: int, live: int) -> tuple[dict, list[str]]:
     """``crashed`` runs left ``running`` with no heartbeat and ``live`` beating ones; (what was written, heartbeat paths)."""
-    import json
-
-    from tpudash.runs.location import open_filesystem
-
-    template_id, objects = template_run(store_url + "-template")
-    filesystem, root = open_filesystem(store_url)
-    started = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
+    filesystem, root, copies = ended_run_copies(store_url, crashed + live)
     batch: dict[str, bytes] = {}
     heartbeats = []
-    for index in range(crashed + live):
-        stamp = datetime.fromtimestamp(started + 60 * index, tz=timezone.utc)
-        run_id = f"{stamp:%Y%m%d-%H%M%S}-train-{index:06x}"
-        for name, data in objects.items():
-            if name.startswith("writers/"):
-                continue
-            body = data.replace(template_id.encode(), run_id.encode())
-            if name == "run.json":
-                meta = json.loads(body)
-                meta.update(status="running", finished=None, host="elsewhere")
-                body = json.dumps(meta).encode()
-            batch[f"{root}/{run_id}/{name}"] = body
+    for key, body in copies.items():
+        run_id, name = key.split("/", 1)
+        if name.startswith("writers/"):
+            continue
+        if name == "run.json":
+            meta = json.loads(body)
+            meta.update(status="running", finished=None, host="elsewhere")
+            body = json.dumps(meta).encode()
+        batch[f"{root}/{key}"] = body
+    for index, run_id in enumerate(sorted({key.split("/", 1)[0] for key in copies})):
         if index >= crashed:
             heartbeats.append(f"{root}/{run_id}/writers/w-{index:06x}.json")
             batch[heartbeats[-1]] = heartbeat_bytes()
@@ -104,17 +95,8 @@ def crashed_and_live_runs(store_url: str, crashed: int, live: int) -> tuple[dict
 
 def finished_runs(store_url: str, count: int) -> dict:
     """``count`` ended runs as in 2. (no local copy)."""
-    from tpudash.runs.location import open_filesystem
-
-    template_id, objects = template_run(store_url + "-template")
-    filesystem, root = open_filesystem(store_url)
-    started = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
-    batch: dict[str, bytes] = {}
-    for index in range(count):
-        stamp = datetime.fromtimestamp(started + 60 * index, tz=timezone.utc)
-        run_id = f"{stamp:%Y%m%d-%H%M%S}-train-{index:06x}"
-        for name, data in objects.items():
-            batch[f"{root}/{run_id}/{name}"] = data.replace(template_id.encode(), run_id.encode())
+    filesystem, root, copies = ended_run_copies(store_url, count)
+    batch = {f"{root}/{key}": body for key, body in copies.items()}
     seconds = upload(filesystem, batch)
     return {"objects": len(batch), "bytes": sum(map(len, batch.values())), "pipe_seconds": seconds}
 
