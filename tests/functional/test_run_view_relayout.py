@@ -10,24 +10,13 @@ keeps its layout.
 
 from __future__ import annotations
 
-from textual.app import App, ComposeResult
 from textual.screen import Screen
 
 from jobs.events import Metric, Progress, ReplicaValues, RunStarted
+from tests.functional.runview_harness import DEVICES, RunViewApp
 from tpudash.runs.model import RunModel
 from tpudash.tui.plots import plots_drawn
 from tpudash.tui.runview import RunView
-
-DEVICES = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(8)]
-
-
-class RunViewApp(App):
-    def __init__(self, model: RunModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def compose(self) -> ComposeResult:
-        yield RunView(self.model, id="view")
 
 
 def epoch(model: RunModel, number: int) -> None:

@@ -12,9 +12,8 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from textual.app import App, ComposeResult
-
 from jobs.events import RunStarted, Stage
+from tests.functional.runview_harness import RunViewApp
 from tests.functional.test_app_80x24 import screen_rows
 from tpudash.runs import storeclient
 from tpudash.runs.model import RunModel
@@ -23,15 +22,6 @@ from tpudash.tui.runview import RunView
 
 RUN_ID = "20261128-003845-train-4be1c0"
 URL = "gs://b/runs"
-
-
-class RunViewApp(App):
-    def __init__(self, model: RunModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def compose(self) -> ComposeResult:
-        yield RunView(self.model, id="view")
 
 
 def preparing_run(started: float) -> RunModel:

@@ -9,25 +9,15 @@ loss is now left of accuracy in both.
 from __future__ import annotations
 
 import pytest
-from textual.app import App, ComposeResult
 
 from jobs.events import Metric, ReplicaValues, RunFinished, RunStarted
+from tests.functional.runview_harness import DEVICES, RunViewApp
 from tests.functional.test_app_80x24 import screen_rows
 from tpudash.runs.model import RunModel
 from tpudash.tui.plots import plots_drawn
 from tpudash.tui.runview import RunView
 
-DEVICES = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(8)]
 PRODUCT = [[22.0, 28.0], [49.0, 64.0]]
-
-
-class RunViewApp(App):
-    def __init__(self, model: RunModel) -> None:
-        super().__init__()
-        self.model = model
-
-    def compose(self) -> ComposeResult:
-        yield RunView(self.model, id="view")
 
 
 def finished_run(job: str, events: list) -> RunModel:
