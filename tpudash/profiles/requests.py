@@ -231,6 +231,15 @@ def read_answer(files: RunFiles, request_id: str) -> ProfileAnswer | None:
     return found if isinstance(found, ProfileAnswer) else None
 
 
+def load_request(files: RunFiles, request_id: str) -> ProfileRequest:
+    """The request ``request_id``, checked: OSError when it cannot be read, ValueError naming what is wrong."""
+    if not is_plain_name(request_id):
+        raise ValueError(f"the file's name is not {PLAIN_NAME_RULE}")
+    found = _read_object(files, f"{REQUESTS_FOLDER}/{request_id}.json", request_id, ProfileRequest.from_json)
+    assert isinstance(found, ProfileRequest)
+    return found
+
+
 def write_answer(files: RunFiles, answer: ProfileAnswer) -> None:
     """Replace the answer to ``answer.id`` whole (a reader sees the old one or the new one, never half)."""
     if not is_plain_name(answer.id):
