@@ -243,7 +243,7 @@ class ProfileResponder:
         self._armed: _Window | None = None
         self._capture: _Capture | None = None
         self._arming = threading.Lock()
-        self._scheduled: deque[_Window] = deque()
+        self._queued: deque[_Window] = deque()
         # Work the training thread hands the poller (answers to write, a capture to place): no I/O in a step.
         self._outbox: deque[Callable[[], None]] = deque()
         self._seen: set[str] = set()
@@ -264,19 +264,16 @@ class ProfileResponder:
         while not self._closed.is_set():
             self._wake.clear()  # before the work: a wake-up during it is kept for the wait below
             self._run_outbox()
+            self._guarded(self._arm_next, "arming the next profile")
             if time.monotonic() >= next_poll:
                 self._guarded(self._poll, "reading the run's profile requests")
                 next_poll = time.monotonic() + self.poll_seconds
             self._wake.wait(max(0.0, next_poll - time.monotonic()))
 
     def _poll(self) -> None:
-        """One look at ``profile/requests/`` (a listing); a new request for this worker is armed for the next step."""
-        self._arm_scheduled()
-        if self._armed is not None or self._capture is not None:
-            return  # one profile at a time: the next request waits for this one's answer
-        pending = self._unanswered()
-        if pending:
-            self._arm(_Window(id=pending[0].id, steps=pending[0].steps))
+        """One look at ``profile/requests/`` (a listing); new requests for this worker queue, the first is armed."""
+        self._queued.extend(_Window(id=request.id, steps=request.steps) for request in self._unanswered())
+        self._arm_next()
 
     def _unanswered(self) -> list[ProfileRequest]:
         """This worker's new requests without an answer, oldest first; each request file is read once."""
@@ -300,35 +297,30 @@ class ProfileResponder:
                 continue
             if self._is_mine(request):
                 pending.append(request)
-        return pending
+        return sorted(pending, key=lambda request: (request.requested_at, request.id))  # ids tell seconds apart only
 
     def _is_mine(self, request: ProfileRequest) -> bool:
         """Whether this writer answers ``request``: its worker's (null: the chief's), asked since the run began."""
         wanted = 0 if request.worker is None else request.worker
         return wanted == self.worker and request.requested_at >= self.started_at - CLOCK_SKEW_SECONDS
 
-    def _arm(self, window: _Window) -> None:
-        window.before = self._capture_files()
+    def _arm_next(self) -> None:
+        """The first queued profile armed for the next step, when none is armed or under way (one at a time)."""
+        if not self._queued or self._armed is not None or self._capture is not None:
+            return
+        before = self._capture_files()  # the files already there: the new ones will be this profile's capture
         with self._arming:
-            if self._armed is None and self._capture is None and not self._closed.is_set():
+            if self._queued and self._armed is None and self._capture is None and not self._closed.is_set():
+                window = self._queued.popleft()
+                window.before = before
                 self._armed = window
-                return
-        self._scheduled.appendleft(window)  # armed since: it goes next
-
-    def _arm_scheduled(self) -> None:
-        with self._arming:
-            if self._scheduled and self._armed is None and self._capture is None and not self._closed.is_set():
-                self._armed = self._scheduled.popleft()
 
     def schedule(self, first: int, last: int) -> None:
         """Profile steps ``first`` to ``last`` (a window known in advance: ``tpudash run --profile-steps A-B``)."""
         if isinstance(first, bool) or isinstance(last, bool) or not 0 <= first <= last:
             raise ValueError(f"steps {first!r}–{last!r}: allowed: 0 ≤ first ≤ last")
-        window = _Window(id=new_request_id(), steps=last - first + 1, first=first, last=last)
-        window.before = self._capture_files()
-        self._scheduled.append(window)
-        self._arm_scheduled()
-        self._wake.set()
+        self._queued.append(_Window(id=new_request_id(), steps=last - first + 1, first=first, last=last))
+        self._arm_next()
 
     # -- the step hooks (training thread; attributes only while nothing is asked) ------------
     def step_begin(self, step: int) -> None:
@@ -382,8 +374,7 @@ class ProfileResponder:
             self._answer_later(capture.window, STATE_FAILED, cannot_profile(self.framework, error), capture.first, last)
             return
         seconds = time.perf_counter() - capture.started
-        self._later(lambda: self._place(capture, last, seconds, reason))
-        self._arm_scheduled()
+        self._later(lambda: self._place(capture, last, seconds, reason))  # the poller arms what is queued next
 
     # -- placing a capture, answering (the poller's thread) ---------------------------------
     def _logdir(self) -> Path:
@@ -512,8 +503,8 @@ class ProfileResponder:
             self._thread.join(CLOSE_WAIT_SECONDS)
         pending = [self._armed] if self._armed is not None else []
         self._armed = None
-        pending += list(self._scheduled)
-        self._scheduled.clear()
+        pending += list(self._queued)
+        self._queued.clear()
         for window in pending:
             self._answer_later(window, STATE_FAILED, reason, None, None)
         self._run_outbox()

@@ -201,7 +201,8 @@ def request_profile(files: RunFiles, steps: int = DEFAULT_PROFILE_STEPS, worker:
 def scan_requests(files: RunFiles) -> tuple[list[ProfileRequest], list[str]]:
     """The run's checked requests, oldest first, and one problem line per file that is no request."""
     found, problems = _scan(files, REQUESTS_FOLDER, ProfileRequest.from_json)
-    return [request for request in found if isinstance(request, ProfileRequest)], problems
+    requests = [request for request in found if isinstance(request, ProfileRequest)]
+    return sorted(requests, key=lambda request: (request.requested_at, request.id)), problems
 
 
 def read_requests(files: RunFiles) -> list[ProfileRequest]:
