@@ -196,6 +196,9 @@ class JobSpec:
     check_runtime: Callable[[dict, Any], None] | None = None
     name_params: tuple[str, ...] = ()
     """The params whose values tell this job's runs apart: a run is named ``train mnist mnist-cnn`` by them."""
+    profiles_steps: bool = False
+    """The job calls ``JobContext.profiler``'s step hooks (train): a profile request is answered with its next
+    steps. Any other job's runner answers one with a failed answer (it has no training steps)."""
 
     def param(self, name: str) -> Param:
         for param in self.params:
@@ -298,6 +301,10 @@ class JobContext:
     """What ``keep_summary`` was given last: the summary of the run if the job fails."""
     launched_from: str = LAUNCHED_FROM_COMMAND_LINE
     """Where the user launched the run: advice names what they can change there (a flag, or a form's field)."""
+    profiler: Any = None
+    """The run's profile responder (``tpudash.profiles.capture.ProfileResponder``, duck-typed: ``step_begin``,
+    ``step_end``, ``marker``, ``schedule``), set by the engine's runner for a job that ``profiles_steps``;
+    None: no one asks this run for profiles (a job run outside tpudash), and the job profiles on its own."""
 
     def advise_param(self, name: str, value: str) -> str:
         """How the user sets param ``name`` to ``value`` where they launched this run (``param_advice``)."""

@@ -150,7 +150,8 @@ PARAMS = (
         "profile_steps",
         "str",
         "",
-        "capture a profiler trace of these global steps, e.g. 5-10 (empty = off)",
+        "capture a profiler trace of these global steps, e.g. 5-10 (empty = off); run by tpudash, into "
+        "<run>/profile, where tpudash profile RUN --list finds it",
         check=check_profile_steps,
     ),
     Param(
@@ -252,7 +253,13 @@ def run_train(ctx: Any, params: dict) -> dict:
             tensorboard_dir.mkdir(parents=True, exist_ok=True)
             ctx.emit(Artifact(kind="tensorboard", path=str(tensorboard_dir)))
         profile_range = parse_profile_steps(params["profile_steps"])
-        profile = ProfileWindow(ctx, profile_range, tensorboard_dir) if profile_range and writes_summaries else None
+        profiler = getattr(ctx, "profiler", None)
+        profile = None
+        if profiler is not None:
+            # tpudash's runner: every worker answers the profile requests for it, and profile_steps is scheduled.
+            profile = ProfileWindow(ctx, profile_range, tensorboard_dir, profiler)
+        elif profile_range and writes_summaries:
+            profile = ProfileWindow(ctx, profile_range, tensorboard_dir)
         reporter = TrainingReporter(ctx, plan, tensorboard_dir if writes_summaries else None, profile, stage)
         ctx.emit(Progress(done=0, total=plan.epochs, unit="epoch"))
         try:
@@ -321,5 +328,6 @@ SPECS = (
         key="t",
         check_runtime=check_runtime,
         name_params=("dataset", "model"),
+        profiles_steps=True,
     ),
 )

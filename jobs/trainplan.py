@@ -140,17 +140,40 @@ class TrainingPlan:
 
 
 class ProfileWindow:
-    """Starts the TensorFlow profiler before ``first`` and stops it after ``last`` (global steps)."""
+    """Profiles global steps ``first``–``last`` (both included), and with a ``profiler`` whatever is asked for live.
 
-    def __init__(self, ctx: Any, steps: tuple[int, int], logdir: Path):
+    Without a profiler (a job run outside tpudash's runner) it starts the TensorFlow profiler
+    before ``first`` and stops it after ``last``, into ``logdir``. With one (``JobContext.profiler``,
+    tpudash's ``ProfileResponder``) the window is the profiler's ``schedule``, and every execution
+    goes through its step hooks and inside its step marker, so XProf sees steps; the profiler
+    answers the requests of ``tpudash profile`` and the dashboard, into ``<run>/profile``.
+    """
+
+    def __init__(self, ctx: Any, steps: tuple[int, int] | None, logdir: Path, profiler: Any = None):
         self.ctx = ctx
-        self.first, self.last = steps
+        self.first, self.last = steps or (0, 0)
         self.logdir = logdir
-        self.state = "waiting"  # waiting → tracing → done
+        self.state = "waiting" if steps else "done"  # waiting → tracing → done
         self.trace_dir: Path | None = None
         self.trace_bytes = 0
+        self.profiler = profiler
+        # The step marker of the execution under way: entered before it, left after it.
+        self._marker: Any = None
+        if profiler is not None and steps:
+            profiler.schedule(self.first, self.last)
+
+    def _step_of(self, first_step: int, last_step: int) -> int:
+        """The step an execution of ``first_step``–``last_step`` begins the scheduled window with, if it does."""
+        return self.first if self.first and first_step < self.first <= last_step else first_step
 
     def before(self, first_step: int, last_step: int) -> None:
+        if self.profiler is not None:
+            self._leave_marker()
+            self.profiler.step_begin(self._step_of(first_step, last_step))
+            marker = self.profiler.marker(first_step)
+            marker.__enter__()
+            self._marker = marker
+            return
         if self.state != "waiting" or last_step < self.first:
             return
         import tensorflow as tf
@@ -165,6 +188,10 @@ class ProfileWindow:
         self.ctx.log(f"profiler tracing from step {first_step} to step {self.last}")
 
     def after(self, step_done: int) -> None:
+        if self.profiler is not None:
+            self._leave_marker()
+            self.profiler.step_end(step_done)
+            return
         if self.state == "tracing" and step_done >= self.last:
             self.stop()
 
@@ -190,8 +217,20 @@ class ProfileWindow:
             f"(tensorboard --logdir {self.logdir}, Profile tab)"
         )
 
+    def _leave_marker(self) -> None:
+        marker, self._marker = self._marker, None
+        if marker is not None:
+            marker.__exit__(None, None, None)
+
     def finish(self, last_step: int) -> None:
-        """Stop a trace cut short by the end of the run; say when the range was never reached."""
+        """Stop a trace cut short by the end of the run; say when the range was never reached.
+
+        With a profiler only the last step marker is left: the runner closes the profiler,
+        which answers what is still pending (a window never reached, a capture cut short).
+        """
+        if self.profiler is not None:
+            self._leave_marker()
+            return
         if self.state == "tracing":
             self.stop()
         elif self.state == "waiting":

@@ -197,6 +197,10 @@ def command_run(args: argparse.Namespace, settings: Settings) -> int:
         assignments = parse_assignments(args.assignments)
     except ParamError as error:
         raise BadInput(str(error)) from None
+    if args.profile_steps is not None:
+        from tpudash.cli.profiling import with_profile_steps
+
+        assignments = with_profile_steps(spec, assignments, args.profile_steps)
     from tpudash.cli.workerflags import checked_run_id, join_cluster, requested_workers
 
     # TF_CONFIG is this process's before anything loads TensorFlow, which reads it once.

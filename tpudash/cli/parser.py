@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from tpudash.cli import hosts
+from tpudash.cli import hosts, profiling
 from tpudash.cli.exits import EXIT_BAD_INPUT
 from tpudash.cli.typos import nearest_names
 from tpudash.version import __version__
@@ -35,6 +35,7 @@ COMMANDS = {
     "telemetry": ("tpudash telemetry", "TPU duty cycle and HBM, host CPU and memory, every interval"),
     "export": ("tpudash export RUN", "export a run's metrics and telemetry"),
     "copy": ("tpudash copy RUN DEST", "copy runs to another runs directory or a bucket (gs://, s3://)"),
+    "profile": ("tpudash profile RUN", "profile a live run's next steps and print XProf's verdict"),
     "serve": ("tpudash serve", "the dashboard in a web browser (one dashboard per tab)"),
     **hosts.COMMANDS,
 }
@@ -52,6 +53,7 @@ FLAGS_USED = {
     "telemetry": ("tpu_metrics", "telemetry_interval"),
     "export": RUNS_DIR_FLAGS,
     "copy": RUNS_DIR_FLAGS,
+    "profile": RUNS_DIR_FLAGS,
     "serve": GLOBAL_FLAGS + DASHBOARD_FLAGS,  # each tab's dashboard
     "hosts": RUNS_DIR_FLAGS,
     "agent": (*RUNS_DIR_FLAGS, "tpu_metrics"),  # its own --interval
@@ -223,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. 'train mnist mnist-cnn')",
     )
     run.add_argument("--json", action="store_true", help="print one JSON event per line instead of the live display")
+    run.add_argument(
+        "--profile-steps",
+        metavar="A-B",
+        help="profile global steps A to B into <run>/profile (a job with training steps, e.g. train; "
+        "tpudash profile RUN --list shows them); every run also answers tpudash profile RUN while it trains",
+    )
     cluster = run.add_argument_group(
         "many workers (MultiWorkerMirroredStrategy; a job with a workers param, e.g. train)",
         "--workers N starts N workers on this machine, one run. On a cluster, every host runs the same "
@@ -345,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     copy.add_argument("dest", metavar="DEST", help="the runs directory to copy into: a path, gs://… or s3://…")
     copy.add_argument("--all", action="store_true", help="copy every run of the runs directory (--runs-dir)")
+    profiling.add_profile_parser(commands, flags, COMMANDS["profile"][1])
     hosts.add_hosts_parsers(commands, flags)
     for name, command in commands.choices.items():
         if isinstance(command, _Parser):

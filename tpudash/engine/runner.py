@@ -20,6 +20,11 @@ no worker (the dashboard's engine, ``tpudash run --workers N``) is launched
 on this machine (``tpudash.engine.cluster``): the chief worker writes it
 under the same run id, its events reach this runner's sinks, and the runner
 keeps no record of its own but ends the run when the chief could not.
+
+Profiles: every recorded run answers ``tpudash profile`` and the dashboard's requests
+(``tpudash.engine.profiling``): a job that ``profiles_steps`` gets the run's responder as
+``JobContext.profiler``, any other job's requests are answered that it has no steps to profile;
+the responder is closed when the job returns, before the run's finish is recorded.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from typing import Any
 
 from jobs.base import LAUNCHED_FROM_COMMAND_LINE, JobCancelled, JobContext, JobSpec
 from jobs.events import Event, RunFinished, RunStarted, to_jsonable
+from tpudash.engine.profiling import close_profiler, start_profiler
 from tpudash.runs.layout import new_run_id
 from tpudash.runs.recorder import cannot_write
 from tpudash.runs.store import Recorder, RunStore
@@ -215,6 +221,7 @@ class Runner:
     def _run_on_lane(self, run: QueuedRun) -> None:
         recorder: Recorder | None = None
         context: JobContext | None = None
+        profiler: Any = None
         status, error, trace = "done", None, None
         try:
             worker = find_worker()  # before the runtime: a run to launch on workers needs none here
@@ -244,6 +251,8 @@ class Runner:
             self._dispatch(
                 run, recorder, RunStarted(run.run_id, run.job, to_jsonable(run.params), description, time.time())
             )
+            if self.store is not None:
+                profiler = self._profiler_for(run, worker)
             context = JobContext(
                 runtime=runtime,
                 emit=lambda event: self._dispatch(run, recorder, event),
@@ -251,8 +260,12 @@ class Runner:
                 cancel_event=run.cancel_event,
                 settings=self.settings,
                 launched_from=self.launched_from,
+                profiler=profiler if run.spec.profiles_steps else None,
             )
-            run.summary = dict(run.spec.run(context, dict(run.params)) or {})
+            try:
+                run.summary = dict(run.spec.run(context, dict(run.params)) or {})
+            finally:
+                close_profiler(profiler)
             if run.write_error is not None:  # the job caught RunNotWritable and went on
                 raise RunNotWritable(run.write_error)
             if run.cancel_event.is_set():
@@ -285,6 +298,17 @@ class Runner:
                 finished = RunFinished(status=status, summary=finished.summary, error=error, traceback=trace)
         run.state, run.error, run.traceback = status, error, trace
         self._fan_out(run, finished)
+
+    def _profiler_for(self, run: QueuedRun, worker: WorkerIdentity | None) -> Any:
+        """The run's profile responder (``tpudash.engine.profiling``), started; None if it could not start."""
+        assert self.store is not None
+        return start_profiler(
+            self.store.files(run.run_id),
+            profiles_steps=run.spec.profiles_steps,
+            worker=worker.index if worker is not None else 0,
+            local_root=run.run_dir,
+            started_at=run.started or time.time(),
+        )
 
     def _recorder_for(self, run: QueuedRun, worker: WorkerIdentity | None, description: dict) -> Recorder:
         """The run's recorder: the run created (alone, or by a cluster's chief), or joined (another worker)."""
