@@ -44,6 +44,13 @@ then required, the same on every worker::
 
 A second ``fit`` with the same callback records ``<run_id>-fit2``, and so on,
 on every worker alike.
+
+Profiles. The run answers the dashboard's profile requests
+(``tpudash.profiles.capture``, the run's ``RecordedRun.profiler``): every call
+of the train function runs inside the framework's step marker (TensorFlow's
+``Trace``, JAX's ``StepTraceAnnotation`` under Keras on JAX), numbered by the
+global step across epochs; a profile asked for starts at the next batch's
+begin and stops, on the training thread, after the steps asked for.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ import keras
 
 from jobs.batchmeans import BatchMeans
 from jobs.events import split_final_name, to_jsonable
+from tpudash.profiles.capture import ProfileResponder
 from tpudash.recording import (
     RecordedRun,
     RecordingError,
@@ -158,6 +166,8 @@ class TpudashCallback(keras.callbacks.Callback):
         self._lock = threading.Condition(threading.Lock())
         self._last_batch_ended = 0.0
         self._batches_begun = self._batches_ended = 0  # calls in this fit, to wait for those still on the pool
+        self._step = 0  # the global step (across epochs, from 1) the training thread began last: the marker's
+        self._training_thread = 0
 
     # -- fit begins and ends -----------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
@@ -206,6 +216,7 @@ class TpudashCallback(keras.callbacks.Callback):
         self._steps_before_epoch = self._steps_in_epoch = 0
         self._rates = []
         self._batches_begun = self._batches_ended = 0
+        self._step, self._training_thread = 0, threading.get_ident()
         self._guard("train_function")
 
     def _fit_run_id(self) -> str | None:
@@ -248,11 +259,13 @@ class TpudashCallback(keras.callbacks.Callback):
                 return
             if self._train_seconds is None:
                 self._train_seconds = time.perf_counter() - self._epoch_started
+        self._steps_ended(self._step)  # validation is no training step: out of a profile
         self._guard("test_function")
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         with self._lock:
             self._record_epoch(logs or {})
+        self._steps_ended(self._steps_before_epoch + self._steps_in_epoch)
 
     def _record_epoch(self, logs: dict[str, Any]) -> None:
         run = self.run
@@ -302,8 +315,24 @@ class TpudashCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Always on the training thread, before the step; its end may come later, on Keras' pool.
         self._batches_begun += 1
+        self._step = step = self._steps_before_epoch + batch + 1
+        profiler = self._profiler()
+        if profiler is not None:
+            profiler.step_end(step - 1)  # the step before has ended (its batch end may still be on the pool)
+            profiler.step_begin(step)
+
+    def _profiler(self) -> ProfileResponder | None:
+        run = self.run
+        return run.profiler if run is not None else None
+
+    def _steps_ended(self, step: int) -> None:
+        """The profiler's step end, on the training thread only (a profile stops where the training runs)."""
+        profiler = self._profiler()
+        if profiler is not None and threading.get_ident() == self._training_thread:
+            profiler.step_end(step)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._steps_ended(self._steps_before_epoch + batch + 1)  # in-line on TensorFlow; else the next begin's
         with self._lock:
             try:
                 self._record_batch(batch, logs or {})
@@ -383,8 +412,12 @@ class _GuardedStep:
         self.attribute = attribute
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        profiler = self.callback._profiler() if self.attribute == "train_function" else None
         try:
-            return self.wrapped(*args, **kwargs)
+            if profiler is None:
+                return self.wrapped(*args, **kwargs)
+            with profiler.marker(self.callback._step):  # the step marker XProf reads steps from
+                return self.wrapped(*args, **kwargs)
         except BaseException as exception:
             if type(exception).__name__ not in END_OF_DATA:
                 self.callback._fit_raised(exception, in_train_step=self.attribute == "train_function")

@@ -21,7 +21,12 @@ and nothing raises, finishing included; ``RecordedRun.write_error`` says
 what could not be written. A run still open when the process exits is
 recorded as failed. Imports neither TensorFlow, JAX nor Textual; it
 describes TensorFlow's strategy, or JAX's devices and mesh
-(``tpudash.accel.jaxruntime``), only when the user's process has loaded them.
+(``tpudash.recording_runtime``), only when the user's process has loaded them.
+
+Profiles. A run on TensorFlow or JAX answers the dashboard's profile
+requests (``tpudash.profiles.capture``): ``with run.step(n):`` around each
+step marks it for XProf and starts a profile asked for; a loop that only
+calls ``run.progress(n, unit="step")`` is profiled too, without markers.
 
 JAX values cost no host sync: ``run.metric("loss", loss)`` with a jax scalar
 checks its shape and dtype and returns; the number is read on the run's
@@ -48,12 +53,11 @@ import atexit
 import math
 import os
 import re
-import socket
-import sys
 import threading
 import time
 import traceback as traceback_module
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
@@ -73,7 +77,10 @@ from jobs.events import (
 )
 from tpudash.accel import jaxruntime
 from tpudash.device_values import DeviceValueReader
-from tpudash.runs.layout import RUN_ID_RULE, SOURCE_RECORD, is_run_id, new_run_id
+from tpudash.profiles.capture import ProfileResponder
+from tpudash.profiles.requests import FRAMEWORKS
+from tpudash.recording_runtime import session_runtime as session_runtime  # callers import it from here
+from tpudash.runs.layout import RUN_ID_RULE, SOURCE_CALLBACK, SOURCE_RECORD, is_run_id, new_run_id
 from tpudash.runs.store import Recorder, RunStore
 from tpudash.runs.workers import WorkerIdentity, find_worker
 
@@ -119,82 +126,6 @@ def runs_directory(runs_dir: str | os.PathLike | None = None) -> Path | str:
     if missing is not None:
         raise RecordingError(f"{where}: {missing}")
     return location
-
-
-def session_runtime(strategy: Any = None, *, backend: str | None = None) -> dict:
-    """What the user's process runs on, in the shape ``Runtime.summary()`` gives jobs, with its ``backend``.
-
-    ``strategy``: a ``tf.distribute.Strategy`` (None: the one in scope, when
-    TensorFlow is loaded), or, under JAX, a Keras distribution or a
-    ``jax.sharding.Mesh`` (``tpudash.accel.jaxruntime``). ``backend``: Keras's
-    backend name when the caller knows it; None: JAX when JAX is loaded and
-    TensorFlow is not, or when ``strategy`` is JAX's; else TensorFlow when it
-    is loaded. Nothing here imports TensorFlow or JAX, and it never raises.
-    """
-    runtime: dict = {"host": socket.gethostname(), "pid": os.getpid(), "python": sys.version.split()[0]}
-    tf = sys.modules.get("tensorflow")
-    keras = sys.modules.get("keras")
-    if keras is not None:
-        runtime["keras"] = getattr(keras, "__version__", None)
-    if backend is None:
-        if jaxruntime.is_jax_distribution(strategy) or (jaxruntime.loaded_jax() is not None and tf is None):
-            backend = "jax"
-        elif tf is not None:
-            backend = "tensorflow"
-        else:
-            backend = _keras_backend(keras)
-    if backend == "jax":
-        runtime.update(jaxruntime.jax_runtime(strategy))
-        return runtime
-    if tf is None or backend != "tensorflow":
-        runtime.update(
-            backend=backend if backend in ("tensorflow", "torch") else "unknown",
-            kind="unknown",
-            strategy=type(strategy).__name__ if strategy is not None else "none",
-            num_replicas=1,
-        )
-        return runtime
-    runtime["backend"] = "tensorflow"
-    runtime["tensorflow"] = getattr(tf, "__version__", None)
-    try:
-        strategy = strategy or tf.distribute.get_strategy()
-        devices = _strategy_devices(tf, strategy)
-        replicas = int(strategy.num_replicas_in_sync)
-    except Exception as error:  # noqa: BLE001 - describing must never stop the user's training
-        runtime.update(
-            kind="unknown", strategy=type(strategy).__name__, num_replicas=1, problem=f"{type(error).__name__}: {error}"
-        )
-        return runtime
-    kind = next((name for name in ("TPU", "GPU") if any(f"{name}:" in device for device in devices)), "CPU")
-    runtime.update(
-        kind=kind,
-        strategy=type(strategy).__name__.lstrip("_"),
-        num_replicas=replicas,
-        devices=devices,
-        # Several replicas on the CPU are logical devices splitting one processor.
-        simulated=kind == "CPU" and replicas > 1,
-    )
-    return runtime
-
-
-def _keras_backend(keras: Any) -> str:
-    """Keras's backend name when Keras is loaded (it may run on torch), else ``unknown``."""
-    try:
-        return str(keras.backend.backend()) if keras is not None else "unknown"
-    except Exception:  # noqa: BLE001 - a half-imported Keras: nothing to say
-        return "unknown"
-
-
-def _strategy_devices(tf: Any, strategy: Any) -> list[str]:
-    try:
-        return [str(device) for device in strategy.extended.worker_devices]
-    except (RuntimeError, AttributeError, NotImplementedError):
-        # The default strategy has no device list: it runs where TensorFlow places ops.
-        for kind in ("TPU", "GPU", "CPU"):
-            devices = tf.config.list_logical_devices(kind)
-            if devices:
-                return [devices[0].name]
-        return []
 
 
 def per_replica_parts(value: Any, devices: Iterable[str] | None = None) -> tuple[list, list[str]]:
@@ -359,7 +290,25 @@ class RecordedRun:
         self._steps: dict[tuple[str, str], int] = {}
         self._reader = DeviceValueReader(self._recorder.record, self.run_id)
         self._emit(RunStarted(self.run_id, self.name, self.params, to_jsonable(self.runtime), time.time()))
+        self.profiler = self._profile_responder(store)
+        """Answers profile requests (``tpudash.profiles.capture``) through ``step``; None: no TensorFlow or JAX here."""
+        # ``progress`` in steps drives the profiler in a loop that calls nothing else; Keras's callback drives it
+        # itself (its progress may come on Keras's pool threads, and only every tenth of a second).
+        self._progress_steps = source != SOURCE_CALLBACK
         _open_runs.add(self)
+
+    def _profile_responder(self, store: RunStore) -> ProfileResponder | None:
+        framework = self.runtime.get("backend")
+        if framework not in FRAMEWORKS:
+            return None
+        responder = ProfileResponder(
+            store.files(self.run_id),
+            framework=str(framework),
+            worker=self.worker.index if self.worker is not None else 0,
+            local_root=self.run_dir,  # a bucket run's local directory, uploaded at the finish if a capture stays
+            log=lambda level, text: self.log(text, level),
+        )
+        return responder.start()
 
     @property
     def run_dir(self) -> Path:
@@ -417,9 +366,23 @@ class RecordedRun:
         """``done`` of ``total`` ``unit``s (total None: unknown); unit ``epoch`` rewrites run.json."""
         if not isinstance(unit, str) or not unit:
             raise RecordingError(f"unit: {unit!r} is not allowed; allowed: a word such as 'step' or 'epoch'")
-        self._emit(
-            Progress(done=_step("done", done), total=None if total is None else _step("total", total), unit=unit)
-        )
+        steps = _step("done", done)
+        self._emit(Progress(done=steps, total=None if total is None else _step("total", total), unit=unit))
+        profiler = self.profiler
+        if profiler is not None and unit == "step" and self._progress_steps:
+            profiler.step_end(steps)  # step ``done`` is over, the next one begins: a profile asked for starts there
+            profiler.step_begin(steps + 1)
+
+    def step(self, step: int) -> AbstractContextManager[Any]:
+        """``with run.step(n):`` around training step ``n``: its step marker, and a profile asked for starts here.
+
+        The framework's step marker (what XProf's step-time figures read) costs
+        about a microsecond; nothing else is done while no profile is asked for.
+        """
+        profiler = self.profiler
+        if profiler is None:
+            return nullcontext()
+        return _ProfiledStep(profiler, step if type(step) is int else _step("step", step))
 
     def replica_values(self, name: str, per_replica_value: Any, devices: Iterable[str] | None = None) -> None:
         """One value per replica: a ``PerReplica`` (what ``strategy.run`` returns), a sharded ``jax.Array`` or a
@@ -481,6 +444,8 @@ class RecordedRun:
     ) -> None:
         if status not in ("done", "failed", "cancelled"):
             raise RecordingError(f"status: {status!r} is not allowed; allowed: done, failed, cancelled")
+        if self.profiler is not None and self.status is None:
+            self.profiler.close()  # before the end: a profile cut short is answered and said in the run's log
         with _finish_lock:
             if self.status is not None:
                 return
@@ -522,6 +487,27 @@ class RecordedRun:
 
     def __repr__(self) -> str:
         return f"<RecordedRun {self.run_id} {self.status or 'running'} in {self.location}>"
+
+
+class _ProfiledStep:
+    """``RecordedRun.step``'s context: the profiler's step hooks around the framework's step marker."""
+
+    __slots__ = ("marker", "profiler", "step")
+
+    def __init__(self, profiler: ProfileResponder, step: int) -> None:
+        self.profiler, self.step = profiler, step
+
+    def __enter__(self) -> None:
+        self.profiler.step_begin(self.step)
+        self.marker = self.profiler.marker(self.step)
+        self.marker.__enter__()
+
+    def __exit__(self, *raised: Any) -> Literal[False]:
+        try:
+            self.marker.__exit__(*raised)
+        finally:
+            self.profiler.step_end(self.step)
+        return False
 
 
 # Runs still open when the interpreter exits: the program left without

@@ -25,8 +25,10 @@ the first time a marker or a profile needs it, never at import time.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -93,73 +95,68 @@ class FrameworkProfiler(Protocol):
         ...
 
 
-class TensorFlowProfiler:
-    """``tf.profiler.experimental``: start/stop, and ``Trace("train", step_num=n, _r=1)`` as the step marker."""
+class _FrameworkProfiler:
+    """A framework's profiler, the framework found when first needed (``module``: ``tensorflow``, ``jax``)."""
 
-    framework = "tensorflow"
+    framework = ""
+    module = ""
 
     def __init__(self) -> None:
         self._make_marker: Callable[[int], AbstractContextManager[Any]] | None = None
 
+    def _framework(self) -> Any:
+        # The process that is profiled has loaded its framework already (the run's backend says it is this one);
+        # imported by name, not by an import statement: the dashboard and the CLI, which load this module but
+        # never profile, must never be seen to import TensorFlow.
+        return sys.modules.get(self.module) or importlib.import_module(self.module)
+
     def marker(self, step: int) -> AbstractContextManager[Any]:
         make = self._make_marker
         if make is None:
-            make = self._make_marker = self._marker_factory()
+            try:
+                make = self._marker_factory(self._framework())
+            except (ImportError, AttributeError):  # no framework here: steps go unmarked, a profile says why
+                make = _no_marker
+            self._make_marker = make
         return make(step)
 
-    @staticmethod
-    def _marker_factory() -> Callable[[int], AbstractContextManager[Any]]:
-        try:
-            from tensorflow.profiler.experimental import Trace
-        except ImportError:  # no TensorFlow here: steps go unmarked, a profile says why it cannot start
-            return _no_marker
-        return lambda step: Trace(STEP_MARKER_NAME, step_num=step, _r=1)
+    def _marker_factory(self, framework: Any) -> Callable[[int], AbstractContextManager[Any]]:
+        raise NotImplementedError
+
+
+class TensorFlowProfiler(_FrameworkProfiler):
+    """``tf.profiler.experimental``: start/stop, and ``Trace("train", step_num=n, _r=1)`` as the step marker."""
+
+    framework = module = "tensorflow"
+
+    def _marker_factory(self, tf: Any) -> Callable[[int], AbstractContextManager[Any]]:
+        trace = tf.profiler.experimental.Trace
+        return lambda step: trace(STEP_MARKER_NAME, step_num=step, _r=1)
 
     def start(self, logdir: str) -> None:
-        import tensorflow as tf
-
-        tf.profiler.experimental.start(logdir)
+        self._framework().profiler.experimental.start(logdir)
 
     def stop(self) -> None:
-        import tensorflow as tf
-
-        tf.profiler.experimental.stop()
+        self._framework().profiler.experimental.stop()
 
     def is_busy(self, error: BaseException) -> bool:
         return type(error).__name__ == "AlreadyExistsError"  # TensorFlow's error for a second start, without text
 
 
-class JaxProfiler:
+class JaxProfiler(_FrameworkProfiler):
     """``jax.profiler``: start_trace/stop_trace, and ``StepTraceAnnotation("train", step_num=n)`` as the marker."""
 
-    framework = "jax"
+    framework = module = "jax"
 
-    def __init__(self) -> None:
-        self._make_marker: Callable[[int], AbstractContextManager[Any]] | None = None
-
-    def marker(self, step: int) -> AbstractContextManager[Any]:
-        make = self._make_marker
-        if make is None:
-            make = self._make_marker = self._marker_factory()
-        return make(step)
-
-    @staticmethod
-    def _marker_factory() -> Callable[[int], AbstractContextManager[Any]]:
-        try:
-            from jax.profiler import StepTraceAnnotation
-        except ImportError:
-            return _no_marker
-        return lambda step: StepTraceAnnotation(STEP_MARKER_NAME, step_num=step)
+    def _marker_factory(self, jax: Any) -> Callable[[int], AbstractContextManager[Any]]:
+        annotation = jax.profiler.StepTraceAnnotation
+        return lambda step: annotation(STEP_MARKER_NAME, step_num=step)
 
     def start(self, logdir: str) -> None:
-        import jax
-
-        jax.profiler.start_trace(logdir)
+        self._framework().profiler.start_trace(logdir)
 
     def stop(self) -> None:
-        import jax
-
-        jax.profiler.stop_trace()
+        self._framework().profiler.stop_trace()
 
     def is_busy(self, error: BaseException) -> bool:
         return "already" in str(error).lower()  # "Profile has already been started. Only one profile may be run…"
