@@ -230,6 +230,13 @@ class ProfileWindow:
         """
         if self.profiler is not None:
             self._leave_marker()
+            if self.state == "waiting" and last_step < self.first:
+                self.state = "done"
+                self.ctx.log(
+                    f"profile_steps {self.first}-{self.last} was never reached (the run ended at step {last_step}): "
+                    f"no trace",
+                    "warning",
+                )
             return
         if self.state == "tracing":
             self.stop()

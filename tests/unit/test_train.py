@@ -189,7 +189,8 @@ def test_profile_steps_write_a_non_empty_trace(run_job):
     assert len(profiles) == 1
     traces = list(Path(profiles[0].path).glob("*.xplane.pb"))
     assert traces and all(trace.stat().st_size > 0 for trace in traces)
-    assert Path(profiles[0].path).is_relative_to(result.run.run_dir / "tensorboard" / "plugins" / "profile")
+    # Run by the engine: where XProf and `tpudash profile RUN --list` look, <run>/profile.
+    assert Path(profiles[0].path).is_relative_to(result.run.run_dir / "profile" / "plugins" / "profile")
     assert result.summary["profile"] == profiles[0].path
 
 

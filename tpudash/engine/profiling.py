@@ -14,6 +14,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +29,18 @@ POLL_SECONDS = 1.0
 
 
 def start_profiler(
-    files: RunFiles, *, profiles_steps: bool, worker: int, local_root: Path | None, started_at: float
+    files: RunFiles,
+    *,
+    profiles_steps: bool,
+    worker: int,
+    local_root: Path | None,
+    started_at: float,
+    say: Callable[[str, str], None] | None = None,
 ) -> Any:
     """The run's responder, started (``profiles_steps``), or a refuser of its requests; None if neither starts.
 
-    A failure here never stops the run: profiling is an extra, logged and left out.
+    ``say(level, text)``: the run's log, where the responder says what it captured or why not
+    (from its own thread). A failure here never stops the run: profiling is an extra, logged and left out.
     """
     try:
         if not profiles_steps:
@@ -40,7 +48,7 @@ def start_profiler(
         from tpudash.profiles.capture import ProfileResponder
 
         return ProfileResponder(
-            files, framework="tensorflow", worker=worker, local_root=local_root, started_at=started_at
+            files, framework="tensorflow", worker=worker, local_root=local_root, started_at=started_at, log=say
         ).start()
     except Exception:  # noqa: BLE001 - a run is never lost because its profiler could not start
         log.exception("the run's profile responder did not start; its profile requests go unanswered")
@@ -55,6 +63,23 @@ def close_profiler(profiler: Any, reason: str = RUN_ENDED_REASON) -> None:
         profiler.close(reason)
     except Exception:  # noqa: BLE001 - the run has ended already; its record must still be finished
         log.exception("the run's profile responder did not close cleanly")
+
+
+def captured(profiler: Any) -> list[str]:
+    """Where each capture the run's responder made is (a directory, or a URL in a store), in order."""
+    from tpudash.profiles.requests import CAPTURES_FOLDER, STATE_DONE
+
+    where = []
+    for answer in getattr(profiler, "answers", ()):
+        if answer.state != STATE_DONE or answer.capture is None:
+            continue
+        local = profiler.files.local_dir
+        where.append(
+            str(local / CAPTURES_FOLDER / answer.capture)
+            if local is not None
+            else f"{profiler.files.where.rstrip('/')}/{CAPTURES_FOLDER}/{answer.capture}"
+        )
+    return where
 
 
 class StepsRefuser:
@@ -79,6 +104,7 @@ class StepsRefuser:
         self.reason = reason
         self.poll_seconds = poll_seconds
         self.answered: set[str] = set()
+        self.answers: list[Any] = []  # none done: a refuser never captures
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="tpudash-profile-refuser", daemon=True)
 

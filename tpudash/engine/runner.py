@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from jobs.base import LAUNCHED_FROM_COMMAND_LINE, JobCancelled, JobContext, JobSpec
-from jobs.events import Event, RunFinished, RunStarted, to_jsonable
-from tpudash.engine.profiling import close_profiler, start_profiler
+from jobs.events import Artifact, Event, Log, RunFinished, RunStarted, to_jsonable
+from tpudash.engine.profiling import captured, close_profiler, start_profiler
 from tpudash.runs.layout import new_run_id
 from tpudash.runs.recorder import cannot_write
 from tpudash.runs.store import Recorder, RunStore
@@ -252,7 +252,7 @@ class Runner:
                 run, recorder, RunStarted(run.run_id, run.job, to_jsonable(run.params), description, time.time())
             )
             if self.store is not None:
-                profiler = self._profiler_for(run, worker)
+                profiler = self._profiler_for(run, worker, recorder)
             context = JobContext(
                 runtime=runtime,
                 emit=lambda event: self._dispatch(run, recorder, event),
@@ -265,7 +265,9 @@ class Runner:
             try:
                 run.summary = dict(run.spec.run(context, dict(run.params)) or {})
             finally:
-                close_profiler(profiler)
+                captures = self._close_profiler(run, recorder, profiler)
+            if captures and run.summary.get("profile") is None:
+                run.summary["profile"] = captures[-1]  # where the run's last profile is
             if run.write_error is not None:  # the job caught RunNotWritable and went on
                 raise RunNotWritable(run.write_error)
             if run.cancel_event.is_set():
@@ -299,16 +301,34 @@ class Runner:
         run.state, run.error, run.traceback = status, error, trace
         self._fan_out(run, finished)
 
-    def _profiler_for(self, run: QueuedRun, worker: WorkerIdentity | None) -> Any:
+    def _profiler_for(self, run: QueuedRun, worker: WorkerIdentity | None, recorder: Recorder | None) -> Any:
         """The run's profile responder (``tpudash.engine.profiling``), started; None if it could not start."""
         assert self.store is not None
+
+        def say(level: str, text: str) -> None:  # the responder's thread: the recorder and the sinks take locks
+            self._dispatch(run, recorder, Log(level=level, text=text))
+
         return start_profiler(
             self.store.files(run.run_id),
             profiles_steps=run.spec.profiles_steps,
             worker=worker.index if worker is not None else 0,
             local_root=run.run_dir,
             started_at=run.started or time.time(),
+            say=say,
         )
+
+    def _close_profiler(self, run: QueuedRun, recorder: Recorder | None, profiler: Any) -> list[str]:
+        """Close the run's responder (what is pending is answered); each capture it made, as an artifact."""
+        if profiler is None:
+            return []
+        close_profiler(profiler)
+        where = captured(profiler)
+        try:
+            for path in where:
+                self._dispatch(run, recorder, Artifact(kind="profile", path=path))
+        except RunNotWritable:
+            pass  # the run ends failed, naming the write error, whatever the job did
+        return where
 
     def _recorder_for(self, run: QueuedRun, worker: WorkerIdentity | None, description: dict) -> Recorder:
         """The run's recorder: the run created (alone, or by a cluster's chief), or joined (another worker)."""
