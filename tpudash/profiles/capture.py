@@ -240,6 +240,8 @@ class ProfileResponder:
         self._armed: _Window | None = None
         self._capture: _Capture | None = None
         self._arming = threading.Lock()
+        self._polling = threading.Lock()
+        self._answering = threading.Lock()
         self._queued: deque[_Window] = deque()
         # Work the training thread hands the poller (answers to write, a capture to place): no I/O in a step.
         self._outbox: deque[Callable[[], None]] = deque()
@@ -269,8 +271,9 @@ class ProfileResponder:
 
     def _poll(self) -> None:
         """One look at ``profile/requests/`` (a listing); new requests for this worker queue, the first is armed."""
-        self._queued.extend(_Window(id=request.id, steps=request.steps) for request in self._unanswered())
-        self._arm_next()
+        with self._polling:  # the poller's and ``poll_now``'s: each request is queued once
+            self._queued.extend(_Window(id=request.id, steps=request.steps) for request in self._unanswered())
+            self._arm_next()
 
     def _unanswered(self) -> list[ProfileRequest]:
         """This worker's new requests without an answer, oldest first; each request file is read once."""
@@ -437,13 +440,15 @@ class ProfileResponder:
             return  # no poller to hand it to: ``close`` (or the next ``start``) does it
         self._wake.set()
 
-    def _run_outbox(self) -> None:
-        while self._outbox:
-            try:
-                work = self._outbox.popleft()
-            except IndexError:
-                return
-            self._guarded(work, "answering a profile request")
+    def _run_outbox(self, wait: float = -1) -> None:
+        # One thread at a time, in order: a "capturing" never lands after its "done". ``close`` waits a bounded time.
+        if not self._answering.acquire(timeout=wait):
+            return
+        try:
+            while self._outbox:
+                self._guarded(self._outbox.popleft(), "answering a profile request")
+        finally:
+            self._answering.release()
 
     def _answer(
         self,
@@ -504,7 +509,7 @@ class ProfileResponder:
         self._queued.clear()
         for window in pending:
             self._answer_later(window, STATE_FAILED, reason, None, None)
-        self._run_outbox()
+        self._run_outbox(wait=CLOSE_WAIT_SECONDS)
         if self._thread is not None:
             self._guarded(lambda: self._answer_unanswered(reason), "answering the run's last profile requests")
 
@@ -514,7 +519,13 @@ class ProfileResponder:
         self._guarded(self._poll, "reading the run's profile requests")
 
     def _answer_unanswered(self, reason: str) -> None:
-        for request in self._unanswered():
+        if not self._polling.acquire(timeout=CLOSE_WAIT_SECONDS):
+            return  # the poller is stuck in a look at the store: its requests stay unanswered
+        try:
+            unanswered = self._unanswered()
+        finally:
+            self._polling.release()
+        for request in unanswered:
             self._answer(_Window(id=request.id, steps=request.steps), STATE_FAILED, reason, None, None, None)
 
     def _guarded(self, work: Callable[[], None], doing: str) -> None:

@@ -1,0 +1,93 @@
+"""A profile of a plain JAX loop recorded with ``tpudash.record``, asked for over the bus while it trains.
+
+The loop marks its steps with ``run.step(n)`` (JAX's ``StepTraceAnnotation``);
+the test asks with ``request_profile`` as the dashboard does and waits for the
+answer file. The capture lands where XProf looks, with the step markers in it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+
+import tpudash
+from jobs.events import Log, RunFinished
+from tpudash.profiles.requests import read_answer, request_profile, wait_for_answer
+from tpudash.runs.store import RunStore
+
+
+def test_a_profile_asked_of_a_jax_loop_lands_where_xprof_looks(tmp_path):
+    runs_dir = tmp_path / "runs"
+    store = RunStore(runs_dir)
+
+    @jax.jit
+    def train_step(weights, batch):
+        loss, gradient = jax.value_and_grad(lambda w: jnp.mean((batch @ w) ** 2))(weights)
+        return weights - 0.01 * gradient, loss
+
+    weights = jnp.ones((64, 8))
+    batch = jnp.ones((32, 64))
+    stop = threading.Event()
+    begun = threading.Event()
+    raised: list[BaseException] = []
+    runs: list[tpudash.recording.RecordedRun] = []
+
+    def loop() -> None:
+        nonlocal weights
+        try:
+            with tpudash.record("jax-loop", runs_dir=runs_dir) as run:
+                runs.append(run)
+                begun.set()
+                step = 0
+                while not stop.is_set() and step < 100_000:
+                    step += 1
+                    with run.step(step):
+                        weights, loss = train_step(weights, batch)
+                        loss.block_until_ready()
+                    run.metric("loss", loss, step=step)
+        except BaseException as error:  # noqa: BLE001 - said by the test below
+            raised.append(error)
+        finally:
+            begun.set()
+
+    training = threading.Thread(target=loop)
+    training.start()
+    try:
+        assert begun.wait(120) and not raised, raised
+        run = runs[0]
+        assert run.profiler is not None and run.profiler.framework == "jax"
+        files = store.files(run.run_id)
+        request = request_profile(files, steps=4)
+        answer = wait_for_answer(files, request.id, timeout=120, poll=0.05)
+    finally:
+        stop.set()
+        training.join(120)
+    assert not raised, raised
+    assert answer is not None and answer.state == "done", answer
+    assert answer.framework == "jax" and answer.last_step - answer.first_step == 3
+    xplane = runs_dir / run.run_id / "profile" / "plugins" / "profile" / answer.capture / f"{answer.host}.xplane.pb"
+    assert xplane.is_file()
+    assert b"step_num" in xplane.read_bytes()  # the step markers XProf's overview reads steps from
+
+    data = store.load(run.run_id)
+    assert data.info.status == "done" and not data.problems
+    assert [event.status for _, event in data.events if isinstance(event, RunFinished)] == ["done"]
+    assert any("profile of steps" in event.text for _, event in data.events if isinstance(event, Log))
+    assert read_answer(files, request.id).state == "done"
+
+
+def test_a_loop_that_only_reports_progress_is_profiled_too(tmp_path):
+    runs_dir = tmp_path / "runs"
+    store = RunStore(runs_dir)
+    with tpudash.record("progress-only", runs_dir=runs_dir) as run:
+        files = store.files(run.run_id)
+        request = request_profile(files, steps=2)
+        run.profiler.poll_now()  # what the poller does within a second, here on this thread
+        for step in range(1, 6):
+            jnp.ones(8).sum().block_until_ready()
+            run.progress(step, 5, "step")
+        answer = wait_for_answer(files, request.id, timeout=60, poll=0.05)
+    assert answer is not None and answer.state == "done"
+    assert (answer.first_step, answer.last_step) == (2, 3)  # the step after the look, and the one after it
