@@ -91,6 +91,8 @@ DEVICE_READ_WAIT_SECONDS = 30.0
 """How long ``flush`` and ``finish`` wait for JAX values still being computed before going on without them."""
 # At exit JAX may be shutting down its backends: a short wait, then the run ends without what is left.
 EXIT_READ_WAIT_SECONDS = 2.0
+# How often a run looks for profile requests (``tpudash.profiles.capture``): one listing a second at most.
+PROFILE_POLL_SECONDS = 1.0
 RUN_ID_VARIABLE = "TPUDASH_RUN_ID"
 """The run every worker of a cluster records into, when the script does not say ``run_id=``."""
 
@@ -306,6 +308,7 @@ class RecordedRun:
             framework=str(framework),
             worker=self.worker.index if self.worker is not None else 0,
             local_root=self.run_dir,  # a bucket run's local directory, uploaded at the finish if a capture stays
+            poll_seconds=PROFILE_POLL_SECONDS,
             log=lambda level, text: self.log(text, level),
         )
         return responder.start()

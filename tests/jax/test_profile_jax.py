@@ -1,8 +1,10 @@
-"""A profile of a plain JAX loop recorded with ``tpudash.record``, asked for over the bus while it trains.
+"""Profiles of JAX training, asked for over the bus while it trains: a plain loop, and Keras on JAX.
 
-The loop marks its steps with ``run.step(n)`` (JAX's ``StepTraceAnnotation``);
-the test asks with ``request_profile`` as the dashboard does and waits for the
-answer file. The capture lands where XProf looks, with the step markers in it.
+The loop recorded with ``tpudash.record`` marks its steps with ``run.step(n)``
+(JAX's ``StepTraceAnnotation``); Keras's fit on JAX is marked by
+``TpudashCallback`` with the same. The test asks with ``request_profile`` as
+the dashboard does and waits for the answer file. The capture lands where
+XProf looks, with the step markers in it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import threading
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import tpudash
 from jobs.events import Log, RunFinished
@@ -18,7 +21,8 @@ from tpudash.profiles.requests import read_answer, request_profile, wait_for_ans
 from tpudash.runs.store import RunStore
 
 
-def test_a_profile_asked_of_a_jax_loop_lands_where_xprof_looks(tmp_path):
+def test_a_profile_asked_of_a_jax_loop_lands_where_xprof_looks(tmp_path, monkeypatch):
+    monkeypatch.setattr("tpudash.recording.PROFILE_POLL_SECONDS", 0.02)  # the run looks often: a short test
     runs_dir = tmp_path / "runs"
     store = RunStore(runs_dir)
 
@@ -91,3 +95,56 @@ def test_a_loop_that_only_reports_progress_is_profiled_too(tmp_path):
         answer = wait_for_answer(files, request.id, timeout=60, poll=0.05)
     assert answer is not None and answer.state == "done"
     assert (answer.first_step, answer.last_step) == (2, 3)  # the step after the look, and the one after it
+
+
+def test_a_profile_asked_of_a_keras_fit_on_jax_uses_jax_s_profiler(tmp_path, monkeypatch):
+    import keras
+
+    from tpudash.callbacks import TpudashCallback
+
+    monkeypatch.setattr("tpudash.recording.PROFILE_POLL_SECONDS", 0.02)  # the run looks often: a short test
+    runs_dir = tmp_path / "runs"
+    store = RunStore(runs_dir)
+    stop = threading.Event()
+    raised: list[BaseException] = []
+
+    class StopWhenTold(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            if stop.is_set():
+                self.model.stop_training = True
+
+    features = np.random.default_rng(0).normal(size=(256, 8)).astype("float32")
+    labels = (features[:, 0] > 0).astype("int32")
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(2)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    def fit() -> None:
+        try:
+            callbacks = [TpudashCallback(name="keras-jax", runs_dir=runs_dir), StopWhenTold()]
+            model.fit(features, labels, batch_size=32, epochs=10_000, verbose=0, callbacks=callbacks)
+        except BaseException as error:  # noqa: BLE001 - said by the test below
+            raised.append(error)
+        finally:
+            stop.set()
+
+    training = threading.Thread(target=fit)
+    training.start()
+    try:
+        pause = threading.Event()
+        for _ in range(12_000):  # at most two minutes, looking every 10 ms: the fit starts on its own thread
+            if store.run_ids() or stop.is_set():
+                break
+            pause.wait(0.01)
+        (run_id,) = store.run_ids()
+        files = store.files(run_id)
+        request = request_profile(files, steps=3)
+        answer = wait_for_answer(files, request.id, timeout=120, poll=0.05)
+    finally:
+        stop.set()
+        training.join(120)
+    assert not raised, raised
+    assert answer is not None and answer.state == "done", answer
+    assert answer.framework == "jax" and answer.last_step - answer.first_step == 2
+    xplane = runs_dir / run_id / "profile" / "plugins" / "profile" / answer.capture / f"{answer.host}.xplane.pb"
+    assert b"step_num" in xplane.read_bytes()
+    assert store.load(run_id).info.status == "done"

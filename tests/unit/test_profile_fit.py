@@ -19,12 +19,13 @@ from tpudash.profiles.requests import read_answers, request_profile, wait_for_an
 from tpudash.runs.store import RunStore
 
 
-def test_a_profile_asked_of_a_live_fit_lands_where_xprof_looks(tmp_path):
+def test_a_profile_asked_of_a_live_fit_lands_where_xprof_looks(tmp_path, monkeypatch):
     import keras
     import tensorflow as tf
 
     from tpudash.callbacks import TpudashCallback
 
+    monkeypatch.setattr("tpudash.recording.PROFILE_POLL_SECONDS", 0.02)  # the run looks often: a short test
     runs_dir = tmp_path / "runs"
     store = RunStore(runs_dir)
     stop = threading.Event()
