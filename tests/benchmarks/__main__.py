@@ -43,6 +43,7 @@ BENCHMARKS = {
     "event_parse": "tests.benchmarks.bench_event_parse",
     "pipeline": "tests.benchmarks.bench_pipeline",
     "callback": "tests.benchmarks.bench_callback",
+    "profile_cost": "tests.benchmarks.bench_profile_cost",
     "keras_jax": "tests.benchmarks.bench_keras_jax",
     "bucket": "tests.benchmarks.bench_bucket",
     "telemetry": "tests.benchmarks.bench_telemetry",

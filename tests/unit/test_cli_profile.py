@@ -21,7 +21,7 @@ from jobs import get_job
 from jobs.events import RunFinished
 from tpudash.cli import main as cli
 from tpudash.cli.exits import BadInput
-from tpudash.cli.profiling import with_profile_steps
+from tpudash.cli.profilesteps import with_profile_steps
 from tpudash.profiles import requests as profile_requests
 from tpudash.profiles.requests import ProfileAnswer, write_answer
 from tpudash.runs.layout import new_run_id
@@ -368,3 +368,52 @@ def test_run_with_profile_steps_on_a_job_without_steps_exits_2_before_anything_r
     assert cli.main(["run", "matmul", "--profile-steps", "2-4"]) == 2
     assert "--profile-steps: job matmul has no training steps to profile" in capsys.readouterr().err
     assert not isolated_runs_dir.exists() or not any(isolated_runs_dir.iterdir())
+
+
+def free_loopback_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_attach_to_a_port_where_no_profiler_listens_says_so(isolated_runs_dir, xprof, tmp_path, capsys):
+    pytest.importorskip("xprof")  # the capturing child's client
+    port = free_loopback_port()
+    assert cli.main(["profile", "--attach", f"127.0.0.1:{port}", "--duration", "100ms", "--logdir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"no capture from the profiler server at 127.0.0.1:{port}: connection refused" in err
+
+
+SERVER = """
+import sys, tensorflow as tf
+tf.profiler.experimental.server.start(int(sys.argv[1]))
+print("listening", flush=True)
+x = tf.random.normal((64, 64))
+step = 0
+while True:
+    with tf.profiler.experimental.Trace("train", step_num=step, _r=1):
+        tf.matmul(x, x)
+    step += 1
+"""
+
+
+@pytest.mark.slow  # a TensorFlow process as the profiler server: its import alone takes seconds on 2 cores
+def test_attach_captures_by_duration_from_a_real_profiler_server(isolated_runs_dir, xprof, tmp_path, capsys):
+    import subprocess
+
+    pytest.importorskip("xprof")
+    port = free_loopback_port()
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "listening"
+        argv = ["profile", "--attach", f"127.0.0.1:{port}", "--duration", "500ms", "--logdir", str(tmp_path), "--json"]
+        assert cli.main(argv) == 0
+    finally:
+        server.kill()
+        server.wait()
+    printed = json.loads(capsys.readouterr().out)
+    [capture] = list((tmp_path / "plugins" / "profile").iterdir())
+    assert printed["capture"] == capture.name and printed["profile_dir"] == str(tmp_path)
+    assert [path.suffix for path in capture.iterdir()] == [".pb"]

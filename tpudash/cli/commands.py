@@ -198,7 +198,7 @@ def command_run(args: argparse.Namespace, settings: Settings) -> int:
     except ParamError as error:
         raise BadInput(str(error)) from None
     if args.profile_steps is not None:
-        from tpudash.cli.profiling import with_profile_steps
+        from tpudash.cli.profilesteps import with_profile_steps
 
         assignments = with_profile_steps(spec, assignments, args.profile_steps)
     from tpudash.cli.workerflags import checked_run_id, join_cluster, requested_workers

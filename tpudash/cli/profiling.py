@@ -33,7 +33,6 @@ from tpudash.cli.exits import EXIT_DONE, EXIT_FAILED, BadInput
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from jobs.base import JobSpec
     from tpudash.config import Settings
     from tpudash.profiles.summary import ProfileSummary
     from tpudash.runs.backends import RunFiles
@@ -513,10 +512,20 @@ def capture_by_duration(address: str, logdir: Path, seconds: float) -> Path:
         ) from None
     new = [path for path in _capture_dirs(logdir) if path not in before]
     if done.returncode != 0 or not new:
-        last = [line for line in (done.stderr or "").splitlines() if line.strip()][-3:]
-        why = "; ".join(line.strip() for line in last) or f"exit {done.returncode}"
-        raise NoCapture(f"no capture from the profiler server at {address}: {why}")
+        raise NoCapture(f"no capture from the profiler server at {address}: {_why_no_capture(done)}")
     return max(new, key=lambda path: path.name)
+
+
+def _why_no_capture(done: subprocess.CompletedProcess) -> str:
+    """The child's last line (its own: the error it caught), or what the profiler client logged that says more."""
+    said = done.stderr or ""
+    if "Connection refused" in said:
+        return (
+            "connection refused: is a profiler server listening there? "
+            "(tf.profiler.experimental.server.start(PORT), jax.profiler.start_server(PORT))"
+        )
+    last = [line.strip() for line in said.splitlines() if line.strip()]
+    return last[-1] if last else f"the capturing child ended with exit {done.returncode} and said nothing"
 
 
 def _capture_dirs(logdir: Path) -> list[Path]:
@@ -530,28 +539,3 @@ def _upload_capture(files: RunFiles, capture_dir: Path) -> None:
     for path in sorted(capture_dir.iterdir()):
         if path.is_file():
             files.write(f"{CAPTURES_FOLDER}/{capture_dir.name}/{path.name}", path.read_bytes())
-
-
-# -- tpudash run JOB --profile-steps A-B ------------------------------------------------
-
-
-def with_profile_steps(spec: JobSpec, assignments: dict[str, str], steps: str) -> dict[str, str]:
-    """``assignments`` with the job's ``profile_steps`` param set from ``--profile-steps``; BadInput if it cannot be.
-
-    A job without training steps (matmul, the checks) has nothing to profile by step: it is
-    refused, naming the jobs that can. The same window given twice differently is refused too.
-    """
-    from jobs import registry
-    from jobs.base import ParamError
-
-    if not spec.profiles_steps:
-        can = ", ".join(name for name, other in registry().items() if other.profiles_steps)
-        raise BadInput(f"--profile-steps: job {spec.name} has no training steps to profile; allowed with: {can}")
-    try:
-        spec.param("profile_steps").parse(steps)
-    except ParamError as error:
-        raise BadInput(f"--profile-steps: {error.message}") from None
-    set_before = assignments.get("profile_steps")
-    if set_before is not None and set_before.strip() != steps.strip():
-        raise BadInput(f"--profile-steps: {steps!r} and --set profile_steps={set_before} disagree; give one")
-    return {**assignments, "profile_steps": steps}
