@@ -10,6 +10,7 @@ answers what is pending. A bucket run's capture is uploaded.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import threading
 import time
@@ -36,6 +37,7 @@ from tpudash.profiles.requests import (
 from tpudash.runs.backends import BucketRoot, LocalRunFiles
 
 RUN_ID = "20261128-070000-fit-abcdef"
+CAPTURES_MADE = itertools.count(1)
 
 
 class AlreadyExistsError(Exception):
@@ -63,7 +65,7 @@ class FakeProfiler(TensorFlowProfiler):
             raise self.stop_error
         assert self.logdir is not None, "stopped without a start"
         self.captures += 1
-        folder = Path(self.logdir, "plugins", "profile", f"2026_11_28_07_05_{self.captures:02d}")
+        folder = Path(self.logdir, "plugins", "profile", f"2026_11_28_07_{next(CAPTURES_MADE):04d}")  # a new one each
         folder.mkdir(parents=True)
         (folder / "vm.xplane.pb").write_bytes(b"xplane %d" % self.captures)
         (folder / "vm.trace.json.gz").write_bytes(b"trace")
@@ -342,3 +344,59 @@ def wait_until(condition, timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "the condition never held"
         event.wait(0.005)
+
+
+def test_each_worker_of_a_recorded_cluster_run_answers_its_own_requests(tmp_path):
+    from tpudash.recording import RecordedRun
+    from tpudash.runs.workers import WorkerIdentity
+
+    runtime = {"backend": "tensorflow", "kind": "CPU", "strategy": "MultiWorkerMirroredStrategy", "num_replicas": 2}
+    workers = [
+        RecordedRun("cluster", runs_dir=tmp_path, runtime=runtime, run_id="cluster-run",
+                    worker=WorkerIdentity(index=index, count=2, task="worker", host=f"w{index}"))
+        for index in (0, 1)
+    ]  # fmt: skip
+    for run in workers:
+        run.profiler.profiler = FakeProfiler()  # no TensorFlow here: the fake writes the capture
+    files = LocalRunFiles(tmp_path / "cluster-run")
+    of_the_chief, of_the_second = request_profile(files, steps=1), request_profile(files, steps=1, worker=1)
+    for run in workers:
+        run.profiler.poll_now()
+        for step in range(1, 4):
+            with run.step(step):
+                pass
+        run.profiler.poll_now()
+        run.finish()
+    assert [run.profiler.worker for run in workers] == [0, 1]
+    assert read_answer(files, of_the_chief.id).worker == 0 and read_answer(files, of_the_chief.id).state == "done"
+    assert read_answer(files, of_the_second.id).worker == 1 and read_answer(files, of_the_second.id).state == "done"
+
+
+def test_a_recorded_run_without_tensorflow_or_jax_has_no_profiler_and_its_steps_cost_nothing(tmp_path):
+    from tpudash.recording import RecordedRun
+
+    with RecordedRun("numpy-loop", runs_dir=tmp_path, runtime={"backend": "unknown"}) as run:
+        assert run.profiler is None
+        with run.step(1):
+            run.progress(1, 1, "step")
+
+
+def test_two_workers_on_one_host_writing_the_same_capture_folder_both_find_their_capture(files):
+    class SameSecond(FakeProfiler):
+        """Both workers' profilers name the capture by the same second, and the file by the same host."""
+
+        def stop(self) -> None:
+            folder = Path(self.logdir, "plugins", "profile", "2026_11_28_07_05_54")
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "vm.xplane.pb").write_bytes(b"x" * (10 + len(self.marked)))  # rewritten, another size
+
+    chief, second = (responder_for(files, SameSecond(), worker=index) for index in (0, 1))
+    asked = [request_profile(files, steps=1, worker=index) for index in (0, 1)]
+    chief.poll_now()
+    second.poll_now()
+    train(chief, range(1, 3))
+    chief.poll_now()
+    train(second, range(1, 4))
+    second.poll_now()
+    answers = [read_answer(files, request.id) for request in asked]
+    assert [(answer.state, answer.capture) for answer in answers] == [("done", "2026_11_28_07_05_54")] * 2

@@ -183,7 +183,7 @@ class _Window:
     steps: int
     first: int | None = None
     last: int | None = None
-    before: frozenset[str] = frozenset()
+    before: frozenset[tuple[str, int, int]] = frozenset()
     """The files under the captures folder before this profile: the new ones are its capture."""
 
 
@@ -386,19 +386,23 @@ class ProfileResponder:
     def _captures_dir(self) -> Path:
         return self._logdir() / "plugins" / "profile"
 
-    def _capture_files(self) -> frozenset[str]:
-        """Every file under the local captures folder, as ``<capture>/<name>``."""
-        found: set[str] = set()
+    def _capture_files(self) -> frozenset[tuple[str, int, int]]:
+        """Every file under the local captures folder: (``<capture>/<name>``, modified ns, size)."""
+        found: set[tuple[str, int, int]] = set()
         root = self._captures_dir()
         for folder, _, names in os.walk(root):
             relative = Path(folder).relative_to(root).as_posix()
-            found.update(f"{relative}/{name}" for name in names if relative != ".")
+            for name in names if relative != "." else ():
+                with contextlib.suppress(OSError):  # gone since the listing
+                    status = os.lstat(os.path.join(folder, name))
+                    found.add((f"{relative}/{name}", status.st_mtime_ns, status.st_size))
         return frozenset(found)
 
     def _place(self, capture: _Capture, last: int, seconds: float, reason: str | None) -> None:
         """Find what the profiler wrote; upload it for a run in a bucket; answer done (or why not)."""
         window = capture.window
-        new = sorted(self._capture_files() - window.before)
+        # New or rewritten: two workers on one host may write the same capture folder within a second.
+        new = sorted({name for name, _, _ in self._capture_files() - window.before})
         folders = sorted({name.split("/", 1)[0] for name in new if name.endswith(".xplane.pb")})
         if not folders:
             self._answer(window, STATE_FAILED, "the profiler wrote no capture", capture.first, last, seconds)
