@@ -273,15 +273,26 @@ def test_answered_and_older_requests_are_ignored(files):
     assert responder._armed is None
 
 
-def test_requests_are_answered_one_after_another(files):
-    responder = responder_for(files)
+def test_requests_are_answered_one_after_another_never_in_one_capture_folder(files):
+    class NamedBySecond(FakeProfiler):
+        """As TensorFlow and JAX name a capture: by the second it ends in (two in one second would share it)."""
+
+        def stop(self) -> None:
+            folder = Path(self.logdir, "plugins", "profile", time.strftime("%Y_%m_%d_%H_%M_%S"))
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "vm.xplane.pb").write_bytes(b"x" * (10 + len(self.marked)))
+
+    responder = responder_for(files, NamedBySecond())
     first, second = request_profile(files, steps=2), request_profile(files, steps=3)
-    for step in range(1, 20):
-        responder.poll_now()
+    deadline = time.monotonic() + 30
+    step = 0
+    while read_answer(files, second.id) is None or read_answer(files, second.id).state != "done":
+        assert time.monotonic() < deadline, responder.answers
+        step += 1
+        responder.poll_now()  # the second waits for the next second of the clock: the loop goes on until then
         train(responder, range(step, step + 1))
-    responder.poll_now()
     one, two = read_answer(files, first.id), read_answer(files, second.id)
-    assert one.state == two.state == "done" and one.capture != two.capture
+    assert one.state == "done" and one.capture < two.capture  # answered in the order asked, in folders of their own
     assert two.first_step > one.last_step and two.last_step - two.first_step == 2
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import os
 import socket
 import sys
@@ -243,6 +244,7 @@ class ProfileResponder:
         self._polling = threading.Lock()
         self._answering = threading.Lock()
         self._queued: deque[_Window] = deque()
+        self._next_capture_at = 0.0
         # Work the training thread hands the poller (answers to write, a capture to place): no I/O in a step.
         self._outbox: deque[Callable[[], None]] = deque()
         self._seen: set[str] = set()
@@ -308,6 +310,8 @@ class ProfileResponder:
         """The first queued profile armed for the next step, when none is armed or under way (one at a time)."""
         if not self._queued or self._armed is not None or self._capture is not None:
             return
+        if time.time() < self._next_capture_at:
+            return  # the profiler names a capture by its second: one more in the same second would overwrite it
         before = self._capture_files()  # the files already there: the new ones will be this profile's capture
         with self._arming:
             if self._queued and self._armed is None and self._capture is None and not self._closed.is_set():
@@ -374,6 +378,7 @@ class ProfileResponder:
             self._answer_later(capture.window, STATE_FAILED, cannot_profile(self.framework, error), capture.first, last)
             return
         seconds = time.perf_counter() - capture.started
+        self._next_capture_at = math.floor(time.time()) + 1.0
         self._later(lambda: self._place(capture, last, seconds, reason))  # the poller arms what is queued next
 
     # -- placing a capture, answering (the poller's thread) ---------------------------------
