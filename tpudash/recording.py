@@ -385,6 +385,7 @@ class RecordedRun:
         profiler = self.profiler
         if profiler is None:
             return nullcontext()
+        self._progress_steps = False  # the loop numbers its steps here: its progress no longer drives the profiler
         return _ProfiledStep(profiler, step if type(step) is int else _step("step", step))
 
     def replica_values(self, name: str, per_replica_value: Any, devices: Iterable[str] | None = None) -> None:

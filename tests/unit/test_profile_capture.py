@@ -178,6 +178,9 @@ def test_the_step_path_makes_no_file_system_call(files):
     assert counting.calls == before  # answers and the capture's placing are the poller's
     responder.poll_now()
     assert [answer.state for answer in responder.answers] == ["capturing", "done"]
+    before = counting.calls
+    responder.poll_now()  # nothing new: one listing of the requests, no request read again
+    assert counting.calls == before + 1
 
 
 def test_a_profiler_already_running_is_a_failed_answer_and_training_goes_on(files):
