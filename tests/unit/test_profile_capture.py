@@ -222,7 +222,7 @@ def test_a_marker_that_fails_never_stops_a_step(files):
 def test_the_run_ending_before_the_profile_started_answers_pending_requests(files):
     responder = responder_for(files, poll_seconds=0.01).start()
     armed = request_profile(files)
-    wait_until(lambda: responder._armed is not None)
+    wait_until(lambda: responder.armed is not None)
     unread = request_profile(files)  # written after the last look: answered by the end all the same
     responder.close()
     for request in (armed, unread):
@@ -248,12 +248,12 @@ def test_a_request_for_another_worker_is_left_alone(files):
     for_the_chief = request_profile(files, worker=None)
     for_the_third = request_profile(files, worker=2)
     second.poll_now()
-    assert second._armed is None
+    assert second.armed is None
     for_the_second = request_profile(files, worker=1)
     second.poll_now()
     chief.poll_now()
-    assert second._armed.id == for_the_second.id
-    assert chief._armed.id == for_the_chief.id
+    assert second.armed == for_the_second.id
+    assert chief.armed == for_the_chief.id
     train(second, range(1, 10))
     train(chief, range(1, 10))
     second.poll_now()
@@ -273,7 +273,7 @@ def test_answered_and_older_requests_are_ignored(files):
     files.write(f"{REQUESTS_FOLDER}/{old.id}.json", json.dumps(payload).encode())
     responder = responder_for(files)
     responder.poll_now()
-    assert responder._armed is None
+    assert responder.armed is None
 
 
 def test_requests_are_answered_one_after_another_never_in_one_capture_folder(files):
@@ -314,7 +314,7 @@ def test_a_bucket_run_s_capture_is_uploaded_where_xprof_looks(tmp_path):
     local_root = tmp_path / "local-copy"
     responder = responder_for(files, local_root=local_root, poll_seconds=0.01).start()
     request = request_profile(files, steps=2)
-    wait_until(lambda: responder._armed is not None)
+    wait_until(lambda: responder.armed is not None)
     train(responder, range(1, 4))
     answer = wait_for_answer(files, request.id, timeout=30, poll=0.01)
     responder.close()

@@ -252,6 +252,12 @@ class ProfileResponder:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @property
+    def armed(self) -> str | None:
+        """The id of the profile that starts at the next step (a request's, or a scheduled window's); None if none."""
+        window = self._armed
+        return window.id if window is not None else None
+
     # -- the poller --------------------------------------------------------------------------
     def start(self) -> ProfileResponder:
         """Start polling for requests on a daemon thread (once)."""
