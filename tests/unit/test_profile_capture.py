@@ -414,3 +414,31 @@ def test_two_workers_on_one_host_writing_the_same_capture_folder_both_find_their
     second.poll_now()
     answers = [read_answer(files, request.id) for request in asked]
     assert [(answer.state, answer.capture) for answer in answers] == [("done", "2026_11_28_07_05_54")] * 2
+
+
+def test_a_store_that_cannot_be_listed_is_said_once_and_the_requests_are_answered_when_it_is_back(files):
+    class Flaky:
+        """The run's files, whose listing fails while ``away`` is set (a store that does not answer)."""
+
+        away = True
+        where, local_dir = files.where, files.local_dir
+
+        def __getattr__(self, name):
+            return getattr(files, name)
+
+        def list(self, folder):
+            if self.away:
+                raise OSError("the store does not answer")
+            return files.list(folder)
+
+    flaky = Flaky()
+    responder = responder_for(flaky)
+    request = request_profile(files, steps=1)
+    for _ in range(5):
+        responder._poll_quietly()  # what the poller does once a second
+    assert [text for _, text in responder.lines if "cannot be read" in text] == [
+        "profile requests cannot be read (OSError: the store does not answer); retrying"
+    ]
+    flaky.away = False
+    responder._poll_quietly()
+    assert responder.armed == request.id and ("info", "profile requests can be read again") in responder.lines

@@ -245,6 +245,7 @@ class ProfileResponder:
         self._answering = threading.Lock()
         self._queued: deque[_Window] = deque()
         self._next_capture_at = 0.0
+        self._poll_failing = False
         # Work the training thread hands the poller (answers to write, a capture to place): no I/O in a step.
         self._outbox: deque[Callable[[], None]] = deque()
         self._seen: set[str] = set()
@@ -273,9 +274,22 @@ class ProfileResponder:
             self._run_outbox()
             self._guarded(self._arm_next, "arming the next profile")
             if time.monotonic() >= next_poll:
-                self._guarded(self._poll, "reading the run's profile requests")
+                self._poll_quietly()
                 next_poll = time.monotonic() + self.poll_seconds
             self._wake.wait(max(0.0, next_poll - time.monotonic()))
+
+    def _poll_quietly(self) -> None:
+        """A look for requests; a store that cannot be read is said once (not every second) until it can again."""
+        try:
+            self._poll()
+        except Exception as error:  # noqa: BLE001 - a profile's trouble is never the training's
+            if not self._poll_failing:
+                self._say("warning", f"profile requests cannot be read ({type(error).__name__}: {error}); retrying")
+            self._poll_failing = True
+            return
+        if self._poll_failing:
+            self._say("info", "profile requests can be read again")
+        self._poll_failing = False
 
     def _poll(self) -> None:
         """One look at ``profile/requests/`` (a listing); new requests for this worker queue, the first is armed."""
