@@ -63,6 +63,8 @@ REASON_PROFILER_BUSY = "a profiler is already running in this process (e.g. a Te
 FRAMEWORK_TITLES = {"tensorflow": "TensorFlow", "jax": "JAX"}
 # How long ``close`` waits for the poller's last work (an answer, a capture's upload) before the run ends anyway.
 CLOSE_WAIT_SECONDS = 10.0
+# How far past a second's end a capture may still be named by that second (a coarse clock's tick, ≤ 10 ms).
+CLOCK_TICK_MARGIN_SECONDS = 0.1
 # The step marker's name: what XProf's overview reads steps from.
 STEP_MARKER_NAME = "train"
 Log = Callable[[str, str], None]
@@ -398,7 +400,8 @@ class ProfileResponder:
             self._answer_later(capture.window, STATE_FAILED, cannot_profile(self.framework, error), capture.first, last)
             return
         seconds = time.perf_counter() - capture.started
-        self._next_capture_at = math.floor(time.time()) + 1.0
+        # The next second, and a little: a profiler may name folders by a coarser clock (``time(NULL)``, a tick behind).
+        self._next_capture_at = math.floor(time.time()) + 1.0 + CLOCK_TICK_MARGIN_SECONDS
         self._later(lambda: self._place(capture, last, seconds, reason))  # the poller arms what is queued next
 
     # -- placing a capture, answering (the poller's thread) ---------------------------------
