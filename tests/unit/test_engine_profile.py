@@ -233,3 +233,24 @@ def test_run_with_profile_steps_then_profile_capture_prints_xprofs_summary(isola
     assert summary["profile_dir"] == str(run_dir / "profile")
     assert summary["steps"] >= 1 and summary["step_time_ms"]["avg"] > 0  # the step markers were seen
     assert summary["verdict"] in ("input-bound", "not input-bound")
+
+
+def test_the_refuser_answers_only_its_own_workers_requests_asked_since_the_run_began(store):
+    from tpudash.engine.profiling import StepsRefuser
+    from tpudash.runs.layout import new_run_id
+
+    run_id = new_run_id("matmul")
+    recorder = store.create(run_id, "matmul", {}, {"kind": "CPU"})
+    files = store.files(run_id)
+    try:
+        first = request_profile(files, worker=1)
+        assert StepsRefuser(files, worker=1, started_at=first.requested_at + 10).answer_pending() == 0  # too old
+        refuser = StepsRefuser(files, worker=1, started_at=first.requested_at)
+        theirs = request_profile(files)  # the chief's
+        assert refuser.answer_pending() == 1
+        answered = {answer.id: answer for answer in read_answers(files)}
+        assert theirs.id not in answered
+        assert (answered[first.id].reason, answered[first.id].worker) == (NO_STEPS_REASON, 1)
+        assert refuser.answer_pending() == 0  # each request once
+    finally:
+        recorder.close()
