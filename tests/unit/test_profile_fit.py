@@ -63,7 +63,7 @@ def test_a_profile_asked_of_a_live_fit_lands_where_xprof_looks(tmp_path, monkeyp
         assert not raised, raised
         (run_id,) = store.run_ids()
         files = store.files(run_id)
-        request = request_profile(files, steps=3)
+        request = request_profile(files, steps=10)  # more than an epoch's 8: steps are numbered across epochs
         answer = wait_for_answer(files, request.id, timeout=120, poll=0.05)
     finally:
         stop.set()
@@ -71,7 +71,7 @@ def test_a_profile_asked_of_a_live_fit_lands_where_xprof_looks(tmp_path, monkeyp
     assert not raised, raised
     assert answer is not None and answer.state == "done", answer
     assert answer.framework == "tensorflow" and answer.worker == 0 and answer.reason is None
-    assert answer.last_step - answer.first_step == 2 and answer.first_step > 1
+    assert answer.last_step - answer.first_step == 9 and answer.first_step >= 1
     capture = runs_dir / run_id / "profile" / "plugins" / "profile" / answer.capture
     xplane = capture / f"{answer.host}.xplane.pb"
     assert xplane.is_file() and xplane.stat().st_size > 0
