@@ -62,7 +62,7 @@ REASON_RUN_ENDED = "the run ended before the profile started"
 REASON_PROFILER_BUSY = "a profiler is already running in this process (e.g. a TensorBoard callback's)"
 FRAMEWORK_TITLES = {"tensorflow": "TensorFlow", "jax": "JAX"}
 # How long ``close`` waits for the poller's last work (an answer, a capture's upload) before the run ends anyway.
-CLOSE_WAIT_SECONDS = 10.0
+CLOSE_WAIT_SECONDS = 5.0
 # How far past a second's end a capture may still be named by that second (a coarse clock's tick, ≤ 10 ms).
 CLOCK_TICK_MARGIN_SECONDS = 0.1
 # The step marker's name: what XProf's overview reads steps from.
@@ -542,7 +542,8 @@ class ProfileResponder:
         for window in pending:
             self._answer_later(window, STATE_FAILED, reason, None, None)
         self._run_outbox(wait=CLOSE_WAIT_SECONDS)
-        if self._thread is not None:
+        if self._thread is not None and not self._thread.is_alive() and not self._poll_failing:
+            # One last look, unless the store is away (the run's finish must not wait for it twice).
             self._guarded(lambda: self._answer_unanswered(reason), "answering the run's last profile requests")
 
     def poll_now(self) -> None:
