@@ -19,7 +19,9 @@ from tpudash.profiles.requests import read_answers, request_profile, wait_for_an
 from tpudash.runs.store import RunStore
 
 
-def test_a_profile_asked_of_a_live_fit_lands_where_xprof_looks(tmp_path, monkeypatch):
+def test_a_profile_asked_of_a_live_fit_lands_where_xprof_looks(runtime, tmp_path, monkeypatch):
+    # ``runtime``: the process's 8 logical CPU devices are set up before this fit starts TensorFlow's runtime
+    # (they can be set only once, and the tests after this one train on them).
     import keras
     import tensorflow as tf
 
