@@ -37,13 +37,24 @@ SUMMARY = {
     "steps": 5,
     "step_time_ms": {"avg": 41.6, "min": 39.4, "max": 43.8, "std": 1.9},
     "per_step": [],
-    "breakdown": {"input": 90.3, "host_compute": 8.9, "device_compute": 0.0, "idle": 0.8},
+    "breakdown": {
+        "input": 90.3,
+        "host_compute": 8.9,
+        "device_compute": 0.0,
+        "collectives": 0.0,
+        "compile": 0.0,
+        "other": 0.7,
+        "idle": 0.1,
+    },
     "input_percent": 90.3,
     "verdict": "input-bound",
     "input_conclusion": "Your program is HIGHLY input-bound because 90.3% of the step time is spent waiting for input.",
     "bottleneck": "",
     "recommendations": ["Enable tf.data prefetch.", "Cache the dataset."],
-    "utilisation": {"duty_cycle": {"percent": None, "note": "not measured on CPU"}},
+    "utilisation": {
+        name: {"percent": None, "note": "not measured on CPU"}
+        for name in ("duty_cycle", "mxu", "flop_rate_vs_roofline", "memory_bandwidth")
+    },
     "top_ops": [{"name": "MatMul", "type": "MatMul", "self_percent": 31.2, "self_ms": 12.0}],
     "top_ops_source": "xprof framework_op_stats (host)",
     "input_stages": [],
@@ -417,3 +428,26 @@ def test_attach_captures_by_duration_from_a_real_profiler_server(isolated_runs_d
     [capture] = list((tmp_path / "plugins" / "profile").iterdir())
     assert printed["capture"] == capture.name and printed["profile_dir"] == str(tmp_path)
     assert [path.suffix for path in capture.iterdir()] == [".pb"]
+
+
+def test_list_and_capture_through_the_real_listing_and_a_summary_already_converted(isolated_runs_dir, capsys):
+    """No fakes: captures listed by ``tpudash.profiles.summary``, and a summary.json there read back as it is."""
+    store, run_id = ended_run(isolated_runs_dir)
+    add_capture(store, run_id)
+    store.files(run_id).write(f"profile/plugins/profile/{CAPTURE}/summary.json", json.dumps(SUMMARY).encode())
+    assert cli.main(["profile", run_id, "--list", "--json"]) == 0
+    [listed] = json.loads(capsys.readouterr().out)["captures"]
+    assert (listed["capture"], listed["hosts"], listed["has_summary"]) == (CAPTURE, ["vm"], True)
+    assert cli.main(["profile", run_id, "--capture", CAPTURE, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["verdict"] == "input-bound" and printed["input_percent"] == 90.3
+    assert printed["profile_dir"] == str(Path(store.find(run_id)) / "profile")
+
+
+def test_a_capture_xprof_cannot_read_is_the_real_converters_sentence_and_exit_1(isolated_runs_dir, capsys):
+    pytest.importorskip("xprof")
+    store, run_id = ended_run(isolated_runs_dir)
+    add_capture(store, run_id)  # "xplane": not a protobuf XProf can parse
+    assert cli.main(["profile", run_id, "--capture", CAPTURE]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"tpudash: capture {CAPTURE}: the converter failed (exit ") and len(err.splitlines()) == 1
