@@ -240,7 +240,7 @@ def test_the_writers_failed_answer_is_the_reason_given(live_run, xprof, monkeypa
     busy = "a profiler is already running in this process (e.g. a TensorBoard callback's)"
     answer_at_once(monkeypatch, store, run_id, "failed", busy)
     assert cli.main(["profile", run_id]) == 1
-    assert f"its writer of {run_id} could not profile: {busy}" in capsys.readouterr().err
+    assert f"the writer of {run_id} could not profile: {busy}" in capsys.readouterr().err
 
 
 def test_no_answer_in_time_is_a_sentence_with_what_to_do(live_run, xprof, capsys):

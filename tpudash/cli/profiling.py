@@ -293,7 +293,7 @@ def _profile_live(files: RunFiles, run_id: str, status: str, steps: int, worker:
         request = request_profile(files, steps, worker)
     except ValueError as error:
         raise BadInput(str(error)) from None
-    writer = "its writer" if worker is None else f"worker {worker}"
+    writer = "the writer" if worker is None else f"worker {worker}"
     deadline = time.monotonic() + timeout
     with _progress() as say:
         say(f"requested a profile of the next {steps} steps of {run_id} from {writer}")
