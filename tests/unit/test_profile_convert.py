@@ -1,0 +1,194 @@
+"""Captures with known bottlenecks through the real profiler and the real converter (XProf, in its child).
+
+The oracles: a fit whose input sleeps 40 ms per batch is input-bound; cached,
+prefetched data through wide Dense layers is not, and a MatMul leads its ops; a
+capture without step markers has no verdict and says why. Every failure is one
+sentence: no xprof, a timeout, a crashed converter, a folder with no capture.
+A bucket run's capture is converted from a download and its summary.json
+uploaded beside it.
+
+TensorFlow runs once per module, in a child (``tests.profiles_helpers``): the
+three captures are shared by every test here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.profiles_helpers import capture_dirs, make_captures
+from tpudash.profiles import convert
+from tpudash.profiles.convert import PROFILE_EXTRA_INSTALL, ProfileError, convert_capture, summarize_run_capture
+from tpudash.profiles.requests import CAPTURES_FOLDER
+from tpudash.profiles.summary import ProfileSummary, list_captures, read_summary
+from tpudash.runs.backends import BucketRoot, LocalRunFiles
+
+pytest.importorskip("xprof", reason="the converter's tests need xprof (the [profile] extra)")
+RUN_ID = "20261128-070000-fit-abcdef"
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One real capture per bottleneck (5 profiled steps each), made by TensorFlow in a child."""
+    out = tmp_path_factory.mktemp("captures")
+    make_captures(out)
+    found = {kind: capture_dirs(out / kind) for kind in ("input", "compute", "nomarker")}
+    assert all(len(folders) == 1 for folders in found.values()), found
+    return {kind: folders[0] for kind, folders in found.items()}
+
+
+def _copy(capture: Path, into: Path) -> Path:
+    """A fresh copy of a capture (each test converts its own: summary.json is written beside it)."""
+    target = into / capture.name
+    shutil.copytree(capture, target)
+    (target / "summary.json").unlink(missing_ok=True)
+    return target
+
+
+def test_a_fit_waiting_40_ms_per_batch_for_its_input_is_input_bound(captures: dict[str, Path], tmp_path: Path) -> None:
+    capture = _copy(captures["input"], tmp_path)
+    summary = convert_capture(capture)
+    assert summary.verdict == "input-bound"
+    assert summary.input_percent is not None and summary.input_percent >= 50
+    assert summary.steps >= 4 and summary.step_time_ms["avg"] is not None and summary.step_time_ms["avg"] >= 40
+    assert summary.hardware == "CPU_ONLY" and summary.framework == "tensorflow" and summary.hosts
+    assert all(figure == {"percent": None, "note": "not measured on CPU"} for figure in summary.utilisation.values())
+    assert "HIGHLY input-bound" in summary.input_conclusion
+    assert not any("<a" in text or "</" in text for text in summary.recommendations)  # XProf's HTML is stripped
+    assert summary.input_stages and summary.input_stages[0]["name"].startswith("Iterator::")
+    # summary.json is what came back; XProf's caches went elsewhere: the capture folder holds nothing else new.
+    assert ProfileSummary.from_json(json.loads((capture / "summary.json").read_text())) == summary
+    assert sorted(path.name for path in capture.iterdir()) == sorted(
+        [*(path.name for path in captures["input"].iterdir() if path.name != "summary.json"), "summary.json"]
+    )
+
+
+def test_a_fit_on_cached_prefetched_data_through_wide_layers_is_not_input_bound(
+    captures: dict[str, Path], tmp_path: Path
+) -> None:
+    summary = convert_capture(_copy(captures["compute"], tmp_path))
+    assert summary.verdict == "not input-bound"
+    assert summary.input_percent is not None and summary.input_percent < 30
+    assert any("MatMul" in op["type"] for op in summary.top_ops[:3]), summary.top_ops[:3]
+    assert summary.top_ops_source == "xprof framework_op_stats (host)"
+    assert len(summary.top_ops) <= 10
+    shares = [op["self_percent"] for op in summary.top_ops]
+    assert shares == sorted(shares, reverse=True)
+
+
+def test_a_capture_without_step_markers_has_no_verdict_and_says_why(captures: dict[str, Path], tmp_path: Path) -> None:
+    summary = convert_capture(_copy(captures["nomarker"], tmp_path))
+    assert summary.verdict == "unknown" and summary.input_percent is None and summary.steps == 0
+    assert summary.step_time_ms == {"avg": None, "min": None, "max": None, "std": None}
+    assert summary.notes[0].startswith("No step marker observed in the capture")
+    assert summary.top_ops  # the op statistics do not need steps
+
+
+def _child_environment(tmp_path: Path, xprof_package: str) -> dict[str, str]:
+    """The child's environment with a package named xprof first on its path (one that refuses, or hangs)."""
+    shadow = tmp_path / "shadow" / "xprof"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text(xprof_package)
+    return {**os.environ, "PYTHONPATH": f"{shadow.parent}{os.pathsep}{Path.cwd()}"}
+
+
+def _fake_capture(tmp_path: Path, data: bytes = b"\x0a\x00") -> Path:
+    capture = tmp_path / "2026_11_28_07_05_54"
+    capture.mkdir()
+    (capture / "vm.xplane.pb").write_bytes(data)
+    return capture
+
+
+def test_without_xprof_the_sentence_is_the_install_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    capture = _fake_capture(tmp_path)
+    refusing = _child_environment(tmp_path, "raise ImportError(\"No module named 'xprof'\")\n")
+    with pytest.raises(ProfileError) as refused:
+        convert_capture(capture, env=refusing)
+    assert str(refused.value) == f"reading a profile needs xprof: {PROFILE_EXTRA_INSTALL}"
+    assert not (capture / "summary.json").exists()
+    # Where xprof is not installed at all the child is not even started.
+    monkeypatch.setattr(convert.importlib.util, "find_spec", lambda name: None)
+    assert not convert.xprof_available()
+    with pytest.raises(ProfileError, match=r'^reading a profile needs xprof: pip install "tpudash\[profile\]"$'):
+        convert_capture(capture)
+
+
+def test_a_conversion_over_its_time_is_stopped_and_said(tmp_path: Path) -> None:
+    capture = _fake_capture(tmp_path)
+    pid_file = tmp_path / "converter.pid"
+    hanging = _child_environment(
+        tmp_path,
+        f"import os, threading\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\nthreading.Event().wait()\n",
+    )
+    with pytest.raises(ProfileError) as refused:
+        convert_capture(capture, timeout=1.5, env=hanging)
+    assert str(refused.value).startswith(f"converting capture {capture.name} took longer than 1.5 s")
+    assert not (capture / "summary.json").exists()
+    converter = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # stopped and reaped, not left behind
+        os.kill(converter, 0)
+
+
+def test_a_crashed_converter_is_said_with_its_exit_status_and_last_lines(tmp_path: Path) -> None:
+    capture = _fake_capture(tmp_path, b"\xff not a protobuf \xff" * 64)
+    with pytest.raises(ProfileError) as refused:
+        convert_capture(capture)
+    sentence = str(refused.value)
+    assert sentence.startswith("capture 2026_11_28_07_05_54: the converter failed (exit 5): ")
+    lines = sentence.split(": ", 2)[2].split(" | ")
+    assert len(lines) <= 3 and "Can't parse" in sentence and lines[-1].startswith("XProf's overview_page gave nothing")
+    assert not any(line.startswith("I0000") for line in lines)  # XProf's INFO chatter is left out
+
+
+def test_a_folder_without_a_capture_is_said(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match=r"^capture empty holds no \.xplane\.pb file: there is nothing to convert$"):
+        convert_capture(tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ProfileError, match=r"^capture empty holds no \.xplane\.pb file"):
+        convert_capture(tmp_path / "empty")
+
+
+def _upload(files: Any, capture: Path) -> None:
+    for path in capture.glob("*.xplane.pb"):
+        files.write(f"{CAPTURES_FOLDER}/{capture.name}/{path.name}", path.read_bytes())
+
+
+def test_a_bucket_runs_capture_is_converted_and_its_summary_uploaded_beside_it(
+    captures: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = BucketRoot(f"memory://profile-convert-{uuid.uuid4().hex[:8]}/runs").files(RUN_ID)
+    name = captures["input"].name
+    _upload(files, captures["input"])
+    assert [info.has_summary for info in list_captures(files)] == [False]
+    summary = summarize_run_capture(files, name, cache_root=tmp_path / "cache")
+    assert summary.verdict == "input-bound" and summary.capture == name
+    assert read_summary(files, name) == summary  # uploaded beside the capture
+    assert [(info.name, info.has_summary) for info in list_captures(files)] == [(name, True)]
+    # A second look reads the uploaded summary: no converter runs.
+    monkeypatch.setattr(convert, "convert_capture", _must_not_convert)
+    assert summarize_run_capture(files, name, cache_root=tmp_path / "elsewhere") == summary
+
+
+def test_a_local_runs_capture_is_converted_in_place_and_a_bad_summary_replaced(
+    captures: dict[str, Path], tmp_path: Path
+) -> None:
+    run = tmp_path / RUN_ID
+    folder = run / CAPTURES_FOLDER
+    folder.mkdir(parents=True)
+    capture = _copy(captures["compute"], folder)
+    (capture / "summary.json").write_text('{"version": 1, "verdict": "fast"}')
+    files = LocalRunFiles(run)
+    summary = summarize_run_capture(files, capture.name, cache_root=tmp_path / "cache")
+    assert summary.verdict == "not input-bound"
+    assert read_summary(files, capture.name) == summary
+    assert not (tmp_path / "cache").exists()  # converted in place
+
+
+def _must_not_convert(*args: object, **kwargs: object) -> ProfileSummary:
+    raise AssertionError("converted again")
