@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.profiles_helpers import capture_dirs, make_captures
-from tpudash.profiles import convert
+from tpudash.profiles import convert, xprof_child
 from tpudash.profiles.convert import PROFILE_EXTRA_INSTALL, ProfileError, convert_capture, summarize_run_capture
 from tpudash.profiles.requests import CAPTURES_FOLDER
 from tpudash.profiles.summary import ProfileSummary, list_captures, read_summary
@@ -192,3 +193,96 @@ def test_a_local_runs_capture_is_converted_in_place_and_a_bad_summary_replaced(
 
 def _must_not_convert(*args: object, **kwargs: object) -> ProfileSummary:
     raise AssertionError("converted again")
+
+
+# -- where XProf gives no op stats (JAX on XLA:CPU): self time from the trace -----------------
+
+
+def _event(name: str, start: float, duration: float, thread: int = 1, **arguments: str) -> dict[str, Any]:
+    return {"ph": "X", "name": name, "ts": start, "dur": duration, "pid": 7, "tid": thread, "args": arguments}
+
+
+def test_xla_ops_self_time_is_added_up_from_the_trace_and_the_runtime_left_out() -> None:
+    trace = {
+        "traceEvents": [
+            {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "/host:CPU"}},
+            _event("train 4", 0, 1000, step_num="4", step_name="train 4"),  # a step marker: not an op
+            _event("ThunkExecutor::Execute", 0, 900),
+            _event("ynn_fusion.1", 100, 600, hlo_op="ynn_fusion.1", hlo_module="jit_step"),
+            _event("ThreadpoolListener::Region", 150, 500),  # inside the fusion: its time is not the fusion's
+            _event("dot", 700, 150, hlo_op="dot", hlo_module="jit_step"),
+            _event("dot", 100, 50, thread=2, hlo_op="dot", hlo_module="jit_step"),
+            _event("$profiler.py:271 stop_trace", 950, 40),
+        ]
+    }
+    ops = xprof_child.trace_top_ops(trace)
+    assert [(op["name"], op["type"], op["self_ms"]) for op in ops] == [
+        ("dot", "dot", 0.2),
+        ("ynn_fusion.1", "ynn_fusion", 0.1),
+    ]
+    assert [op["self_percent"] for op in ops] == [66.67, 33.33]
+    # A trace without XLA's ops ranks every event but Python's frames, each less its children.
+    plain = xprof_child.trace_top_ops({"traceEvents": trace["traceEvents"][2:3] + trace["traceEvents"][4:5]})
+    assert [(op["name"], op["self_ms"]) for op in plain] == [
+        ("ThreadpoolListener::Region", 0.5),
+        ("ThunkExecutor::Execute", 0.4),
+    ]
+
+
+def test_potentially_input_bound_from_all_other_time_is_not_called_input_bound() -> None:
+    """XProf's "POTENTIALLY input-bound" (JAX on CPU: Python time, no input measured) is not the verdict."""
+    overview = [
+        {
+            "cols": [{"id": "stepnum"}, {"id": "infeedTimeMs"}, {"id": "otherTimeMs"}, {"id": "stepTimeMs"}],
+            "p": {
+                "steptime_ms_average": "10.0",
+                "hardware_type": "CPU_ONLY",
+                "input_conclusion": "Your program is POTENTIALLY input-bound because 82.1% of the total step time "
+                "sampled is spent on 'All Others' time (which could be due to I/O or Python execution or both).",
+            },
+            "rows": [{"c": [{"v": "train 4"}, {"v": 0.0}, {"v": 8.0}, {"v": 10.0}]}],
+        }
+    ]
+    steps = xprof_child.summarize_steps(overview)
+    assert steps["verdict"] == "not input-bound" and steps["input_percent"] == 0.0
+    assert steps["breakdown"]["other"] == 80.0 and steps["breakdown"]["idle"] == 20.0
+    assert steps["per_step"][0]["step"] == "4"
+
+
+def test_xprofs_html_reads_as_text() -> None:
+    html = 'Data preprocessing: increase <b>num_parallel_calls</b> in <a href="https://x.test/map" target="_blank">map()</a> &amp; more'
+    assert (
+        xprof_child.plain_text(html)
+        == "Data preprocessing: increase num_parallel_calls in map() (https://x.test/map) & more"
+    )
+
+
+JAX_PYTHON = Path(".venv-jax/bin/python")
+JAX_CAPTURE = """
+import sys
+import jax, jax.numpy as jnp
+@jax.jit
+def step(w, b):
+    loss, grad = jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(b @ w) ** 2))(w)
+    return w - 0.01 * grad, loss
+w, b = jnp.ones((512, 512)), jnp.ones((256, 512))
+w, loss = step(w, b); loss.block_until_ready()
+jax.profiler.start_trace(sys.argv[1])
+for n in range(5):
+    with jax.profiler.StepTraceAnnotation("train", step_num=n + 1):
+        w, loss = step(w, b); loss.block_until_ready()
+jax.profiler.stop_trace()
+"""
+
+
+@pytest.mark.slow  # JAX in a child of its own venv: seconds to import
+@pytest.mark.skipif(not JAX_PYTHON.exists(), reason="no .venv-jax beside the checkout")
+def test_a_jax_loop_on_xla_cpu_gets_its_top_ops_from_the_trace(tmp_path: Path) -> None:
+    subprocess.run([str(JAX_PYTHON), "-c", JAX_CAPTURE, str(tmp_path)], check=True, timeout=120, capture_output=True)
+    (capture,) = capture_dirs(tmp_path)
+    summary = convert_capture(capture)
+    assert summary.framework == "jax" and summary.steps == 5
+    assert summary.top_ops_source == "trace events (XLA:CPU gives no op stats)"
+    assert any(op["type"] == "dot" for op in summary.top_ops)
+    assert not any("Threadpool" in op["name"] or op["name"].startswith("$") for op in summary.top_ops)
+    assert any("self times from its trace" in note for note in summary.notes)

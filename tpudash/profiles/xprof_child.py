@@ -166,11 +166,13 @@ def summarize_steps(overview: Any) -> dict[str, Any]:
         verdict, input_percent = "unknown", None
     else:
         input_percent = breakdown["input"]
-        # XProf's own words decide ("HIGHLY"/"MODERATELY input-bound", "NOT input-bound"); its threshold otherwise.
-        if "not input-bound" in conclusion.lower():
-            verdict = "not input-bound"
-        elif "input-bound" in conclusion.lower():
+        # XProf's own words decide: HIGHLY or MODERATELY input-bound is input-bound. POTENTIALLY is its guess
+        # from "All others" time (Python, I/O) with no input time measured: not called input-bound here.
+        words = conclusion.lower()
+        if "highly input-bound" in words or "moderately input-bound" in words:
             verdict = "input-bound"
+        elif "input-bound" in words:
+            verdict = "not input-bound"
         else:
             verdict = "input-bound" if input_percent >= 20.0 else "not input-bound"
     return {
@@ -267,16 +269,24 @@ def op_stats_top_ops(op_stats: Any) -> tuple[list[dict[str, Any]], str]:
 
 
 def trace_top_ops(trace: dict) -> list[dict[str, Any]]:
-    """The top ops by self time added up from complete trace events (each event's time less its children's)."""
+    """The top ops by self time added up from complete trace events (each event's time less its children's).
+
+    Where the trace has XLA's ops (events with an ``hlo_op``), only they are ranked: the runtime's own
+    events (thread pools waiting, the executor, Python's frames) would otherwise lead. Without them, every
+    event but Python's frames (``$file:line``) is.
+    """
+    events = [event for event in trace.get("traceEvents", []) if isinstance(event, dict) and event.get("ph") == "X"]
+    with_hlo = any("hlo_op" in (event.get("args") or {}) for event in events)
     by_thread: dict[tuple, list[tuple[float, float, str]]] = defaultdict(list)
-    for event in trace.get("traceEvents", []):
-        if not isinstance(event, dict) or event.get("ph") != "X" or "dur" not in event:
-            continue
+    for event in events:
         arguments = event.get("args") or {}
-        if "step_num" in arguments or "step_name" in arguments:
+        if "dur" not in event or "step_num" in arguments or "step_name" in arguments:
             continue  # a step marker spans the step: it is not an op
+        name = str(event.get("name", ""))
+        ranked = "hlo_op" in arguments if with_hlo else not name.startswith("$")
         start, duration = _number(event.get("ts")), _number(event.get("dur"))
-        by_thread[event.get("pid"), event.get("tid")].append((start, duration, str(event.get("name", ""))))
+        # Events not ranked still nest: their time is not their children's self time.
+        by_thread[event.get("pid"), event.get("tid")].append((start, duration, name if ranked else ""))
     self_time: dict[str, float] = defaultdict(float)
     for events in by_thread.values():
         events.sort(key=lambda event: (event[0], -event[1]))
@@ -287,6 +297,7 @@ def trace_top_ops(trace: dict) -> list[dict[str, Any]]:
             open_events.append([start + duration, name, 0.0, duration])
         while open_events:
             _close(open_events, self_time)
+    self_time.pop("", None)  # the events not ranked
     total = sum(self_time.values())
     ranked = sorted(self_time.items(), key=lambda item: item[1], reverse=True)[:TOP_OPS]
     return [
@@ -359,6 +370,11 @@ def convert(capture_dir: Path, framework: str | None) -> dict[str, Any]:
         recommendations.insert(0, next_step)
     if steps["verdict"] == "unknown":
         notes.insert(0, NO_STEP_MARKER_NOTE)
+    elif "potentially input-bound" in steps["input_conclusion"].lower():
+        notes.append(
+            "XProf calls the program POTENTIALLY input-bound from its 'All others' time (Python, I/O), not from "
+            f"measured input time ({steps['input_percent']:.1f} % of the step): the verdict here is not input-bound."
+        )
     if steps["steps"] > MAX_STEPS_KEPT:
         notes.append(f"per_step keeps the first {MAX_STEPS_KEPT} of {steps['steps']} steps")
     if len(hosts) > 1:
