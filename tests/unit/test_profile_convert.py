@@ -26,7 +26,7 @@ import pytest
 from tests.profiles_helpers import capture_dirs, make_captures
 from tpudash.profiles import convert, xprof_child
 from tpudash.profiles.convert import PROFILE_EXTRA_INSTALL, ProfileError, convert_capture, summarize_run_capture
-from tpudash.profiles.requests import CAPTURES_FOLDER
+from tpudash.profiles.requests import CAPTURES_FOLDER, ProfileAnswer, write_answer
 from tpudash.profiles.summary import ProfileSummary, list_captures, read_summary
 from tpudash.runs.backends import BucketRoot, LocalRunFiles
 
@@ -167,8 +167,23 @@ def test_a_bucket_runs_capture_is_converted_and_its_summary_uploaded_beside_it(
     name = captures["input"].name
     _upload(files, captures["input"])
     assert [info.has_summary for info in list_captures(files)] == [False]
+    # The writer's answer says which framework it profiled with: the summary says what the answer said.
+    answer = ProfileAnswer(
+        id="20261128T070554-1a2b3c",
+        state="done",
+        reason=None,
+        capture=name,
+        first_step=4,
+        last_step=8,
+        host="vm",
+        worker=0,
+        framework="jax",
+        answered_at=1_795_849_559.0,
+        capture_seconds=0.3,
+    )
+    write_answer(files, answer)
     summary = summarize_run_capture(files, name, cache_root=tmp_path / "cache")
-    assert summary.verdict == "input-bound" and summary.capture == name
+    assert summary.verdict == "input-bound" and summary.capture == name and summary.framework == "jax"
     assert read_summary(files, name) == summary  # uploaded beside the capture
     assert [(info.name, info.has_summary) for info in list_captures(files)] == [(name, True)]
     # A second look reads the uploaded summary: no converter runs.

@@ -127,6 +127,17 @@ def last_lines(stderr: str, count: int = STDERR_LINES_SHOWN) -> str:
     return " | ".join(line[:300] for line in telling[-count:]) or "it wrote nothing on stderr"
 
 
+def answered_framework(files: RunFiles, capture: str) -> str | None:
+    """The framework the run's writer said it profiled ``capture`` with (its answer); None when no answer says."""
+    from tpudash.profiles.requests import read_answers
+
+    try:
+        answers = read_answers(files)
+    except (OSError, ValueError):
+        return None
+    return next((answer.framework for answer in answers if answer.capture == capture), None)
+
+
 def summarize_run_capture(
     files: RunFiles, capture: str, *, cache_root: Path, timeout: float = 120.0, framework: str | None = None
 ) -> ProfileSummary:
@@ -144,6 +155,7 @@ def summarize_run_capture(
         existing = None  # a summary this tpudash cannot read: converted again, replacing it
     if existing is not None:
         return existing
+    framework = framework or answered_framework(files, capture)
     local = files.local_dir
     if local is not None:
         return convert_capture(local / folder, timeout=timeout, framework=framework)
