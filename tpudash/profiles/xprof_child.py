@@ -288,10 +288,10 @@ def trace_top_ops(trace: dict) -> list[dict[str, Any]]:
         # Events not ranked still nest: their time is not their children's self time.
         by_thread[event.get("pid"), event.get("tid")].append((start, duration, name if ranked else ""))
     self_time: dict[str, float] = defaultdict(float)
-    for events in by_thread.values():
-        events.sort(key=lambda event: (event[0], -event[1]))
-        open_events: list[list[Any]] = []  # [end, name, time of its children]
-        for start, duration, name in events:
+    for spans in by_thread.values():
+        spans.sort(key=lambda span: (span[0], -span[1]))  # a parent before the children it starts with
+        open_events: list[list[Any]] = []  # [end, name, time of its children, duration], innermost last
+        for start, duration, name in spans:
             while open_events and open_events[-1][0] <= start:
                 _close(open_events, self_time)
             open_events.append([start + duration, name, 0.0, duration])
@@ -299,7 +299,7 @@ def trace_top_ops(trace: dict) -> list[dict[str, Any]]:
             _close(open_events, self_time)
     self_time.pop("", None)  # the events not ranked
     total = sum(self_time.values())
-    ranked = sorted(self_time.items(), key=lambda item: item[1], reverse=True)[:TOP_OPS]
+    leaders = sorted(self_time.items(), key=lambda item: item[1], reverse=True)[:TOP_OPS]
     return [
         {
             "name": name[:500],
@@ -307,7 +307,7 @@ def trace_top_ops(trace: dict) -> list[dict[str, Any]]:
             "self_percent": _percent(100.0 * spent / total) if total else 0.0,
             "self_ms": round(spent / 1000.0, 3),  # trace events are in µs
         }
-        for name, spent in ranked
+        for name, spent in leaders
     ]
 
 
