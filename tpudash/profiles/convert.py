@@ -18,13 +18,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from tpudash.childproc import parent_death_signal
 from tpudash.profiles.summary import (
     SUMMARY_FILE,
     XPLANE_SUFFIX,
@@ -83,7 +81,7 @@ def convert_capture(
         raise ProfileError(no_xprof_sentence())
     if not capture_dir.is_dir() or not any(capture_dir.glob(f"*{XPLANE_SUFFIX}")):
         raise ProfileError(f"capture {capture_dir.name} holds no {XPLANE_SUFFIX} file: there is nothing to convert")
-    command = [sys.executable, "-m", CHILD_MODULE, str(capture_dir)]
+    command = [sys.executable, "-m", CHILD_MODULE, str(capture_dir), "--parent", str(os.getpid())]
     if framework in ("tensorflow", "jax"):
         command += ["--framework", framework]
     child = subprocess.Popen(
@@ -95,7 +93,6 @@ def convert_capture(
         encoding="utf-8",
         errors="replace",
         env=dict(env) if env is not None else None,
-        preexec_fn=parent_death_signal(signal.SIGKILL),  # a converter left behind by a killed tpudash dies too
     )
     try:
         _, stderr = child.communicate(timeout=timeout)

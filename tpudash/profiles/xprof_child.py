@@ -1,4 +1,4 @@
-"""The converter: ``python -m tpudash.profiles.xprof_child <capture_dir> [--framework F]``.
+"""The converter: ``python -m tpudash.profiles.xprof_child <capture_dir> [--framework F] [--parent PID]``.
 
 The only module that imports xprof, and no module imports it: the parent
 (``convert.convert_capture``) runs it with a time bound and reads its stderr,
@@ -24,6 +24,7 @@ import json
 import math
 import os
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -404,8 +405,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpudash.profiles.xprof_child")
     parser.add_argument("capture_dir", type=Path)
     parser.add_argument("--framework", choices=("tensorflow", "jax", "unknown"))
+    parser.add_argument("--parent", type=int, help="the parent's pid: the converter dies with it (Linux)")
     arguments = parser.parse_args(argv)
-    from tpudash.childproc import claim_stdout
+    from tpudash.childproc import claim_stdout, parent_death_signal
+
+    if arguments.parent is not None:
+        # Set here, not as the parent's preexec_fn (unsafe in a parent with threads, as the dashboard is).
+        die_with_parent = parent_death_signal(signal.SIGKILL, expected_parent=arguments.parent)
+        if die_with_parent is not None:
+            die_with_parent()
 
     answer = claim_stdout()  # xprof and its C++ may print: stdout carries the one answer line only
     capture_dir: Path = arguments.capture_dir
