@@ -15,13 +15,16 @@ and the real converter (XProf, in its child) summarises it
   without that name is host compute to XProf: the summary says so, and not
   input-bound (the second test).
 - compute-bound: batches ready in memory, two 1024-wide dense layers: not
-  input-bound, and XLA's dot among the top ops. XLA:CPU gives XProf no op
-  statistics, so the ops are added up from the trace's events and
-  ``top_ops_source`` says so.
+  input-bound, and matmuls on top. XLA:CPU gives XProf no op statistics, so
+  the ops are added up from the trace's events (``top_ops_source`` says so),
+  named as XLA's compiled module names them: ``dot`` for its own matmuls,
+  ``ynn_fusion.N`` for those it hands to YNNPACK (which of them are matmuls
+  is read from the compiled module).
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -133,7 +136,7 @@ def test_an_unnamed_data_loader_is_host_time_to_xprof_not_input(tmp_path, monkey
     assert summary.step_time_ms["min"] >= LOADER_SECONDS * 1000 * 0.9
 
 
-def test_a_jax_loop_of_wide_matmuls_is_compute_bound_with_a_dot_on_top(tmp_path, monkeypatch):
+def test_a_jax_loop_of_wide_matmuls_is_compute_bound_with_matmuls_on_top(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     batch = jnp.asarray(rng.normal(size=(256, 1024)), jnp.float32)  # ready in memory: no input to wait for
     params = [jnp.asarray(rng.normal(size=(1024, 1024)) / 32, jnp.float32) for _ in range(2)]
@@ -156,4 +159,20 @@ def test_a_jax_loop_of_wide_matmuls_is_compute_bound_with_a_dot_on_top(tmp_path,
     assert summary.verdict == "not input-bound"
     assert summary.input_percent is not None and summary.input_percent < 30
     assert summary.top_ops_source == TRACE_SOURCE
-    assert any("dot" in op["type"] or "dot" in op["name"] for op in summary.top_ops[:3]), summary.top_ops[:3]
+    matmuls = matmul_names(wide_step.lower(params, batch).compile().as_text())
+    assert "dot" in matmuls and "ynn_fusion.1" in matmuls  # XLA:CPU's own matmuls and YNNPACK's
+    top = [op["name"] for op in summary.top_ops[:3]]
+    assert len(top) == 3 and set(top) <= matmuls, (top, sorted(matmuls))
+
+
+HLO_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+) = .*$", re.MULTILINE)
+
+
+def matmul_names(hlo_text: str) -> set[str]:
+    """The compiled module's instructions that are matmuls: XLA's ``dot``s, and fusions made of a dot_general."""
+    names = set()
+    for match in HLO_INSTRUCTION.finditer(hlo_text):
+        line = match.group(0)
+        if " dot(" in line or (" fusion(" in line and 'dot_general"' in line):
+            names.add(match.group(1))
+    return names
