@@ -80,7 +80,9 @@ def test_tpudash_profile_from_another_process_profiles_a_fit_whose_run_is_in_a_b
         summary = json.loads(profiled.stdout)
         print(profiled.stdout)  # what the user reads (pytest -s shows it)
         assert summary["run_id"] == run_id and summary["framework"] == "tensorflow"
-        assert summary["steps"] >= 1 and summary["verdict"] in ("input-bound", "not input-bound")
+        assert summary["steps"] == 3 and summary["verdict"] in ("input-bound", "not input-bound")  # steps seen
+        first = int(summary["per_step"][0]["step"])
+        assert [row["step"] for row in summary["per_step"]] == [str(first + n) for n in range(3)]
         assert summary["profile_dir"] == f"{url}/{run_id}/profile"
         capture = summary["capture"]
 
