@@ -388,6 +388,16 @@ class RecordedRun:
         self._progress_steps = False  # the loop numbers its steps here: its progress no longer drives the profiler
         return _ProfiledStep(profiler, step if type(step) is int else _step("step", step))
 
+    def input(self) -> AbstractContextManager[Any]:
+        """``with run.input():`` around fetching a batch, inside ``run.step(n)``: a profile counts it as input.
+
+        XProf tells waiting for input from computing by name (a tf.data stage, or a span named
+        ``IteratorGetNext``); a Python data loader is host compute to it unless marked so. Costs about
+        a microsecond, nothing when the run has no profiler.
+        """
+        profiler = self.profiler
+        return nullcontext() if profiler is None else profiler.input_marker()
+
     def replica_values(self, name: str, per_replica_value: Any, devices: Iterable[str] | None = None) -> None:
         """One value per replica: a ``PerReplica`` (what ``strategy.run`` returns), a sharded ``jax.Array`` or a
         ``pmap`` output (one value per device shard), a list, or {device: value}; JAX values are read as

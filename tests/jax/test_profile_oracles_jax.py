@@ -10,8 +10,8 @@ and the real converter (XProf, in its child) summarises it
   data loader would, before a small jitted step. XProf counts host time as
   waiting for input only in an event named ``IteratorGetNext…`` (its
   ``ClassifyCpuEvent``: the name tf.data's iterator gives; JAX has no input
-  pipeline of its own), so the loader is wrapped in
-  ``jax.profiler.TraceAnnotation("IteratorGetNext")``. The same loader
+  pipeline of its own), so the loader is wrapped in ``run.input()``, which
+  marks its time with that name. The same loader
   without that name is host compute to XProf: the summary says so, and not
   input-bound (the second test).
 - compute-bound: batches ready in memory, two 1024-wide dense layers: not
@@ -44,8 +44,10 @@ LOADER_SECONDS = 0.04  # a data loader's time per batch: far longer than the sma
 TRACE_SOURCE = "trace events (XLA:CPU gives no op stats)"
 
 
-def profile_loop(tmp_path: Path, monkeypatch, step_body: Callable[[int], None], steps: int = 4) -> ProfileSummary:
-    """Run ``step_body(n)`` inside ``run.step(n)`` on a thread, ask for a profile of ``steps`` steps, summarise it."""
+def profile_loop(
+    tmp_path: Path, monkeypatch, step_body: Callable[[tpudash.recording.RecordedRun, int], None], steps: int = 4
+) -> ProfileSummary:
+    """Run ``step_body(run, n)`` inside ``run.step(n)`` on a thread, ask for a profile of ``steps`` steps, summarise it."""
     monkeypatch.setattr("tpudash.recording.PROFILE_POLL_SECONDS", 0.02)  # the run looks often: a short test
     runs_dir = tmp_path / "runs"
     stop = threading.Event()
@@ -62,7 +64,7 @@ def profile_loop(tmp_path: Path, monkeypatch, step_body: Callable[[int], None], 
                 while not stop.is_set() and step < 100_000:
                     step += 1
                     with run.step(step):
-                        step_body(step)
+                        step_body(run, step)
         except BaseException as error:  # noqa: BLE001 - said by the test
             raised.append(error)
         finally:
@@ -101,12 +103,12 @@ def load_batch() -> np.ndarray:
     return np.ones((32, 64), np.float32)
 
 
-def input_bound_body(name_the_loader: bool) -> Callable[[int], None]:
+def input_bound_body(name_the_loader: bool) -> Callable[[tpudash.recording.RecordedRun, int], None]:
     weights = [jnp.ones((64, 8))]
 
-    def body(step: int) -> None:
+    def body(run: tpudash.recording.RecordedRun, step: int) -> None:
         if name_the_loader:
-            with jax.profiler.TraceAnnotation("IteratorGetNext"):  # the name XProf counts as waiting for input
+            with run.input():  # marked as XProf counts waiting for input
                 batch = load_batch()
         else:
             batch = load_batch()
@@ -150,7 +152,7 @@ def test_a_jax_loop_of_wide_matmuls_is_compute_bound_with_matmuls_on_top(tmp_pat
         value, gradients = jax.value_and_grad(loss)(params)
         return [p - 0.01 * g for p, g in zip(params, gradients)], value
 
-    def body(step: int) -> None:
+    def body(run: tpudash.recording.RecordedRun, step: int) -> None:
         params[:], loss = wide_step(params, batch)
         loss.block_until_ready()
 

@@ -14,6 +14,7 @@ import itertools
 import json
 import threading
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -23,8 +24,8 @@ from tpudash.profiles.capture import (
     REASON_PROFILER_BUSY,
     REASON_RUN_ENDED,
     ProfileResponder,
-    TensorFlowProfiler,
 )
+from tpudash.profiles.frameworks import TensorFlowProfiler
 from tpudash.profiles.requests import (
     CAPTURES_FOLDER,
     REQUESTS_FOLDER,
@@ -73,6 +74,10 @@ class FakeProfiler(TensorFlowProfiler):
 
     def marker(self, step: int) -> contextlib.AbstractContextManager:
         self.marked.append(step)
+        return contextlib.nullcontext()
+
+    def input_marker(self) -> contextlib.AbstractContextManager:
+        self.inputs_marked = getattr(self, "inputs_marked", 0) + 1
         return contextlib.nullcontext()
 
 
@@ -217,6 +222,45 @@ def test_a_marker_that_fails_never_stops_a_step(files):
     with responder.marker(1):
         ran = True
     assert ran
+
+
+def test_the_input_marker_is_the_frameworks_and_one_that_fails_never_stops_a_step(files):
+    profiler = FakeProfiler()
+    with responder_for(files, profiler).input_marker():
+        pass
+    assert profiler.inputs_marked == 1
+
+    class BrokenInputMarker(FakeProfiler):
+        def input_marker(self):
+            raise ImportError("no jax")
+
+    with responder_for(files, BrokenInputMarker()).input_marker():
+        ran = True
+    assert ran
+
+
+def test_the_input_marker_carries_the_name_xprof_counts_as_waiting_for_input():
+    """XProf's ClassifyCpuEvent: a host event in a step is input only as a tf.data stage or IteratorGetNext."""
+    from tpudash.profiles.frameworks import INPUT_MARKER_NAME, JaxProfiler
+
+    made = []
+
+    class Annotation:
+        def __init__(self, name):
+            made.append(name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *raised):
+            return False
+
+    fake_jax = types.SimpleNamespace(profiler=types.SimpleNamespace(TraceAnnotation=Annotation))
+    profiler = JaxProfiler()
+    profiler._framework = lambda: fake_jax  # type: ignore[method-assign]
+    with profiler.input_marker():
+        pass
+    assert made == [INPUT_MARKER_NAME] == ["IteratorGetNext"]
 
 
 def test_the_run_ending_before_the_profile_started_answers_pending_requests(files):

@@ -25,11 +25,9 @@ the first time a marker or a profile needs it, never at import time.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
 import os
 import socket
-import sys
 import tempfile
 import threading
 import time
@@ -38,8 +36,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+from tpudash.profiles.frameworks import FrameworkProfiler, framework_profiler
 from tpudash.profiles.requests import (
     ANSWERS_FOLDER,
     CAPTURES_FOLDER,
@@ -65,8 +64,6 @@ FRAMEWORK_TITLES = {"tensorflow": "TensorFlow", "jax": "JAX"}
 CLOSE_WAIT_SECONDS = 5.0
 # How far past a second's end a capture may still be named by that second (a coarse clock's tick, ≤ 10 ms).
 CLOCK_TICK_MARGIN_SECONDS = 0.1
-# The step marker's name: what XProf's overview reads steps from.
-STEP_MARKER_NAME = "train"
 Log = Callable[[str, str], None]
 """Where the responder says what it did: ``log(level, text)``, the run's log."""
 
@@ -80,102 +77,6 @@ def cannot_profile(framework: str, error: BaseException) -> str:
     """The reason of a profile the framework refused."""
     detail = str(error).strip() or "no message"
     return f"{FRAMEWORK_TITLES.get(framework, framework)} cannot profile here: {type(error).__name__}: {detail}"[:1000]
-
-
-class FrameworkProfiler(Protocol):
-    """A framework's in-process profiler and step marker (TensorFlow's, JAX's; a fake in tests)."""
-
-    framework: str
-
-    def start(self, logdir: str) -> None: ...
-
-    def stop(self) -> None: ...
-
-    def marker(self, step: int) -> AbstractContextManager[Any]: ...
-
-    def is_busy(self, error: BaseException) -> bool:
-        """Whether ``error`` (from ``start``) says another profile is running in this process."""
-        ...
-
-
-class _FrameworkProfiler:
-    """A framework's profiler, the framework found when first needed (``module``: ``tensorflow``, ``jax``)."""
-
-    framework = ""
-    module = ""
-
-    def __init__(self) -> None:
-        self._make_marker: Callable[[int], AbstractContextManager[Any]] | None = None
-
-    def _framework(self) -> Any:
-        # The process that is profiled has loaded its framework already (the run's backend says it is this one);
-        # imported by name, not by an import statement: the dashboard and the CLI, which load this module but
-        # never profile, must never be seen to import TensorFlow.
-        return sys.modules.get(self.module) or importlib.import_module(self.module)
-
-    def marker(self, step: int) -> AbstractContextManager[Any]:
-        make = self._make_marker
-        if make is None:
-            try:
-                make = self._marker_factory(self._framework())
-            except (ImportError, AttributeError):  # no framework here: steps go unmarked, a profile says why
-                make = _no_marker
-            self._make_marker = make
-        return make(step)
-
-    def _marker_factory(self, framework: Any) -> Callable[[int], AbstractContextManager[Any]]:
-        raise NotImplementedError
-
-
-class TensorFlowProfiler(_FrameworkProfiler):
-    """``tf.profiler.experimental``: start/stop, and ``Trace("train", step_num=n, _r=1)`` as the step marker."""
-
-    framework = module = "tensorflow"
-
-    def _marker_factory(self, tf: Any) -> Callable[[int], AbstractContextManager[Any]]:
-        trace = tf.profiler.experimental.Trace
-        return lambda step: trace(STEP_MARKER_NAME, step_num=step, _r=1)
-
-    def start(self, logdir: str) -> None:
-        self._framework().profiler.experimental.start(logdir)
-
-    def stop(self) -> None:
-        self._framework().profiler.experimental.stop()
-
-    def is_busy(self, error: BaseException) -> bool:
-        return type(error).__name__ == "AlreadyExistsError"  # TensorFlow's error for a second start, without text
-
-
-class JaxProfiler(_FrameworkProfiler):
-    """``jax.profiler``: start_trace/stop_trace, and ``StepTraceAnnotation("train", step_num=n)`` as the marker."""
-
-    framework = module = "jax"
-
-    def _marker_factory(self, jax: Any) -> Callable[[int], AbstractContextManager[Any]]:
-        annotation = jax.profiler.StepTraceAnnotation
-        return lambda step: annotation(STEP_MARKER_NAME, step_num=step)
-
-    def start(self, logdir: str) -> None:
-        self._framework().profiler.start_trace(logdir)
-
-    def stop(self) -> None:
-        self._framework().profiler.stop_trace()
-
-    def is_busy(self, error: BaseException) -> bool:
-        return "already" in str(error).lower()  # "Profile has already been started. Only one profile may be run…"
-
-
-def _no_marker(step: int) -> AbstractContextManager[Any]:
-    return contextlib.nullcontext()
-
-
-def framework_profiler(framework: str) -> FrameworkProfiler:
-    """The profiler of ``framework`` (``tensorflow`` or ``jax``); ValueError for any other."""
-    if framework == "tensorflow":
-        return TensorFlowProfiler()
-    if framework == "jax":
-        return JaxProfiler()
-    raise ValueError(f"framework: {framework!r} cannot be profiled; allowed: {', '.join(FRAMEWORKS)}")
 
 
 @dataclass
@@ -371,6 +272,13 @@ class ProfileResponder:
         """The framework's step marker around step ``step`` (what XProf's step-time figures read)."""
         try:
             return self.profiler.marker(step)
+        except Exception:  # noqa: BLE001 - a marker must never stop a step
+            return contextlib.nullcontext()
+
+    def input_marker(self) -> AbstractContextManager[Any]:
+        """The framework's mark for time spent waiting for input (``frameworks.INPUT_MARKER_NAME``): XProf's input share."""
+        try:
+            return self.profiler.input_marker()
         except Exception:  # noqa: BLE001 - a marker must never stop a step
             return contextlib.nullcontext()
 
