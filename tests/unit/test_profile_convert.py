@@ -301,3 +301,21 @@ def test_a_jax_loop_on_xla_cpu_gets_its_top_ops_from_the_trace(tmp_path: Path) -
     assert any(op["type"] == "dot" for op in summary.top_ops)
     assert not any("Threadpool" in op["name"] or op["name"].startswith("$") for op in summary.top_ops)
     assert any("self times from its trace" in note for note in summary.notes)
+
+
+def test_a_collective_on_top_with_no_collective_time_is_explained_not_left_a_contradiction():
+    """8 CPU replicas: the all-reduce leads the op table while the breakdown's collectives read 0 %."""
+    ops = [
+        {
+            "name": "StatefulPartitionedCall/adam/CollectiveReduceV2_5",
+            "type": "CollectiveReduceV2",
+            "self_percent": 11.5,
+        },
+        {"name": "StatefulPartitionedCall/dense/MatMul", "type": "MatMul", "self_percent": 9.0},
+    ]
+    [note] = xprof_child.host_collectives_note(ops, {"host_compute": 93.0, "collectives": 0.0})
+    assert "CollectiveReduceV2_5" in note and "host compute" in note
+    assert (
+        xprof_child.host_collectives_note(ops, {"collectives": 12.0}) == []
+    )  # measured as collectives: nothing to say
+    assert xprof_child.host_collectives_note(ops[1:], {"collectives": 0.0}) == []  # no collective among the ops
