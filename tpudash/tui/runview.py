@@ -7,7 +7,8 @@ History screen can feed it stored events and a benchmark can feed it a million
 points. ``RunView`` draws a model: the Run screen shows this session's runs in
 it, History a stored or followed one. A run written by a training cluster
 also shows its workers (``follow_workers``): a line above the tabs and a
-Workers tab (``tpudash.tui.workers``), read off the UI thread.
+Workers tab (``tpudash.tui.workers``), read off the UI thread; a run's
+profiles are its Profile tab (``tpudash.tui.profiletab``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tpudash.format import status_text as status_text  # the dashboard's status 
 from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
 from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
+from tpudash.tui.profiletab import PROFILE_PANE, FollowsProfiles, ProfileTab
 from tpudash.tui.replicatable import fill_replica_table, replica_note
 from tpudash.tui.runheader import RunHeader, clipped, shown_now
 from tpudash.tui.workers import FollowsWorkers, WorkersFeed
@@ -93,7 +95,7 @@ class RunTabs(TabbedContent):
             self.user_chose = True
 
 
-class RunView(FollowsWorkers, Vertical):
+class RunView(FollowsWorkers, FollowsProfiles, Vertical):
     """Draws one RunModel: header, error, progress, and tabs of plots, replicas, results, log."""
 
     # A scoped rule is prefixed with "RunView", so one about the screen's height could never match.
@@ -171,8 +173,11 @@ class RunView(FollowsWorkers, Vertical):
                     yield Static("", id="run-summary", markup=False)
             with TabPane("Log", id="tab-log"):
                 yield PaneLog(id="run-log", max_lines=MAX_LOG_LINES)
+            with TabPane("Profile", id=PROFILE_PANE):  # listed once it has something (tpudash.tui.profiletab)
+                yield ProfileTab(id="profile-tab")
 
     def on_mount(self) -> None:
+        self.hide_profile_tab()
         self._ready = True
         self.sync(force=True)
 
