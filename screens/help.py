@@ -21,8 +21,10 @@ SCREEN_KEYS = (
     (
         "Run view",
         "[ / ] previous / next run of this session · x cancel the run shown (queued or running; greyed once it "
-        "ended) · c cancel the running job · ← / → the previous / next tab: Plots, Replicas, Results, Log, and "
-        "Workers for a run of several workers (tab first, if the focus is elsewhere)",
+        "ended) · c cancel the running job · p profile the next 5 steps of a live run (any writer, here or in a "
+        "bucket; also on a run opened from History) and show its Profile tab: in its list of captures, enter shows "
+        "one and b puts it beside the one shown · ← / → the previous / next tab: Plots, Replicas, Results, Log, "
+        "and Workers for a run of several workers, Profile once there is one (tab first, if the focus is elsewhere)",
     ),
     (
         "Hosts",

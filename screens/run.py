@@ -4,7 +4,8 @@ The run on show is drawn by ``tpudash.tui.runview.RunView``; this screen picks
 which run that is (the newest, or the one chosen in the lane list) and
 redraws it on the app's ``DisplayTick``; a run of several workers also lists
 them (``RunView.follow_workers``). ``x`` (cancel this run) is greyed on the
-keys line once the run shown has ended.
+keys line once the run shown has ended. ``p`` asks the run shown for a profile
+of its next steps and shows the run view's Profile tab (``tpudash.tui.profiletab``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class RunScreen(DashScreen):
         ),
         Binding("right_square_bracket", "show_neighbour(1)", "Next run", id="run.next", key_display="]", show=False),
         Binding("x", "cancel_shown", "Cancel this run", id="run.cancel_shown"),
+        Binding("p", "profile_shown", "Profile", id="run.profile", tooltip="profile the next steps of the run shown"),
     ]
 
     def compose_body(self) -> ComposeResult:
@@ -60,6 +62,7 @@ class RunScreen(DashScreen):
         # A run of several workers (``tpudash run --workers N``) lists them; read on the display beat, off this thread.
         store = self.dashboard.session.store
         self.view.follow_workers(store.files(run_id) if live and run_id else None, local=store.local)
+        self.view.follow_profiles(store.files(run_id) if live and run_id else None, live=self.shown_cancellable)
         self.refresh_lane()
         self._sync_cancel_key()
 
@@ -86,11 +89,16 @@ class RunScreen(DashScreen):
         if cancellable != self._cancellable_shown:
             self._cancellable_shown = cancellable
             self.refresh_bindings()
+            live = self._shown_live()
+            store = self.dashboard.session.store
+            self.view.follow_profiles(store.files(live.run_id) if live else None, live=cancellable)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """``x`` greyed (None: shown, disabled) while the run on show has ended or there is none."""
         if action == "cancel_shown":
             return True if self.shown_cancellable else None
+        if action == "profile_shown":  # on an ended run it says why it cannot
+            return True if self._shown_live() is not None else None
         return True
 
     def refresh_lane(self, _version: int = 0) -> None:
@@ -127,6 +135,13 @@ class RunScreen(DashScreen):
             self.app.notify("This run has already ended.", severity="warning")
             return
         self.dashboard.session.cancel_run(live)
+
+    def action_profile_shown(self) -> None:
+        """Ask the run shown for a profile of its next steps (written into the run; its writer answers)."""
+        live = self._shown_live()
+        why = self.view.profile_run(live.model.status if live is not None else "not shown")
+        if why:
+            self.app.notify(why[0].upper() + why[1:] + ".", severity="warning")
 
     def action_show_neighbour(self, offset: int) -> None:
         run_ids = list(self.dashboard.session.live_runs)

@@ -31,6 +31,9 @@ class RunDetailScreen(ExportsRuns):
     BINDINGS = [
         Binding("escape", "close", "Back", id="history.back"),
         Binding("e", "export", "Export CSV", id="history.detail_export"),
+        Binding(
+            "p", "profile_shown", "Profile", id="history.detail_profile", tooltip="profile the next steps of this run"
+        ),
     ]
 
     def __init__(self, run_id: str):
@@ -56,6 +59,7 @@ class RunDetailScreen(ExportsRuns):
         self.view.show(self.follower.model)
         store = self.dashboard.session.store
         self.view.follow_workers(store.files(self.run_id), local=store.local)
+        self.view.follow_profiles(store.files(self.run_id), live=self.follower.live)
         self._show_where_from()
         self.loaded = True
 
@@ -114,11 +118,21 @@ class RunDetailScreen(ExportsRuns):
             follower.poll()
             if follower.ended:
                 self._show_where_from()
+                self.view.follow_profiles(self.dashboard.session.store.files(self.run_id), live=False)
                 force = True
         self.view.sync(force)
 
     def action_close(self) -> None:
         self.dismiss()
+
+    def action_profile_shown(self) -> None:
+        """Ask this run's writer for a profile of its next steps; a run that ended says why it cannot."""
+        follower = self.follower
+        if follower is None:
+            return  # not read yet
+        why = self.view.profile_run("running" if follower.live else follower.model.status)
+        if why:
+            self.app.notify(why[0].upper() + why[1:] + ".", severity="warning")
 
     def action_export(self) -> None:
         self.export_run(self.run_id)

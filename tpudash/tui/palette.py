@@ -34,6 +34,15 @@ class PaletteApp(Protocol):
     def action_watch_live(self) -> None: ...
 
 
+def profile_run_on_screen(app: PaletteApp) -> None:
+    """``p`` of the run on screen (the Run view, or a run opened from History); elsewhere, where to go first."""
+    screen = cast(Any, app).screen
+    if hasattr(screen, "action_profile_shown"):
+        screen.action_profile_shown()
+    else:
+        cast(Any, app).notify("Open a run first (v: this session's runs, h: History, w: the newest live run).")
+
+
 class TpudashCommands(Provider):
     """Jobs, screens, cancel, release the accelerator, re-initialise the runtime."""
 
@@ -72,6 +81,13 @@ class TpudashCommands(Provider):
             )
         )
         commands.append(("Cancel the running job", app.action_cancel_job, "stop the job on the accelerator lane"))
+        commands.append(
+            (
+                "Profile this run",
+                partial(profile_run_on_screen, app),
+                "the run shown (p in the run view): its writer profiles the next steps; XProf's summary in its Profile tab",
+            )
+        )
         commands.append(
             (
                 "Watch the newest live run",
