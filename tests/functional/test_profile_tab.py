@@ -238,6 +238,7 @@ async def test_p_in_the_dashboard_writes_a_request_into_a_live_run_and_not_into_
     from tpudash.config import Settings
     from tpudash.engine.inthread import EngineThread
     from tpudash.tui.app import TpudashApp
+    from tpudash.tui.palette import TpudashCommands
 
     runs_dir = tmp_path / "runs"
     store = RunStore(runs_dir)
@@ -269,5 +270,16 @@ async def test_p_in_the_dashboard_writes_a_request_into_a_live_run_and_not_into_
                     assert any("not live (done)" in str(notice.message) for notice in app._notifications)
                 app.pop_screen()
                 await pilot.pause()
+            # The palette's "Profile this run" is p of the run on screen; elsewhere it says where to go first.
+            command = next(entry for entry in TpudashCommands(app.screen)._commands() if entry[0] == "Profile this run")
+            command[1]()
+            await pilot.pause()
+            assert any("Open a run first" in str(notice.message) for notice in app._notifications)
+            screen = RunDetailScreen(live_id)
+            await app.push_screen(screen)
+            await settle(pilot, lambda: screen.loaded)
+            screen.view.profile_tab().busy = False  # the first request's wait is not this one's
+            command[1]()
+            await settle(pilot, lambda: len(read_requests(store.files(live_id))) == 2)
     finally:
         live_recorder.close()

@@ -305,3 +305,21 @@ def test_replica_matmuls_replicas_tab_matches_its_snapshot(snap_compare, fixed_a
     """Its products whole, a row per replica (issue 38, item 13); a run of its own, so History's snapshots stay."""
     record_run(REPLICA_MATMUL_RUN, "replica-matmul", {}, replica_matmul_events(), seconds=1.5)
     assert snap_compare(fixed_app(), terminal_size=SIZES[size], run_before=opened_from_history(REPLICA_MATMUL_RUN))
+
+
+PROFILED_RUN = "20261117-103640-train-5e6f7a"
+PROFILE_CAPTURE = "2026_11_28_08_27_43"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_runs_profile_tab_matches_its_snapshot(snap_compare, fixed_app, size):
+    """The Profile tab filled in from a real summary.json (an input-bound Keras fit on CPU; issue 39, item 3)."""
+    record_run(PROFILED_RUN, "train", {"source": "synthetic", "epochs": 3}, training_events(), seconds=95.0)
+    capture = RUNS_DIR / PROFILED_RUN / "profile" / "plugins" / "profile" / PROFILE_CAPTURE
+    capture.mkdir(parents=True)
+    (capture / "vm.xplane.pb").write_bytes(b"xplane")
+    summary = Path(__file__).parent / "profile_summaries" / "input_bound.json"
+    shutil.copy(summary, capture / "summary.json")
+    assert snap_compare(
+        fixed_app(), terminal_size=SIZES[size], run_before=opened_from_history(PROFILED_RUN, "tab-profile")
+    )
