@@ -113,14 +113,17 @@ def stacked_bar(breakdown: dict[str, float], width: int, colors: dict[str, str])
     return line
 
 
-def breakdown_legend(breakdown: dict[str, float], colors: dict[str, str]) -> Text:
-    """Each part's colour, name and % of the step."""
-    parts = [
-        # No-break spaces: a legend that wraps keeps each name with its colour and its figure.
-        Text.assemble(("■\u00a0", colors.get(key, "")), f"{name}\u00a0{breakdown.get(key, 0.0):.1f}\u00a0%")
-        for key, name in BREAKDOWN_NAMES.items()
-    ]
-    return Text("  ").join(parts)
+def breakdown_legend(breakdown: dict[str, float], colors: dict[str, str], width: int = 10_000) -> Text:
+    """Each part's colour, name and % of the step, on as many lines of ``width`` cells as it takes (never split)."""
+    lines: list[Text] = []
+    for key, name in BREAKDOWN_NAMES.items():
+        item = Text.assemble(("■ ", colors.get(key, "")), f"{name} {breakdown.get(key, 0.0):.1f} %")
+        if lines and lines[-1].cell_len + 2 + item.cell_len <= width:
+            lines[-1].append("  ")
+            lines[-1].append_text(item)
+        else:
+            lines.append(item)
+    return Text("\n").join(lines)
 
 
 def heading(text: str) -> Text:
@@ -175,7 +178,7 @@ def summary_text(
     out.append(Text())
     out.append(heading("Where a step's time goes (% of the average step)"))
     out.append(stacked_bar(summary.breakdown, width - 2, colors))
-    out.append(breakdown_legend(summary.breakdown, colors))
+    out.append(breakdown_legend(summary.breakdown, colors, width - 2))
     out.append(Text())
     verdict = Text.assemble(("Input pipeline: ", "bold"), (summary.verdict, VERDICT_STYLES.get(summary.verdict, "")))
     if summary.input_percent is not None:
