@@ -17,6 +17,7 @@ import numpy as np
 
 import tpudash
 from jobs.events import Log, RunFinished
+from tests.profile_loops import profile_recorded_loop
 from tpudash.profiles.requests import read_answer, request_profile, wait_for_answer
 from tpudash.runs.store import RunStore
 
@@ -31,44 +32,17 @@ def test_a_profile_asked_of_a_jax_loop_lands_where_xprof_looks(tmp_path, monkeyp
         loss, gradient = jax.value_and_grad(lambda w: jnp.mean((batch @ w) ** 2))(weights)
         return weights - 0.01 * gradient, loss
 
-    weights = jnp.ones((64, 8))
+    weights = [jnp.ones((64, 8))]
     batch = jnp.ones((32, 64))
-    stop = threading.Event()
-    begun = threading.Event()
-    raised: list[BaseException] = []
-    runs: list[tpudash.recording.RecordedRun] = []
 
-    def loop() -> None:
-        nonlocal weights
-        try:
-            with tpudash.record("jax-loop", runs_dir=runs_dir) as run:
-                runs.append(run)
-                begun.set()
-                step = 0
-                while not stop.is_set() and step < 100_000:
-                    step += 1
-                    with run.step(step):
-                        weights, loss = train_step(weights, batch)
-                        loss.block_until_ready()
-                    run.metric("loss", loss, step=step)
-        except BaseException as error:  # noqa: BLE001 - said by the test below
-            raised.append(error)
-        finally:
-            begun.set()
+    def step_body(run: tpudash.recording.RecordedRun, step: int) -> None:
+        weights[0], loss = train_step(weights[0], batch)
+        loss.block_until_ready()
+        run.metric("loss", loss, step=step)
 
-    training = threading.Thread(target=loop)
-    training.start()
-    try:
-        assert begun.wait(120) and not raised, raised
-        run = runs[0]
-        assert run.profiler is not None and run.profiler.framework == "jax"
-        files = store.files(run.run_id)
-        request = request_profile(files, steps=4)
-        answer = wait_for_answer(files, request.id, timeout=120, poll=0.05)
-    finally:
-        stop.set()
-        training.join(120)
-    assert not raised, raised
+    profiled = profile_recorded_loop(runs_dir, "jax-loop", step_body, steps=4)
+    run, files, request, answer = profiled.run, profiled.files, profiled.request, profiled.answer
+    assert run.profiler is not None and run.profiler.framework == "jax"
     assert answer is not None and answer.state == "done", answer
     assert answer.framework == "jax" and answer.last_step - answer.first_step == 3
     xplane = runs_dir / run.run_id / "profile" / "plugins" / "profile" / answer.capture / f"{answer.host}.xplane.pb"

@@ -25,7 +25,6 @@ and the real converter (XProf, in its child) summarises it
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,10 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import tpudash
+from tests.profile_loops import profile_recorded_loop
 from tpudash.profiles.convert import summarize_run_capture
-from tpudash.profiles.requests import request_profile, wait_for_answer
 from tpudash.profiles.summary import ProfileSummary
-from tpudash.runs.store import RunStore
 
 LOADER_SECONDS = 0.04  # a data loader's time per batch: far longer than the small step it feeds
 TRACE_SOURCE = "trace events (XLA:CPU gives no op stats)"
@@ -49,38 +47,8 @@ def profile_loop(
 ) -> ProfileSummary:
     """Run ``step_body(run, n)`` inside ``run.step(n)`` on a thread, ask for a profile of ``steps`` steps, summarise it."""
     monkeypatch.setattr("tpudash.recording.PROFILE_POLL_SECONDS", 0.02)  # the run looks often: a short test
-    runs_dir = tmp_path / "runs"
-    stop = threading.Event()
-    begun = threading.Event()
-    raised: list[BaseException] = []
-    runs: list[tpudash.recording.RecordedRun] = []
-
-    def loop() -> None:
-        try:
-            with tpudash.record("oracle", runs_dir=runs_dir) as run:
-                runs.append(run)
-                begun.set()
-                step = 0
-                while not stop.is_set() and step < 100_000:
-                    step += 1
-                    with run.step(step):
-                        step_body(run, step)
-        except BaseException as error:  # noqa: BLE001 - said by the test
-            raised.append(error)
-        finally:
-            begun.set()
-
-    training = threading.Thread(target=loop)
-    training.start()
-    try:
-        assert begun.wait(120) and not raised, raised
-        files = RunStore(runs_dir).files(runs[0].run_id)
-        request = request_profile(files, steps=steps)
-        answer = wait_for_answer(files, request.id, timeout=120, poll=0.05)
-    finally:
-        stop.set()
-        training.join(120)
-    assert not raised, raised
+    profiled = profile_recorded_loop(tmp_path / "runs", "oracle", step_body, steps=steps)
+    answer, files = profiled.answer, profiled.files
     assert answer is not None and answer.state == "done", answer
     assert answer.framework == "jax" and answer.capture
     summary = summarize_run_capture(files, answer.capture, cache_root=tmp_path / "cache")
