@@ -15,6 +15,11 @@ def _states(dataset: Any) -> dict[str, str]:
     return {a.rule: a.state for a in advise_pipeline(dataset)}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def eight_devices_first(runtime: Any) -> None:
+    """A dataset initialises TensorFlow's devices: the suite's 8 logical CPU devices must be set up before it is."""
+
+
 @pytest.fixture(scope="module")
 def source() -> Any:
     import numpy as np
