@@ -185,6 +185,13 @@ def test_hlo_dots_and_convolutions_count_two_flops_per_multiply_add_and_skip_pad
     assert hlo_matmul_flops(DOT_AND_CONVOLUTIONS) == dot + forward + forward
 
 
+def test_hlo_with_tiled_layouts_is_read_and_an_unreadable_product_is_an_error_not_a_zero():
+    tiled = "ROOT %dot = bf16[8,16]{1,0:T(8,128)(2,1)} dot(bf16[8,32]{1,0:T(8,128)(2,1)} %a, bf16[32,16]{1,0:T(8,128)(2,1)} %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+    assert hlo_matmul_flops(tiled) == 2 * 8 * 32 * 16
+    with pytest.raises(ValueError, match="cannot read the shapes of dot"):
+        hlo_matmul_flops("%dot = f32[8,16]{1,0} dot(%unknown, %names), lhs_contracting_dims={1}")
+
+
 def test_cost_analysis_is_read_as_a_dict_or_a_list_of_dicts():
     assert cost_analysis_flops({"flops": 10.0, "bytes accessed": 4.0}) == 10.0
     assert cost_analysis_flops([{"flops": 10.0}, {"flops": 5.0}]) == 15.0

@@ -172,8 +172,9 @@ def _graph_float_ops(tf: Any, forward_backward: Callable, inputs: list) -> int:
 
 _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\(.*?\)|[a-z]\w*\[[^\]]*\](?:\{[^}]*\})?)\s+"
-    r"(?P<op>[\w\-]+)\((?P<operands>[^)]*)\)(?P<attributes>.*)$"
+    r"(?P<op>[\w\-]+)\((?P<rest>.*)$"
 )
+_MATRIX_OP = re.compile(r"\s(?:dot|convolution)\(")
 _ARRAY = re.compile(r"[a-z]\w*\[(?P<dims>[^\]]*)\]")
 
 
@@ -189,6 +190,8 @@ def hlo_matmul_flops(hlo_text: str) -> int:
     for line in hlo_text.splitlines():
         match = _INSTRUCTION.match(line)
         if match is None:
+            if _MATRIX_OP.search(line):  # never a silent under-count: an unread product fails the count
+                raise ValueError(f"cannot read the HLO line {line.strip()[:120]!r}")
             continue
         shape = _dims(match.group("shape"))
         if shape is not None:
@@ -196,12 +199,11 @@ def hlo_matmul_flops(hlo_text: str) -> int:
         op = match.group("op")
         if op not in ("dot", "convolution"):
             continue
-        operands = [_operand_shape(text, shapes) for text in _split_operands(match.group("operands"))]
-        if shape is None or len(operands) != 2 or None in operands:
+        operand_text, attributes = _until_closed(match.group("rest"))
+        operands = [_operand_shape(text, shapes) for text in _split_operands(operand_text)]
+        lhs, rhs = (operands + [None, None])[:2]
+        if shape is None or len(operands) != 2 or lhs is None or rhs is None:
             raise ValueError(f"cannot read the shapes of {match.group('name')}")
-        lhs, rhs = operands
-        attributes = match.group("attributes")
-        assert lhs is not None and rhs is not None
         if op == "dot":
             total += _dot_flops(shape, lhs, attributes)
         else:
@@ -217,6 +219,19 @@ def _dims(shape_text: str) -> list[int] | None:
         return None
     text = match.group("dims").strip()
     return [int(part.lstrip("<=")) for part in text.split(",")] if text else []
+
+
+def _until_closed(text: str) -> tuple[str, str]:
+    """The operands (up to the ``)`` that closes the call, layouts such as ``{1,0:T(8,128)}`` kept whole) and the rest."""
+    depth = 0
+    for index, character in enumerate(text):
+        if character in "[{(":
+            depth += 1
+        elif character in "]})":
+            if depth == 0:
+                return text[:index], text[index + 1 :]
+            depth -= 1
+    return text, ""
 
 
 def _split_operands(text: str) -> list[str]:
