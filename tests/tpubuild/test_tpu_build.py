@@ -134,3 +134,16 @@ def test_the_real_libtpu_sdk_is_asked_in_a_child_and_its_failure_costs_only_tens
         sampler.close()
     assert sample.unavailable["tensorcore"].startswith("libtpu's SDK: RuntimeError: "), sample.unavailable
     assert len(sample.chips) == 4 and "tpu" not in sample.unavailable
+
+
+def test_mfu_counts_a_step_without_host_xla_from_the_graph_and_says_why(runtime):
+    # Measured: tensorflow-tpu links no XLA backend for the host's CPU ("Could not find a transfer manager for
+    # platform Host"), so a CPU run's FLOPs per step come from the graph's float-op count, and say so.
+    from jobs.models import build_model
+    from tests.unit.test_advice_mfu import cifar_cnn_train_flops_by_hand
+    from tpudash.advice.flops import step_flops_keras_tf
+
+    count = step_flops_keras_tf(build_model("cifar-cnn", (32, 32, 3), 10), batch_size=8)
+    assert count.source.startswith("the graph's float-op count") and "XLA could not compile the step" in count.source
+    hand = cifar_cnn_train_flops_by_hand(8)
+    assert count.flops is not None and hand < count.flops < 1.5 * hand
