@@ -305,6 +305,9 @@ class JobContext:
     """The run's profile responder (``tpudash.profiles.capture.ProfileResponder``, duck-typed: ``step_begin``,
     ``step_end``, ``marker``, ``schedule``), set by the engine's runner for a job that ``profiles_steps``;
     None: no one asks this run for profiles (a job run outside tpudash), and the job profiles on its own."""
+    advisor: Any = None
+    """The run's advice (``tpudash.advice.live.RunAdvisor``, duck-typed: ``start``, ``epoch_end``, ``finish``), set by
+    the engine's runner for a job with training steps; None: no advice is kept (a job run outside tpudash)."""
 
     def advise_param(self, name: str, value: str) -> str:
         """How the user sets param ``name`` to ``value`` where they launched this run (``param_advice``)."""

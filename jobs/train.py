@@ -261,6 +261,11 @@ def run_train(ctx: Any, params: dict) -> dict:
         elif profile_range and writes_summaries:
             profile = ProfileWindow(ctx, profile_range, tensorboard_dir)
         reporter = TrainingReporter(ctx, plan, tensorboard_dir if writes_summaries else None, profile, stage)
+        advisor = getattr(ctx, "advisor", None)
+        if advisor is not None and writes_summaries:  # one advice.json per run: the chief's
+            # The pipeline each replica's input is made by (distributing it wraps the same stages).
+            pipeline = data.training_pipeline(splits.train, plan.global_batch, params["seed"])
+            advisor.start(model=model, dataset=pipeline, global_batch=plan.global_batch)
         ctx.emit(Progress(done=0, total=plan.epochs, unit="epoch"))
         try:
             if loop == "fit":
@@ -299,6 +304,8 @@ def run_train(ctx: Any, params: dict) -> dict:
         "tensorboard": str(tensorboard_dir) if writes_summaries else None,
         "profile": str(profile.trace_dir) if profile is not None and profile.trace_dir else None,
     }
+    if advisor is not None and writes_summaries:
+        summary.update(advisor.finish())
     summary.update({name: value for name, value in reporter.last_train.items()})
     summary.update({f"val_{name}": value for name, value in reporter.last_val.items()})
     summary.update({f"test_{name}": value for name, value in reporter.test.items()})

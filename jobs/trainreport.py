@@ -135,6 +135,12 @@ class TrainingReporter:
         emit(
             Metric(name="examples_per_second", value=throughput, step=self.global_step, epoch=self.epoch, split="train")
         )
+        advisor = getattr(self.ctx, "advisor", None)
+        if advisor is not None:  # the run's advice: compile marks and MFU from this epoch's steps/s
+            steps_per_second = self.steps_in_epoch / self.train_seconds if self.train_seconds else None
+            mfu = advisor.epoch_end(self.epoch, self.global_step, steps_per_second).mfu
+            if mfu is not None and mfu.mfu is not None:
+                emit(Metric(name="mfu", value=mfu.mfu, step=self.global_step, epoch=self.epoch, split="train"))
         for split, values in (("train", dict(train, examples_per_second=throughput)), ("val", val or {})):
             for name, value in values.items():
                 self.scalar(split, f"epoch_{name}", value, self.epoch)

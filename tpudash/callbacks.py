@@ -56,18 +56,19 @@ begin and stops, on the training thread, after the steps asked for.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable
-from types import FrameType
 from typing import Any
 
 import keras
 
 from jobs.batchmeans import BatchMeans
 from jobs.events import split_final_name, to_jsonable
+from tpudash.advice.fitadvice import fit_peak, start_fit_advice
+from tpudash.advice.live import RunAdvisor, peak_json
+from tpudash.fitinfo import adapter_batch_size, running_fit_adapter
 from tpudash.profiles.capture import ProfileResponder
 from tpudash.recording import (
     RecordedRun,
@@ -105,6 +106,8 @@ class TpudashCallback(keras.callbacks.Callback):
     ``worker``: which worker of a cluster this process is (a number, or a ``WorkerIdentity``); default:
     found from TF_CONFIG, the model's distribute strategy or JAX (``tpudash.runs.workers.find_worker``).
     ``run_id``: the run every worker records into (required with several workers, unless ``$TPUDASH_RUN_ID``).
+    ``advice``: judge the run against the TPU performance checklist and measure its MFU (``tpudash.advice``;
+    the chief's advice.json, the run view's Advice tab, ``tpudash advise``); False: neither.
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class TpudashCallback(keras.callbacks.Callback):
         *,
         worker: int | WorkerIdentity | None = None,
         run_id: str | None = None,
+        advice: bool = True,
     ):
         super().__init__()
         for field, value in (("every_n_batches", every_n_batches), ("batch_size", batch_size)):
@@ -157,6 +161,8 @@ class TpudashCallback(keras.callbacks.Callback):
         self._rates: list[float] = []
         self._fit_batch_size: int | None = None
         self._fit_model: Any = None
+        self.advice = advice
+        self._advisor: RunAdvisor | None = None
         # Keras on a thread-safe backend (JAX, torch) then calls on_train_batch_end on a pool thread, off the
         # training loop (TensorFlow's Keras calls it in-line whatever this says). Exact points every N batches
         # need the batch ends in order: those stay on the training thread.
@@ -180,12 +186,16 @@ class TpudashCallback(keras.callbacks.Callback):
         # Read once here: under JAX, ``self.model`` copies the training state back into the model on every
         # access, which on Keras' pool threads would race the training loop for buffers it donates.
         self._fit_model = model = self.model
-        self._fit_batch_size = self.batch_size or _batch_size_of_running_fit()
+        adapter = running_fit_adapter()
+        self._fit_batch_size = self.batch_size or adapter_batch_size(adapter)
         params, layers = _describe_model(model, self.params or {}, self._fit_batch_size)
         strategy = getattr(model, "distribute_strategy", None)  # TensorFlow's; JAX's Keras has its distribution
         distribution = _keras_distribution() if self._backend == SHARDED_BACKEND else None
         runtime = session_runtime(distribution or strategy, backend=self._backend)
         runtime["model_summary"] = layers
+        peak = fit_peak(self.runs_dir, runtime) if self.advice else None
+        if peak is not None:
+            runtime["mfu_peak"] = peak_json(peak)
         self._fits += 1
         try:
             self.run = RecordedRun(
@@ -218,6 +228,12 @@ class TpudashCallback(keras.callbacks.Callback):
         self._batches_begun = self._batches_ended = 0
         self._step, self._training_thread = 0, threading.get_ident()
         self._guard("train_function")
+        chief = self.run.worker is None or self.run.worker.is_chief  # one advice.json per run: the chief's
+        self._advisor = (
+            start_fit_advice(self.run, runtime, peak, model, adapter, self._fit_batch_size)
+            if peak is not None and chief
+            else None
+        )
 
     def _fit_run_id(self) -> str | None:
         """The shared run id of this ``fit``: as given for the first, ``<id>-fit<n>`` for the n-th."""
@@ -240,6 +256,8 @@ class TpudashCallback(keras.callbacks.Callback):
             summary[rate_name] = sum(steady) / len(steady)
         if getattr(self._fit_model, "stop_training", False):
             summary["stopped_early"] = True
+        if self._advisor is not None:
+            summary.update(self._advisor.finish())
         run.finish("done", summary)
 
     # -- epochs ------------------------------------------------------------------------------
@@ -293,6 +311,11 @@ class TpudashCallback(keras.callbacks.Callback):
             )
         if self._backend == SHARDED_BACKEND:
             self._record_variable_per_device(run)
+        if self._advisor is not None:
+            steps_per_second = self._steps_in_epoch / seconds if seconds > 0 and self._steps_in_epoch else None
+            mfu = self._advisor.epoch_end(self._epoch, step, steps_per_second).mfu
+            if mfu is not None and mfu.mfu is not None:
+                run.metric("mfu", mfu.mfu, step=step, epoch=self._epoch)
         run.progress(self._epoch, (self.params or {}).get("epochs"), "epoch")
 
     def _record_variable_per_device(self, run: RecordedRun) -> None:
@@ -512,22 +535,3 @@ def _loss_name(loss: Any) -> str | None:
     if loss is None or isinstance(loss, str):
         return loss
     return getattr(loss, "name", None) or getattr(loss, "__name__", None) or type(loss).__name__
-
-
-def _batch_size_of_running_fit() -> int | None:
-    """The global batch size of the ``fit`` that is calling us, when its data adapter knows it (else None).
-
-    Keras passes callbacks no batch size; its data adapter, a local of
-    ``fit``, does for arrays and for datasets batched with a fixed size.
-    """
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        iterator = frame.f_locals.get("epoch_iterator") if frame.f_code.co_name == "fit" else None
-        if iterator is not None:
-            try:
-                size = iterator.data_adapter.batch_size
-            except Exception:  # noqa: BLE001 - an adapter that cannot say
-                return None
-            return int(size) if isinstance(size, int) and size > 0 else None
-        frame = frame.f_back
-    return None

@@ -292,6 +292,8 @@ class RecordedRun:
         self._steps: dict[tuple[str, str], int] = {}
         self._reader = DeviceValueReader(self._recorder.record, self.run_id)
         self._emit(RunStarted(self.run_id, self.name, self.params, to_jsonable(self.runtime), time.time()))
+        self.files = store.files(self.run_id)
+        """The run's files (a directory, or a prefix in a store): where advice.json and profiles go."""
         self.profiler = self._profile_responder(store)
         """Answers profile requests (``tpudash.profiles.capture``) through ``step``; None: no TensorFlow or JAX here."""
         # ``progress`` in steps drives the profiler in a loop that calls nothing else; Keras's callback drives it
@@ -304,7 +306,7 @@ class RecordedRun:
         if framework not in FRAMEWORKS:
             return None
         responder = ProfileResponder(
-            store.files(self.run_id),
+            self.files,
             framework=str(framework),
             worker=self.worker.index if self.worker is not None else 0,
             local_root=self.run_dir,  # a bucket run's local directory, uploaded at the finish if a capture stays

@@ -42,6 +42,7 @@ from typing import Any
 
 from jobs.base import LAUNCHED_FROM_COMMAND_LINE, JobCancelled, JobContext, JobSpec
 from jobs.events import Artifact, Event, Log, RunFinished, RunStarted, to_jsonable
+from tpudash.advice.live import RunAdvisor, peak_json, run_peak
 from tpudash.engine.profiling import captured, close_profiler, start_profiler
 from tpudash.runs.layout import new_run_id
 from tpudash.runs.recorder import cannot_write
@@ -237,6 +238,9 @@ class Runner:
 
                 # Each worker proposed an id of its own; the run is one, named as the chief named it.
                 run.run_id = agree_on_run_id(getattr(runtime, "strategy", None), run.run_id)
+            if self.store is not None and run.spec.profiles_steps:
+                peak = run_peak(self.store, description)
+                description = dict(description, mfu_peak=peak_json(peak))  # run.json says what MFU is against
             if self.store is not None:
                 try:
                     recorder = self._recorder_for(run, worker, description)
@@ -248,6 +252,15 @@ class Runner:
             else:
                 # No records kept: the job still gets a private place for its files.
                 run.run_dir = Path(tempfile.mkdtemp(prefix=f"tpudash-{run.job}-"))
+            advisor = None
+            if self.store is not None and run.spec.profiles_steps:
+                advisor = RunAdvisor(
+                    self.store.files(run.run_id),
+                    run.run_id,
+                    description,
+                    peak,
+                    log=lambda text, level: self._dispatch(run, recorder, Log(level=level, text=text)),
+                )
             self._dispatch(
                 run, recorder, RunStarted(run.run_id, run.job, to_jsonable(run.params), description, time.time())
             )
@@ -261,6 +274,7 @@ class Runner:
                 settings=self.settings,
                 launched_from=self.launched_from,
                 profiler=profiler if run.spec.profiles_steps else None,
+                advisor=advisor,
             )
             try:
                 run.summary = dict(run.spec.run(context, dict(run.params)) or {})

@@ -1,0 +1,45 @@
+"""The advice of a Keras ``fit`` recorded by ``TpudashCallback``: its peak, its data and model, its step counters.
+
+Kept out of the callback so that the callback stays about recording: this
+module turns what a ``fit`` holds (the model, the data adapter, the batch,
+the train function) into a started ``RunAdvisor``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from tpudash.advice.live import RunAdvisor, run_peak
+from tpudash.advice.mfu import PeakFlops
+from tpudash.fitinfo import adapter_dataset, dataset_batch_size
+
+
+def fit_peak(runs_dir: str | os.PathLike | None, runtime: Mapping[str, Any]) -> PeakFlops:
+    """The peak a fit's MFU is measured against (``live.run_peak``) in the runs directory it records into."""
+    from tpudash.recording import runs_directory
+    from tpudash.runs.store import RunStore
+
+    try:
+        store = RunStore(runs_directory(runs_dir))
+    except Exception as error:  # noqa: BLE001 - the run's own creation says what is wrong with the directory
+        return PeakFlops(None, f"the runs directory could not be read: {type(error).__name__}: {error}")
+    return run_peak(store, runtime)
+
+
+def start_fit_advice(
+    run: Any, runtime: Mapping[str, Any], peak: PeakFlops, model: Any, adapter: Any, batch_size: int | None
+) -> RunAdvisor:
+    """A started advisor for ``run`` (a ``RecordedRun``): static rules judged, FLOPs counting, advice.json written."""
+    advisor = RunAdvisor(run.files, run.run_id, runtime, peak, log=lambda text, level: run.log(text, level))
+    dataset, why = adapter_dataset(adapter)
+    if batch_size is None and dataset is not None:
+        batch_size = dataset_batch_size(dataset)  # Keras does not say for a dataset; its batch stage does
+    advisor.start(model=model, dataset=dataset, no_dataset_why=why, global_batch=batch_size, watch=_watch(model))
+    return advisor
+
+
+def _watch(model: Any) -> Any:
+    """The model's trace counter under Keras on TensorFlow (None where none can be read)."""
+    return None
