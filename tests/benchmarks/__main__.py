@@ -41,6 +41,7 @@ BENCHMARKS = {
     "matmul": "tests.benchmarks.bench_matmul",
     "history": "tests.benchmarks.bench_history",
     "event_parse": "tests.benchmarks.bench_event_parse",
+    "advice_pipeline": "tests.benchmarks.bench_advice_pipeline",
     "pipeline": "tests.benchmarks.bench_pipeline",
     "callback": "tests.benchmarks.bench_callback",
     "profile_cost": "tests.benchmarks.bench_profile_cost",
