@@ -104,6 +104,18 @@ def runtime():
     return get_runtime(Settings(cpu_devices=8))
 
 
+@pytest.fixture(scope="session")
+def xla_on_the_host(runtime):
+    """Skip unless this TensorFlow build compiles XLA for the host's CPU (tensorflow-tpu's does not: its
+    fallback is tests/tpubuild's)."""
+    import tensorflow as tf
+
+    try:
+        tf.function(lambda x: x * 2.0, jit_compile=True).experimental_get_compiler_ir(tf.ones([2]))(stage="hlo")
+    except Exception as error:  # noqa: BLE001 - the build's own reason, shown in the skip
+        pytest.skip(f"this TensorFlow build cannot compile XLA for the CPU: {type(error).__name__}: {error}"[:300])
+
+
 @pytest.fixture
 def settings(isolated_runs_dir, tmp_path):
     return Settings(cpu_devices=8, runs_dir=isolated_runs_dir, data_dir=tmp_path / "tfds")

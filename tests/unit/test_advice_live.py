@@ -44,7 +44,7 @@ def dense_train_flops_by_hand(batch: int, sizes: list[int]) -> int:
     return total
 
 
-def test_a_fit_measures_its_mfu_against_the_newest_matmul_check(runtime, tmp_path):
+def test_a_fit_measures_its_mfu_against_the_newest_matmul_check(runtime, xla_on_the_host, tmp_path):
     import keras
     import tensorflow as tf
 

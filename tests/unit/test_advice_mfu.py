@@ -223,18 +223,6 @@ def cifar_cnn_train_flops_by_hand(batch: int) -> int:
     return batch * (3 * forward - 2 * convolutions[0])
 
 
-@pytest.fixture(scope="module")
-def xla_on_the_host(runtime):
-    """Skip unless this TensorFlow build compiles XLA for the host's CPU (tensorflow-tpu's does not: its
-    fallback is tests/tpubuild's)."""
-    import tensorflow as tf
-
-    try:
-        tf.function(lambda x: x * 2.0, jit_compile=True).experimental_get_compiler_ir(tf.ones([2]))(stage="hlo")
-    except Exception as error:  # noqa: BLE001 - the build's own reason, shown in the skip
-        pytest.skip(f"this TensorFlow build cannot compile XLA for the CPU: {type(error).__name__}: {error}"[:300])
-
-
 def test_cifar_cnn_flops_per_step_are_the_hand_count_under_the_8_device_strategy(runtime, xla_on_the_host):
     from jobs.models import build_model, parameter_count
 

@@ -11,7 +11,6 @@ import json
 
 import numpy as np
 
-from tests.unit.test_cli import run_cli
 from tpudash.advice.report import read_report
 
 PITFALLS = {"padding", "prefetch", "map-parallel", "shuffle-after-repeat", "small-batch"}
