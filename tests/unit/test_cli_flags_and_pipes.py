@@ -36,6 +36,7 @@ COMMAND_ARGUMENTS = {
     "export": ["20260101-000000-matmul-abcdef"],
     "run": ["matmul"],
     "copy": ["20260101-000000-matmul-abcdef", "/tmp/copies"],
+    "advise": ["20260101-000000-train-abcdef"],
 }
 
 
@@ -134,4 +135,4 @@ def test_runs_into_a_pipe_at_80_columns_is_one_whole_line_per_run(isolated_runs_
     matmul = next(line for line in lines if run_ids["matmul"] in line)
     assert "test_loss=0.00399994" in train and "✓ done" in train
     assert "■ cancelled" in matmul
-    assert lines[0].split() == ["run", "name", "started", "duration", "status", "final", "metrics"]
+    assert lines[0].split() == ["run", "name", "started", "duration", "status", "MFU", "final", "metrics"]

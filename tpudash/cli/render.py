@@ -310,8 +310,9 @@ def render_runs(runs: Sequence[RunInfo], runs_dir: Path | str, console: Console 
         for line in aligned_lines([list(columns), *([row[column] for column in columns] for row in rows)]):
             console.print(line, markup=False, highlight=False, soft_wrap=True)
         return
-    # A narrow terminal loses the name, then the start: the run id holds the job and the start (in UTC).
-    print_fitted(console, lambda left_out: runs_table(runs, runs_dir, left_out), [("name",), ("started",)])
+    # A narrow terminal loses the name, then the start (the run id holds the job and the start, in UTC), then
+    # the MFU (`tpudash runs --json` and `tpudash advise RUN` have it).
+    print_fitted(console, lambda left_out: runs_table(runs, runs_dir, left_out), [("name",), ("started",), ("MFU",)])
 
 
 def newest_first(runs: Iterable[RunInfo]) -> list[RunInfo]:
@@ -319,7 +320,7 @@ def newest_first(runs: Iterable[RunInfo]) -> list[RunInfo]:
     return sorted(runs, key=lambda info: (info.started or 0.0, info.run_id), reverse=True)
 
 
-RUNS_COLUMNS = ("run", "name", "started", "duration", "status", "final metrics")
+RUNS_COLUMNS = ("run", "name", "started", "duration", "status", "MFU", "final metrics")
 WORKERS_COLUMN = "workers"
 """How many workers of a training cluster wrote a run: a column only when some run listed has them."""
 
@@ -342,11 +343,17 @@ def runs_cells(runs: Sequence[RunInfo]) -> tuple[tuple[str, ...], list[dict[str,
             "started": format_timestamp(run.started) if run.started is not None else "-",
             "duration": format_seconds(run.duration),
             "status": status,
+            "MFU": mfu_cell(run.mfu),
             "final metrics": brief_metrics(run.final_metrics),
             WORKERS_COLUMN: counted(run.workers, "worker") if run.workers else "-",
         }
         rows.append({column: Text(value) if isinstance(value, str) else value for column, value in cells.items()})
     return columns, rows
+
+
+def mfu_cell(mfu: float | None) -> str:
+    """A run's MFU (a fraction) as a runs list shows it, ``22.9 %``, as ``Mfu.text`` says it; ``—`` unmeasured."""
+    return "—" if mfu is None else f"{mfu * 100:.3g} %"
 
 
 def aligned_lines(rows: Sequence[Sequence[Text | str]]) -> list[Text]:
@@ -379,7 +386,7 @@ def runs_table(runs: Sequence[RunInfo], runs_dir: Path | str, leave_out: Iterabl
         elif column == "status":  # the glyph stays beside its word
             words = [status_text("live" if run.live else run.status) for run in runs]
             table.add_column(column, min_width=max(word.cell_len for word in words))
-        elif column == WORKERS_COLUMN:  # "3 workers" whole
+        elif column in (WORKERS_COLUMN, "MFU"):  # "3 workers", "22.9 %" whole
             table.add_column(column, no_wrap=True, min_width=max(row[column].cell_len for row in rows))
         else:
             table.add_column(column, no_wrap=column == "duration")

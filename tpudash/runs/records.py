@@ -10,11 +10,12 @@ alive is the judge's (``tpudash.runs.judge``); caching is the store's.
 
 from __future__ import annotations
 
+import math
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from jobs.events import Event, Metric, RunFinished, RunStarted
 from tpudash.runs import liveness
@@ -34,6 +35,8 @@ from tpudash.runs.tail import fold_events
 
 EventsOf = Callable[[str], StreamTail]
 """A reader of a run's events by its id (``RunStore.stream``)."""
+# What the MFU's sources (``summary.mfu.peak_source``, ``runtime.mfu_peak.source``) keep, as ``advice.mfu.Mfu`` does.
+MAX_SOURCE_CHARS = 500
 
 
 @dataclass
@@ -69,6 +72,26 @@ class RunInfo:
     files: RunFiles | None = field(default=None, repr=False, compare=False)
     record_key: tuple | None = field(default=None, repr=False, compare=False)
     """run.json's key (``RunFiles.key``) when it was read, if the reader knew it: what changes when the record does."""
+    mfu_peak_source: str | None = None
+    """run.json's ``runtime.mfu_peak.source``: the peak the run's MFU is measured against, said at its start."""
+
+    @property
+    def mfu(self) -> float | None:
+        """The run's MFU, a fraction: its summary's (at its finish), else its newest epoch's; None when unmeasured."""
+        measured = summary_mfu(self.summary)
+        value = measured.get("mfu") if measured is not None else None
+        if value is not None:
+            return float(value)
+        newest = self.final_metrics.get("mfu")
+        return float(newest) if _is_fraction(newest) else None
+
+    @property
+    def peak_source(self) -> str | None:
+        """Where the MFU's peak comes from: the summary's MFU, else what the run said at its start; None unsaid."""
+        measured = summary_mfu(self.summary)
+        if measured is not None and measured.get("peak_source"):
+            return str(measured["peak_source"])[:MAX_SOURCE_CHARS]
+        return self.mfu_peak_source
 
     def writer_alive(self) -> bool | None:
         """Whether the run's writer is still writing it (None: it cannot be told, such as an old run of another host).
@@ -117,6 +140,8 @@ class RunInfo:
             "host": self.host,
             "workers": self.workers,
             "live": self.live,
+            "mfu": self.mfu,
+            "peak_source": self.peak_source,
         }
 
 
@@ -157,6 +182,40 @@ def _as_float(value: Any) -> float | None:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_fraction(value: Any) -> TypeGuard[float]:
+    """An MFU: a finite number ≥ 0 (a fraction; above 1 only when a peak was misjudged, still said)."""
+    return _is_number(value) and math.isfinite(value) and value >= 0
+
+
+def summary_mfu(summary: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``summary["mfu"]`` (``advice.mfu.Mfu.to_json``) when its figure is a fraction or null and its source text."""
+    measured = summary.get("mfu")
+    if not isinstance(measured, Mapping):
+        return None
+    figure, source = measured.get("mfu"), measured.get("peak_source", "")
+    if (figure is not None and not _is_fraction(figure)) or not isinstance(source, str):
+        return None
+    return measured
+
+
+def _checked_mfu_fields(info: RunInfo, runtime: Any, problems: list[str]) -> None:
+    """The summary's MFU and the runtime's peak source, checked: one that breaks its rule is left out and named."""
+    if "mfu" in info.summary and summary_mfu(info.summary) is None:
+        problems.append(
+            f'{RUN_FILE}: summary.mfu must be {{"mfu": a fraction or null, "peak_source": text, …}}, '
+            f"not {info.summary['mfu']!r:.40}"
+        )
+        info.summary = {name: value for name, value in info.summary.items() if name != "mfu"}
+    peak = runtime.get("mfu_peak") if isinstance(runtime, Mapping) else None
+    if peak is None:
+        return
+    source = peak.get("source") if isinstance(peak, Mapping) else None
+    if isinstance(source, str):
+        info.mfu_peak_source = source[:MAX_SOURCE_CHARS]
+    else:
+        problems.append(f"{RUN_FILE}: runtime.mfu_peak.source must be text, not {source!r:.40}")
 
 
 def read_record(run_id: str, files: RunFiles, prefetched: bytes | Exception | None, events_of: EventsOf) -> RunInfo:
@@ -208,6 +267,7 @@ def read_record(run_id: str, files: RunFiles, prefetched: bytes | Exception | No
     workers = checked_field(meta, "workers", problems)
     info.workers = workers["count"] if workers is not None else None
     info.name = info.name or readable_run_name(info.job, info.params)
+    _checked_mfu_fields(info, meta.get("runtime"), problems)
     return info
 
 
@@ -218,6 +278,7 @@ def info_from_events(info: RunInfo, events: StreamTail) -> None:
     def visit(stamp: float | None, event: Event) -> None:
         if isinstance(event, RunStarted):
             info.job, info.params, info.started = event.job, event.params, event.time
+            _checked_mfu_fields(info, event.runtime, info.problems)
             # (A RunStarted's params passed the event's checks; bound them as run.json's are.)
             if not bounded_dict(info.params):
                 info.params = {}
@@ -228,6 +289,7 @@ def info_from_events(info: RunInfo, events: StreamTail) -> None:
 
     info.problems.extend(fold_events(events, visit))
     info.name = readable_run_name(info.job, info.params)
+    _checked_mfu_fields(info, None, info.problems)  # the finish's summary, read after the start's runtime
 
 
 def refresh_from_events(info: RunInfo, events: StreamTail) -> None:
