@@ -36,7 +36,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tpudash.cli import commands, copying, hosts, profiling
+from tpudash.cli import advising, commands, copying, hosts, profiling
 from tpudash.cli.ending import leave_now, reader_went_away
 from tpudash.cli.exits import EXIT_BAD_INPUT, EXIT_CANCELLED, EXIT_FAILED, BadInput
 from tpudash.cli.parser import COMMANDS, DASHBOARD_FLAGS, FLAGS_USED, GLOBAL_FLAGS, RUNS_DIR_FLAGS, build_parser
@@ -132,6 +132,7 @@ def _parse_and_dispatch(argv: Sequence[str] | None) -> int:
             "serve": commands.command_serve,
             "copy": copying.command_copy,
             "profile": profiling.command_profile,
+            "advise": advising.command_advise,
             "hosts": hosts.command_hosts,
             "agent": hosts.command_agent,
         }[args.command]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from tpudash.cli import hosts, profiling
+from tpudash.cli import advising, hosts, profiling
 from tpudash.cli.exits import EXIT_BAD_INPUT
 from tpudash.cli.typos import nearest_names
 from tpudash.version import __version__
@@ -36,6 +36,7 @@ COMMANDS = {
     "export": ("tpudash export RUN", "export a run's metrics and telemetry"),
     "copy": ("tpudash copy RUN DEST", "copy runs to another runs directory or a bucket (gs://, s3://)"),
     "profile": ("tpudash profile RUN", "profile a live run's next steps and print XProf's verdict"),
+    "advise": ("tpudash advise RUN", "a run's TPU pitfalls checklist, MFU and recompiles, each with the fix"),
     "serve": ("tpudash serve", "the dashboard in a web browser (one dashboard per tab)"),
     **hosts.COMMANDS,
 }
@@ -54,6 +55,7 @@ FLAGS_USED = {
     "export": RUNS_DIR_FLAGS,
     "copy": RUNS_DIR_FLAGS,
     "profile": RUNS_DIR_FLAGS,
+    "advise": RUNS_DIR_FLAGS,
     "serve": GLOBAL_FLAGS + DASHBOARD_FLAGS,  # each tab's dashboard
     "hosts": RUNS_DIR_FLAGS,
     "agent": (*RUNS_DIR_FLAGS, "tpu_metrics"),  # its own --interval
@@ -354,6 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     copy.add_argument("dest", metavar="DEST", help="the runs directory to copy into: a path, gs://… or s3://…")
     copy.add_argument("--all", action="store_true", help="copy every run of the runs directory (--runs-dir)")
     profiling.add_profile_parser(commands, flags, COMMANDS["profile"][1])
+    advising.add_advise_parser(commands, flags, COMMANDS["advise"][1])
     hosts.add_hosts_parsers(commands, flags)
     for name, command in commands.choices.items():
         if isinstance(command, _Parser):
