@@ -5,7 +5,8 @@ which run that is (the newest, or the one chosen in the lane list) and
 redraws it on the app's ``DisplayTick``; a run of several workers also lists
 them (``RunView.follow_workers``). ``x`` (cancel this run) is greyed on the
 keys line once the run shown has ended. ``p`` asks the run shown for a profile
-of its next steps and shows the run view's Profile tab (``tpudash.tui.profiletab``).
+of its next steps and shows the run view's Profile tab (``tpudash.tui.profiletab``);
+``a`` shows its Advice tab (``tpudash.tui.advicetab``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class RunScreen(DashScreen):
         Binding("right_square_bracket", "show_neighbour(1)", "Next run", id="run.next", key_display="]", show=False),
         Binding("x", "cancel_shown", "Cancel this run", id="run.cancel_shown"),
         Binding("p", "profile_shown", "Profile", id="run.profile", tooltip="profile the next steps of the run shown"),
+        # Not on the keys line (full at 80 columns): the header's advice hint names it while a rule fires.
+        Binding("a", "advice_shown", "Advice", id="run.advice", show=False, tooltip="the run's advice"),
     ]
 
     def compose_body(self) -> ComposeResult:
@@ -63,6 +66,7 @@ class RunScreen(DashScreen):
         store = self.dashboard.session.store
         self.view.follow_workers(store.files(run_id) if live and run_id else None, local=store.local)
         self.view.follow_profiles(store.files(run_id) if live and run_id else None, live=self.shown_cancellable)
+        self.view.follow_advice(store.files(run_id) if live and run_id else None, live=self.shown_cancellable)
         self.refresh_lane()
         self._sync_cancel_key()
 
@@ -92,6 +96,7 @@ class RunScreen(DashScreen):
             live = self._shown_live()
             store = self.dashboard.session.store
             self.view.follow_profiles(store.files(live.run_id) if live else None, live=cancellable)
+            self.view.follow_advice(store.files(live.run_id) if live else None, live=cancellable)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """``x`` greyed (None: shown, disabled) while the run on show has ended or there is none."""
@@ -142,6 +147,11 @@ class RunScreen(DashScreen):
         why = self.view.profile_run(live.model.status if live is not None else "not shown")
         if why:
             self.app.notify(why[0].upper() + why[1:] + ".", severity="warning")
+
+    def action_advice_shown(self) -> None:
+        """Show the Advice tab of the run shown (a run without advice says why)."""
+        if self._shown_live() is not None:
+            self.view.open_advice()
 
     def action_show_neighbour(self, offset: int) -> None:
         run_ids = list(self.dashboard.session.live_runs)

@@ -16,6 +16,7 @@ own), a fixed runs directory path, UTC, and no telemetry sampling.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from dataclasses import dataclass
@@ -305,6 +306,33 @@ def test_replica_matmuls_replicas_tab_matches_its_snapshot(snap_compare, fixed_a
     """Its products whole, a row per replica (issue 38, item 13); a run of its own, so History's snapshots stay."""
     record_run(REPLICA_MATMUL_RUN, "replica-matmul", {}, replica_matmul_events(), seconds=1.5)
     assert snap_compare(fixed_app(), terminal_size=SIZES[size], run_before=opened_from_history(REPLICA_MATMUL_RUN))
+
+
+ADVISED_RUN = "20261117-104640-train-8b9c0d"
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_runs_advice_tab_matches_its_snapshot(snap_compare, fixed_app, size):
+    """The Advice tab and the header's MFU and hint, from the advice.json TpudashCallback wrote for the pitfalls
+    script (``advice_reports/pitfalls.json``; issue 40): five rules fire, with the line to change."""
+    from tpudash.advice.report import AdviceReport, write_report
+    from tpudash.runs.backends import LocalRunFiles
+
+    record_run(ADVISED_RUN, "train", {"source": "synthetic", "epochs": 3}, training_events(), seconds=95.0)
+    stored = json.loads((Path(__file__).parent / "advice_reports" / "pitfalls.json").read_text())
+    stored.update(run_id=ADVISED_RUN, updated=STARTED + 95.0)
+    write_report(LocalRunFiles(RUNS_DIR / ADVISED_RUN), AdviceReport.from_json(stored))
+
+    async def run_before(pilot) -> None:
+        await opened_from_history(ADVISED_RUN)(pilot)
+        for _ in range(400):  # read on a thread worker as the view opened
+            if pilot.app.screen.view.advice is not None:
+                break
+            await pilot.pause(0.01)
+        await pilot.press("a")
+        await pilot.pause()
+
+    assert snap_compare(fixed_app(), terminal_size=SIZES[size], run_before=run_before)
 
 
 PROFILED_RUN = "20261117-103640-train-5e6f7a"

@@ -5,13 +5,15 @@ thread, redrawn only when its data change) with one ``replot()``. A plot's
 lines share a budget of about two points per column (the histories
 themselves are bounded: ``tpudash.runs.series``), so a redraw costs the
 same after a million points as after a thousand. Legends and the y label
-are ``tpudash.tui.plotlegend``'s, ticks ``tpudash.tui.plotticks``'.
+are ``tpudash.tui.plotlegend``'s, ticks ``tpudash.tui.plotticks``'. A metric
+plot also marks the steps where the run's step function was compiled again
+(``set_marks``: vertical lines, listed in the legend as "recompile").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tpudash.runs.series import DecimatedSeries, decimate_min_max, decimate_stride
 from tpudash.tui.plotlegend import DecoratedFigure, Decoration, LegendEntry, decorate, legend_corner, legend_entry
@@ -43,6 +45,8 @@ __all__ = [  # the plots', and what screens, benchmarks and tests import from he
 
 # Points all lines of a plot draw together, per character column.
 POINT_BUDGET_PER_COLUMN = 2.0
+RECOMPILE_COLOR = "orange"
+RECOMPILE_LABEL = "recompile"
 
 
 @dataclass
@@ -81,10 +85,21 @@ class MetricPlot(BudgetedPlot):
         self.lines: list[PlotLine] = []
         self.drawn_series: dict[str, tuple[list[float], list[float]]] = {}
         """What the last replot handed to plotext, per line label (decimated)."""
+        self.marks: tuple[int, ...] = ()
+        """Steps where the run recompiled, drawn as vertical lines (``tpudash.tui.advicetab``)."""
+        self.drawn_marks: tuple[float, ...] = ()
+        """The marks the last replot drew (those within the steps the lines cover)."""
 
     def set_lines(self, lines: Sequence[PlotLine]) -> None:
         self.lines = list(lines)
         self.redraw()
+
+    def set_marks(self, steps: Sequence[int]) -> None:
+        """Mark ``steps`` (recompiles) on the step axis; redrawn only when they change."""
+        marks = tuple(steps)
+        if marks != self.marks:
+            self.marks = marks
+            self.redraw()
 
     def replot(self) -> None:
         plt = self.plt
@@ -96,6 +111,7 @@ class MetricPlot(BudgetedPlot):
         self.drawn_series = {}
         plotted = [(line, *line.series.points()) for line in self.lines]
         plotted = [(line, xs, ys) for line, xs, ys in plotted if xs]
+        self.drawn_marks = ()
         allotments = share_points(self.point_budget, [len(xs) for _, xs, _ in plotted])
         for index, ((line, xs, ys), allotment) in enumerate(zip(plotted, allotments)):
             all_positive = all_positive and min(ys) > 0
@@ -122,9 +138,21 @@ class MetricPlot(BudgetedPlot):
             plt.ylim(*self.y_range)
         if drawn:
             self._set_ticks(log_scale)
+            self._draw_marks()
         if not drawn:
             plt.title(f"{self.title} (waiting for data)")
         self.points_drawn = drawn
+
+    def _draw_marks(self) -> None:
+        """A vertical line at each recompile within the steps the lines cover (beyond them it would stretch the axis)."""
+        xs = [x for line_xs, _ in self.drawn_series.values() for x in line_xs]
+        low, high = min(xs), max(xs)
+        self.drawn_marks = tuple(float(step) for step in self.marks if low <= step <= high)
+        for step in self.drawn_marks:
+            self.plt.vline(step, color=RECOMPILE_COLOR)
+        if self.drawn_marks:
+            entry = LegendEntry(RECOMPILE_LABEL, RECOMPILE_COLOR, "default", "│")
+            self.decoration = replace(self.decoration, legend=(*self.decoration.legend, entry))
 
     def _set_ticks(self, log_scale: bool) -> None:
         """Even ticks that cover every drawn point, the axes' limits set to them."""

@@ -10,6 +10,10 @@ While the store of a running run does not answer, a line under the title says so
 unreachable since 23:39:27 · 446 events held locally") and the run's clocks (the title's, the
 stage line's: ``shown_now``) stand at that moment: what the view shows is as of then, and the run
 may have gone on (issue 38: it read "preparing · 00:42" while the engine had finished).
+
+A run that measures its MFU shows it beside its examples/s ("1185 examples/s · MFU 22.9 %": the newest
+advice.json's, else run.json's ``mfu`` metric), and while any of its advice rules fires, one line says
+the first (``advice: …  (a: Advice tab)``, cut to the header's width, the key never cut off).
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from jobs import registry
+from tpudash.advice.report import AdviceReport
 from tpudash.format import format_seconds, format_value, runtime_line, status_text
 from tpudash.runs.model import RunModel
 from tpudash.runs.storeclient import Outage, outage, spilled_events
 from tpudash.runs.uploader import local_run_dir
+from tpudash.tui.advicetext import hint_line, rate_text
 
 
 def clipped(text: str, width: int) -> str:
@@ -79,6 +85,8 @@ class RunHeader(Vertical):
     RunHeader #run-store { height: auto; padding: 0 1; color: $warning; display: none; }
     RunHeader #run-params { height: auto; padding: 0 1; color: $text-muted; }
     RunHeader #run-runtime { height: 1; padding: 0 1; color: $text-muted; text-wrap: nowrap; text-overflow: ellipsis; }
+    RunHeader #run-rate { height: 1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; display: none; }
+    RunHeader #run-advice { height: 1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; display: none; }
     RunHeader #run-error { height: auto; max-height: 50vh; padding: 0 1; display: none; }
     RunHeader #run-outcome { height: auto; padding: 0 1; display: none; }
     RunHeader #run-message { height: 1; padding: 0 1; text-wrap: nowrap; text-overflow: ellipsis; display: none; }
@@ -90,12 +98,18 @@ class RunHeader(Vertical):
         self._store_shown: str | None = None
         self.shown_state: tuple[str, str, str | None] | str | None = None
         """(run id, status, error) of what the params, error and outcome lines show; "empty" without a run."""
+        self.advice: AdviceReport | None = None
+        """The run's newest advice (``tpudash.tui.advicetab``): the MFU and the hint."""
+        self._rate_shown: Text | None = None
+        self._hint_shown: Text | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="run-title")
         yield Static("", id="run-store", markup=False)
         yield Static("", id="run-params", markup=False)
         yield Static("", id="run-runtime", markup=False)
+        yield Static("", id="run-rate", markup=False)
+        yield Static("", id="run-advice", markup=False)
         yield Static("", id="run-error", markup=False)
         yield Static("", id="run-outcome", markup=False)
         yield Static("", id="run-message", markup=False)
@@ -103,6 +117,7 @@ class RunHeader(Vertical):
     def forget(self) -> None:
         """Draw the next model from scratch."""
         self._last_title = self.shown_state = self._store_shown = None
+        self.show_advice(None, None)
 
     def sync(self, model: RunModel | None) -> None:
         title = self.query_one("#run-title", Static)
@@ -112,11 +127,13 @@ class RunHeader(Vertical):
                 self.query_one("#run-params", Static).update("")
                 for line in self.query("#run-store, #run-runtime, #run-error, #run-outcome, #run-message"):
                     line.display = False
+                self.show_advice(None, None)
                 self._last_title = self.shown_state = "empty"
                 self._store_shown = None
             return
         away = store_away(model)
         self._sync_store(away)
+        self._sync_rate(model)
         elapsed = format_seconds(model.elapsed(None if away is None else away.since), precise=model.finished_state)
         header = (model.run_id, model.job, model.status, elapsed)
         if header != self._last_title:
@@ -156,6 +173,35 @@ class RunHeader(Vertical):
             message = " ".join(message.splitlines())  # one line: a multi-line message shows its start
             line.update(Text.assemble(("→ ", "bold"), message) if summary_line is None else Text(message, style="dim"))
         line.display = message is not None
+
+    def show_advice(self, report: AdviceReport | None, model: RunModel | None) -> None:
+        """The run's advice, read anew (None: none): the MFU line and the hint while a rule fires."""
+        self.advice = report
+        self._sync_rate(model)
+        self._sync_hint()
+
+    def _sync_rate(self, model: RunModel | None) -> None:
+        """examples/s and the MFU; hidden while there is no MFU to say."""
+        text = rate_text(self.advice, model.final_metrics) if model is not None else None
+        if text == self._rate_shown or not self.is_mounted:
+            return
+        self._rate_shown = text
+        line = self.query_one("#run-rate", Static)
+        line.update(text or "")
+        line.display = text is not None
+
+    def _sync_hint(self) -> None:
+        hint = self.advice.hint() if self.advice is not None else None
+        text = hint_line(hint, self.size.width - 2) if hint else None
+        if text == self._hint_shown or not self.is_mounted:
+            return
+        self._hint_shown = text
+        line = self.query_one("#run-advice", Static)
+        line.update(text or "")
+        line.display = text is not None
+
+    def on_resize(self) -> None:
+        self._sync_hint()
 
     def _sync_store(self, away: Outage | None) -> None:
         """The line that says the run's store does not answer, and since when; hidden while it does."""

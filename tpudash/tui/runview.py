@@ -8,7 +8,9 @@ points. ``RunView`` draws a model: the Run screen shows this session's runs in
 it, History a stored or followed one. A run written by a training cluster
 also shows its workers (``follow_workers``): a line above the tabs and a
 Workers tab (``tpudash.tui.workers``), read off the UI thread; a run's
-profiles are its Profile tab (``tpudash.tui.profiletab``).
+profiles are its Profile tab (``tpudash.tui.profiletab``), its advice its
+Advice tab, the header's MFU and hint, and the recompile marks on its metric
+plots (``tpudash.tui.advicetab``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.widgets import DataTable, Label, ProgressBar, Static, TabbedContent, TabPane, Tabs
 from textual.widgets.tabbed_content import ContentTab
 
+from tpudash.advice.report import AdviceReport
 from tpudash.format import DeviceNames, display_beat, format_seconds, format_value, table_devices
 from tpudash.format import status_text as status_text  # the dashboard's status words: tests hold the CLI to them
 from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
+from tpudash.tui.advicetab import ADVICE_PANE, AdviceTab, FollowsAdvice
 from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
 from tpudash.tui.profiletab import PROFILE_PANE, FollowsProfiles, ProfileTab
@@ -95,7 +99,7 @@ class RunTabs(TabbedContent):
             self.user_chose = True
 
 
-class RunView(FollowsWorkers, FollowsProfiles, Vertical):
+class RunView(FollowsWorkers, FollowsProfiles, FollowsAdvice, Vertical):
     """Draws one RunModel: header, error, progress, and tabs of plots, replicas, results, log."""
 
     # A scoped rule is prefixed with "RunView", so one about the screen's height could never match.
@@ -173,11 +177,14 @@ class RunView(FollowsWorkers, FollowsProfiles, Vertical):
                     yield Static("", id="run-summary", markup=False)
             with TabPane("Log", id="tab-log"):
                 yield PaneLog(id="run-log", max_lines=MAX_LOG_LINES)
+            with TabPane("Advice", id=ADVICE_PANE):  # listed once the run has advice (tpudash.tui.advicetab)
+                yield AdviceTab(id="advice-tab")
             with TabPane("Profile", id=PROFILE_PANE):  # listed once it has something (tpudash.tui.profiletab)
                 yield ProfileTab(id="profile-tab")
 
     def on_mount(self) -> None:
         self.hide_profile_tab()
+        self.query_one("#run-tabs", RunTabs).hide_tab(ADVICE_PANE)
         self._ready = True
         self.sync(force=True)
 
@@ -232,6 +239,7 @@ class RunView(FollowsWorkers, FollowsProfiles, Vertical):
         if not self._ready:
             return
         self._read_workers_when_due()
+        self._read_advice_when_due()
         model = self.model
         # Every repaint costs the training thread CPU: the clock, the bars,
         # the log, the tables and the plots move together, on the app's
@@ -379,6 +387,7 @@ class RunView(FollowsWorkers, FollowsProfiles, Vertical):
             plot = self._plots.get(family)
             if plot is None:
                 plot = self._plots[family] = MetricPlot(family, classes="metric-plot")
+                plot.marks = recompile_steps(self.advice)
                 # Loss left of accuracy whichever came first (a job sends loss first, Keras' logs accuracy).
                 later = [
                     other
@@ -476,6 +485,14 @@ class RunView(FollowsWorkers, FollowsProfiles, Vertical):
         grid.styles.grid_size_columns, grid.styles.grid_size_rows = shape
         grid.styles.grid_rows = "1fr"
 
+    def advice_changed(self, report: AdviceReport | None) -> None:
+        """The run's advice, read anew: the header's MFU and hint, the recompiles on the metric plots' step axis."""
+        self.advice = report
+        self.query_one(RunHeader).show_advice(report, self.model)
+        steps = recompile_steps(report)
+        for plot in self._plots.values():
+            plot.set_marks(steps)
+
     # -- what tests and the History screen read -----------------------------------
     def plot_for(self, family: str) -> MetricPlot | None:
         return self._plots.get(family)
@@ -498,6 +515,13 @@ def plots_note(model: RunModel | None) -> str:
         has.append("its log under Log")
     job = model.job or "This run"
     return f"{job} reported no metrics to plot" + (f"; it has {' and '.join(has[:2])}." if has else ".")
+
+
+def recompile_steps(report: AdviceReport | None) -> tuple[int, ...]:
+    """The steps where a step function was traced or compiled again (its first compile is no recompile)."""
+    if report is None:
+        return ()
+    return tuple(sorted({mark.step for mark in report.marks if mark.count > 1}))
 
 
 def family_rank(family: str) -> int:
