@@ -42,6 +42,7 @@ BENCHMARKS = {
     "history": "tests.benchmarks.bench_history",
     "event_parse": "tests.benchmarks.bench_event_parse",
     "advice_pipeline": "tests.benchmarks.bench_advice_pipeline",
+    "advice_cost": "tests.benchmarks.bench_advice_cost",
     "pipeline": "tests.benchmarks.bench_pipeline",
     "callback": "tests.benchmarks.bench_callback",
     "profile_cost": "tests.benchmarks.bench_profile_cost",

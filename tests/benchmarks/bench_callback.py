@@ -215,14 +215,14 @@ def check_recorded(callback, setup: CallbackSetup) -> dict:
     }
 
 
-def prepare(quick: bool):
+def prepare(quick: bool, full: CallbackSetup = FULL):
     """(setup, strategy, global batch, data, compiled model, its parameter count) on the 8-replica CPU runtime."""
     import tensorflow as tf
 
     from tpudash.accel.runtime import get_runtime
     from tpudash.config import Settings
 
-    setup = QUICK if quick else FULL
+    setup = QUICK if quick else full
     strategy = get_runtime(Settings()).strategy
     global_batch = setup.batch_per_replica * int(strategy.num_replicas_in_sync)
     data = synthetic_cifar(tf, strategy, global_batch, setup.distinct_batches, setup.seed)
