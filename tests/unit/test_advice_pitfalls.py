@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 
+from tests.unit.test_cli import run_cli
 from tpudash.advice.report import read_report
 
 PITFALLS = {"padding", "prefetch", "map-parallel", "shuffle-after-repeat", "small-batch"}
@@ -88,6 +89,12 @@ def test_the_pitfalls_script_trips_each_rule_it_has_with_the_line_to_change(runt
     assert "would underfeed a TPU core" in firing["small-batch"].summary
     assert report.hint() is not None  # the header's line
 
+    advised = run_cli("advise", run.run_id, "--json", "--runs-dir", str(tmp_path))
+    assert advised.returncode == 0, advised.stderr
+    printed = json.loads(advised.stdout)
+    assert printed["run"] == run.run_id
+    assert PITFALLS <= {item["rule"] for item in printed["advice"] if item["state"] == "fires"}
+
 
 def test_the_fixed_script_trips_none(runtime, tmp_path):
     run = fixed_fit(runtime.strategy, tmp_path)
@@ -97,6 +104,10 @@ def test_the_fixed_script_trips_none(runtime, tmp_path):
     quiet = {advice.rule for advice in report.advice if advice.state == "quiet"}
     assert PITFALLS | {"cache", "interleave-parallel", "py-function", "mixed-precision"} <= quiet
     assert report.hint() is None
+
+    advised = run_cli("advise", run.run_id, "--json", "--runs-dir", str(tmp_path))
+    assert advised.returncode == 0, advised.stderr
+    assert not [item["rule"] for item in json.loads(advised.stdout)["advice"] if item["state"] == "fires"]
 
 
 def test_the_run_records_its_mfu_with_where_the_peak_comes_from(runtime, tmp_path):
