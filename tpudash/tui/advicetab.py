@@ -11,8 +11,9 @@ a rule fires) and to the metric plots (the recompiles as marks on their step
 axis). ``input-bound``, which a writer leaves to its readers (they have the
 telemetry and the profiles), is judged at each read from the run's telemetry
 and newest profile, as ``tpudash advise`` judges it
-(``tpudash.advice.inputbound``). The tab is listed once the run has advice (or an unreadable file);
-``a`` on the run screens shows it anyway, saying why there is none.
+(``tpudash.advice.inputbound``). The tab is listed once the run has advice
+(or an unreadable file); ``a`` on the run screens shows it anyway, saying
+why there is none.
 """
 
 from __future__ import annotations
