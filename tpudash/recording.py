@@ -59,7 +59,7 @@ import traceback as traceback_module
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from jobs.events import (
     LOG_LEVELS,
@@ -76,6 +76,10 @@ from jobs.events import (
     to_jsonable,
 )
 from tpudash.accel import jaxruntime
+
+if TYPE_CHECKING:
+    from tpudash.advice.live import RunAdvisor
+    from tpudash.advice.report import AdviceReport
 from tpudash.device_values import DeviceValueReader
 from tpudash.profiles.capture import ProfileResponder
 from tpudash.profiles.requests import FRAMEWORKS
@@ -292,6 +296,7 @@ class RecordedRun:
         self._steps: dict[tuple[str, str], int] = {}
         self._reader = DeviceValueReader(self._recorder.record, self.run_id)
         self._emit(RunStarted(self.run_id, self.name, self.params, to_jsonable(self.runtime), time.time()))
+        self._store = store
         self.files = store.files(self.run_id)
         """The run's files (a directory, or a prefix in a store): where advice.json and profiles go."""
         self.profiler = self._profile_responder(store)
@@ -299,6 +304,8 @@ class RecordedRun:
         # ``progress`` in steps drives the profiler in a loop that calls nothing else; Keras's callback drives it
         # itself (its progress may come on Keras's pool threads, and only every tenth of a second).
         self._progress_steps = source != SOURCE_CALLBACK
+        self._advisor: RunAdvisor | None = None
+        self._last_step = 0
         _open_runs.add(self)
 
     def _profile_responder(self, store: RunStore) -> ProfileResponder | None:
@@ -373,6 +380,12 @@ class RecordedRun:
             raise RecordingError(f"unit: {unit!r} is not allowed; allowed: a word such as 'step' or 'epoch'")
         steps = _step("done", done)
         self._emit(Progress(done=steps, total=None if total is None else _step("total", total), unit=unit))
+        if unit == "step":
+            self._last_step = steps
+        elif unit == "epoch" and self._advisor is not None:
+            mfu = self._advisor.epoch_end(steps, self._last_step).mfu
+            if mfu is not None and mfu.mfu is not None:
+                self.metric("mfu", mfu.mfu, step=self._last_step, epoch=steps)
         profiler = self.profiler
         if profiler is not None and unit == "step" and self._progress_steps:
             profiler.step_end(steps)  # step ``done`` is over, the next one begins: a profile asked for starts there
@@ -384,11 +397,34 @@ class RecordedRun:
         The framework's step marker (what XProf's step-time figures read) costs
         about a microsecond; nothing else is done while no profile is asked for.
         """
+        self._last_step = step
         profiler = self.profiler
         if profiler is None:
             return nullcontext()
         self._progress_steps = False  # the loop numbers its steps here: its progress no longer drives the profiler
         return _ProfiledStep(profiler, step if type(step) is int else _step("step", step))
+
+    def advise(
+        self, *, flops_per_step: float | None = None, global_batch: int | None = None, dataset: Any = None
+    ) -> AdviceReport:
+        """Keep this run's advice (``tpudash.advice``): the Advice tab, ``tpudash advise``, MFU in ``tpudash runs``.
+
+        ``flops_per_step``: the step's FLOPs (``tpudash.advice.flops.step_flops_jax(train_step, *args)``
+        counts a jitted step), for MFU against the TPU's published peak or the host's measured one.
+        ``global_batch`` judges the batch per device; ``dataset`` (a tf.data dataset) the input pipeline.
+        MFU is measured at every ``progress(n, unit="epoch")`` from the steps since the last one
+        (``run.step(n)`` or ``progress(n, unit="step")``); under JAX its compilations are counted
+        (``recompiles``). Call it once, before training; a second call starts over.
+        """
+        from tpudash.advice.fitadvice import start_loop_advice
+
+        if flops_per_step is not None and not (isinstance(flops_per_step, (int, float)) and flops_per_step > 0):
+            raise RecordingError(f"flops_per_step: {flops_per_step!r} is not allowed; allowed: a number > 0, or None")
+        if global_batch is not None and (isinstance(global_batch, bool) or not isinstance(global_batch, int)):
+            raise RecordingError(f"global_batch: {global_batch!r} is not allowed; allowed: a whole number, or None")
+        self._advisor = start_loop_advice(self, self._store, flops_per_step, global_batch, dataset)
+        assert self._advisor.report is not None
+        return self._advisor.report
 
     def input(self) -> AbstractContextManager[Any]:
         """``with run.input():`` around fetching a batch, inside ``run.step(n)``: a profile counts it as input.
@@ -469,6 +505,8 @@ class RecordedRun:
         _open_runs.discard(self)
         unread = self._reader.wait(read_wait)
         self._reader.stop()
+        if self._advisor is not None:
+            summary = {**self._advisor.finish(), **dict(summary or {})}
         if unread:
             self._recorder.record(
                 Log(

@@ -1,8 +1,9 @@
-"""The advice of a Keras ``fit`` recorded by ``TpudashCallback``: its peak, its data and model, its step counters.
+"""How a run's writers start its advice: a Keras ``fit`` (``TpudashCallback``) and a hand-written loop (``run.advise``).
 
-Kept out of the callback so that the callback stays about recording: this
-module turns what a ``fit`` holds (the model, the data adapter, the batch,
-the train function) into a started ``RunAdvisor``.
+Kept out of the callback and ``tpudash.recording`` so that they stay about
+recording: this module turns what a ``fit`` holds (the model, the data
+adapter, the batch, the train function), or what a loop says (its FLOPs per
+step, batch and dataset), into a started ``RunAdvisor``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tpudash.advice.live import RunAdvisor, run_peak
+from tpudash.advice.flops import FlopsCount
+from tpudash.advice.live import RunAdvisor, compile_watch, run_peak
 from tpudash.advice.mfu import PeakFlops
 from tpudash.fitinfo import adapter_dataset, dataset_batch_size
 
@@ -37,6 +39,22 @@ def start_fit_advice(
     if batch_size is None and dataset is not None:
         batch_size = dataset_batch_size(dataset)  # Keras does not say for a dataset; its batch stage does
     advisor.start(model=model, dataset=dataset, no_dataset_why=why, global_batch=batch_size, watch=_watch(model))
+    return advisor
+
+
+def start_loop_advice(
+    run: Any, store: Any, flops_per_step: float | None, global_batch: int | None, dataset: Any
+) -> RunAdvisor:
+    """A started advisor for a ``tpudash.record`` run (``RecordedRun.advise``; its arguments checked there)."""
+    advisor = RunAdvisor(
+        run.files, run.run_id, run.runtime, run_peak(store, run.runtime), log=lambda text, level: run.log(text, level)
+    )
+    advisor.set_flops(
+        FlopsCount(float(flops_per_step), "given by the training loop (run.advise)")
+        if flops_per_step is not None
+        else FlopsCount(None, "not given (run.advise(flops_per_step=…))")
+    )
+    advisor.start(dataset=dataset, global_batch=global_batch, count_flops=False, watch=compile_watch(run.runtime))
     return advisor
 
 

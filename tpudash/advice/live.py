@@ -61,6 +61,11 @@ def run_peak(store: Any, runtime: Mapping[str, Any]) -> PeakFlops:
     return PeakFlops(None, "no matmul check of this host in the runs directory: run `tpudash run matmul` once")
 
 
+def compile_watch(runtime: Mapping[str, Any]) -> Any:
+    """A recompile watch for a hand-written loop: JAX's compilations counted (None on another framework)."""
+    return None
+
+
 def peak_json(peak: PeakFlops) -> dict[str, Any]:
     """What run.json's ``runtime["mfu_peak"]`` holds."""
     return {"flops_per_second": peak.flops_per_second, "source": peak.source}
@@ -112,6 +117,8 @@ class RunAdvisor:
         self._marks: list[CompileMark] = []
         self._watch: Any = None
         self._steps_per_second: list[float] = []
+        self._rate_mark = (0, time.perf_counter())
+        """(step, time) at the last epoch's end: what a caller's steps/s is measured from when it gives none."""
         self.report: AdviceReport | None = None
         self.write_error: Exception | None = None
 
@@ -159,6 +166,8 @@ class RunAdvisor:
                 target=self._count_flops, args=(model, global_batch), name="tpudash-flops", daemon=True
             )
             self._counting.start()
+        elif self._flops is not None:
+            pass  # counted by the caller (``set_flops``)
         elif self.framework != "tensorflow":
             self._flops = FlopsCount(
                 None, f"FLOPs per step are counted for Keras on TensorFlow here, not {self.framework}"
@@ -166,6 +175,7 @@ class RunAdvisor:
         else:
             self._flops = FlopsCount(None, "no model or batch size seen" if count_flops else "not counted (asked)")
         self._mfu = Mfu.of(self._flops or FlopsCount(None, "being counted"), None, self.peak)
+        self._rate_mark = (0, time.perf_counter())
         return self._write()
 
     def _count_flops(self, model: Any, global_batch: int) -> None:
@@ -176,8 +186,15 @@ class RunAdvisor:
         self._flops = step_flops_keras_tf(model, global_batch)
 
     # -- every epoch's end ----------------------------------------------------------------------
-    def epoch_end(self, epoch: int, step: int, steps_per_second: float | None) -> AdviceReport:
-        """Add the epoch's compile marks and MFU; write advice.json; never raises."""
+    def epoch_end(self, epoch: int, step: int, steps_per_second: float | None = None) -> AdviceReport:
+        """Add the epoch's compile marks and MFU; write advice.json; never raises.
+
+        ``steps_per_second`` None: measured here, from ``step`` and the time since the last epoch's end.
+        """
+        now = time.perf_counter()
+        if steps_per_second is None and step > self._rate_mark[0] and now > self._rate_mark[1]:
+            steps_per_second = (step - self._rate_mark[0]) / (now - self._rate_mark[1])
+        self._rate_mark = (step, now)
         if self._watch is not None:
             try:
                 new = self._watch.epoch_end(epoch, step)
