@@ -170,14 +170,15 @@ def recompiles(
     counts_after_first_epoch: Mapping[str, int] | None,
     causes: Mapping[str, Sequence[str]] | None = None,
 ) -> Advice:
-    """Fires when a function traced/compiled more than once after the first epoch.
+    """Fires when a function traced/compiled again after the first epoch (its total then > 1).
 
     ``counts_after_first_epoch`` maps a function name to its traces/compiles
-    counted since the first epoch ended; None when the framework does not say.
+    since the first epoch ended that were not its first
+    (``tpudash.advice.compiles.RecompileWatch``); None when the framework does not say.
     """
     if counts_after_first_epoch is None:
         return not_checked("recompiles", "the framework does not report traces")
-    hot = {name: n for name, n in counts_after_first_epoch.items() if n > 1}
+    hot = {name: n for name, n in counts_after_first_epoch.items() if n > 0}
     detail: dict[str, Any] = {"counts": dict(counts_after_first_epoch)}
     if causes:
         detail["causes"] = {k: list(v)[:5] for k, v in causes.items() if k in hot}
@@ -189,7 +190,7 @@ def recompiles(
     return Advice(
         "recompiles",
         "fires",
-        f"{worst} recompiled {hot[worst]} times after the first epoch{because}",
+        f"{worst} recompiled {hot[worst]} time{'s' if hot[worst] > 1 else ''} after the first epoch{because}",
         "keep input shapes fixed (dataset.batch(n, drop_remainder=True); one batch size per model)",
         detail,
     )
