@@ -188,6 +188,20 @@ def test_tf_fixed_batches_with_a_smaller_last_batch_stay_quiet(runtime) -> None:
     assert watch.advice().summary == "no recompiles after the first epoch"
 
 
+def test_tf_model_compiled_again_keeps_counting_its_new_step_functions_traces(runtime) -> None:
+    model, ds = _model(runtime), _dataset().batch(50)
+    watch = RecompileWatch(TfTraceCounter(model))
+    watcher = _epoch_watcher(watch)
+    model.fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=[watcher])
+    model.compile("adam", "mse")  # a new optimizer for fine-tuning: Keras makes (and traces) a new step
+    model.fit(ds, epochs=2, initial_epoch=1, verbose=0, shuffle=False, callbacks=[watcher])
+
+    assert watcher.states == {0: "quiet", 1: "fires"}
+    (mark,) = [m for m in watcher.marks[1] if m.function == "train.one_step_on_data"]
+    assert mark.count == 2
+    assert mark.cause == "step function made anew (compile() again?), traced for (float32[None,4], float32[None,2])"
+
+
 def test_tf_model_run_eagerly_is_not_checked_with_why(runtime) -> None:
     watch = RecompileWatch(TfTraceCounter(_model(runtime, run_eagerly=True)))
     watch.epoch_end(0, 1)

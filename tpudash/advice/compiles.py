@@ -126,10 +126,15 @@ class TfTraceCounter:
         names = set(self._retired_causes) | set(current)
         for name in names:
             signatures = list(self._retired_causes.get(name, []))
+            remade = len(signatures)  # where the step function made anew starts
             if name in current:
                 signatures.extend(_signatures(current[name]))
             out[name] = [
-                f"traced for {sig}" if k == 0 else f"now {sig}, before {signatures[k - 1]}"
+                f"traced for {sig}"
+                if k == 0
+                else f"step function made anew (compile() again?), traced for {sig}"
+                if k == remade
+                else f"now {sig}, before {signatures[k - 1]}"
                 for k, sig in enumerate(signatures[:CAUSES_KEPT])
             ]
         return out
