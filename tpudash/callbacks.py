@@ -193,7 +193,7 @@ class TpudashCallback(keras.callbacks.Callback):
         distribution = _keras_distribution() if self._backend == SHARDED_BACKEND else None
         runtime = session_runtime(distribution or strategy, backend=self._backend)
         runtime["model_summary"] = layers
-        peak = fit_peak(self.runs_dir, runtime) if self.advice else None
+        peak = fit_peak(runs_directory(self.runs_dir), runtime) if self.advice else None
         if peak is not None:
             runtime["mfu_peak"] = peak_json(peak)
         self._fits += 1
@@ -418,6 +418,8 @@ class TpudashCallback(keras.callbacks.Callback):
                 lambda: self._batches_ended >= self._batches_begun - unfinished, timeout=PENDING_BATCH_ENDS_SECONDS
             )
             run = self.run
+            if self._advisor is not None:
+                self._advisor.close()
             if run is not None and not run.finished:
                 run.finish_with(exception)
 

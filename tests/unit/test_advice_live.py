@@ -89,3 +89,30 @@ def test_the_engines_train_job_keeps_advice_and_mfu(run_job, store):
     assert small.state == "fires" and small.detail["batch_per_core"] == 4
     # The job's own pipeline (jobs.datasets) prefetches and maps in parallel.
     assert report.rule("prefetch").state == "quiet" and report.rule("map-parallel").state == "quiet"
+
+
+def test_a_second_fit_with_another_batch_size_recompiles_and_its_run_says_so(runtime, tmp_path):
+    import keras
+
+    from jobs.events import Log
+    from tpudash.callbacks import TpudashCallback
+
+    x = np.random.default_rng(5).normal(size=(96, 4)).astype("float32")
+    y = x[:, :2]
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    callback = TpudashCallback(name="shapes", runs_dir=tmp_path)
+    model.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[callback])
+    first = read_report(callback.run.files)
+    assert first is not None and first.rule("recompiles").state == "quiet" and not first.marks
+
+    model.fit(x, y, batch_size=48, epochs=2, verbose=0, callbacks=[callback])  # the step traced again
+    second = read_report(callback.run.files)
+    assert second is not None and second.run_id != first.run_id  # a second fit is a run of its own
+    fired = second.rule("recompiles")
+    assert fired.state == "fires" and "compiled 2 times" in fired.summary and "drop_remainder" in fired.fix
+    assert second.marks and second.marks[0].step == 2  # the first epoch's end: 96 / 48 steps
+    assert "None" in second.marks[0].cause  # TensorFlow relaxed the batch dimension when it traced again
+    data = RunStore(tmp_path).load(second.run_id)
+    logs = [event.text for _, event in data.events if isinstance(event, Log)]
+    assert any(text.startswith("recompiled train.") for text in logs), logs

@@ -501,10 +501,14 @@ class RecompileWatch:
         return marks
 
     def recompiled(self) -> dict[str, int] | None:
-        """Per function, its traces after the first epoch's end that were not its first; None before that end."""
+        """Per function, its traces/compiles past its first; None before the first epoch's end (still warming up).
+
+        A TensorFlow function's count is since Keras made it (a second ``fit`` of the model with another batch
+        size retraces it: counted); a JAX one's since the counter started.
+        """
         if self._baseline is None:
             return None
-        return {name: max(0, n - max(self._baseline.get(name, 0), 1)) for name, n in self._last.items()}
+        return {name: max(0, n - 1) for name, n in self._last.items()}
 
     def advice(self) -> Advice:
         why = self.counter.not_counted()

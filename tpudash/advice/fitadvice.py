@@ -8,23 +8,22 @@ step, batch and dataset), into a started ``RunAdvisor``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tpudash.advice.flops import FlopsCount
-from tpudash.advice.live import RunAdvisor, compile_watch, run_peak
+from tpudash.advice.live import RunAdvisor, run_peak
 from tpudash.advice.mfu import PeakFlops
 from tpudash.fitinfo import adapter_dataset, dataset_batch_size
 
 
-def fit_peak(runs_dir: str | os.PathLike | None, runtime: Mapping[str, Any]) -> PeakFlops:
+def fit_peak(runs_root: Path | str, runtime: Mapping[str, Any]) -> PeakFlops:
     """The peak a fit's MFU is measured against (``live.run_peak``) in the runs directory it records into."""
-    from tpudash.recording import runs_directory
     from tpudash.runs.store import RunStore
 
     try:
-        store = RunStore(runs_directory(runs_dir))
+        store = RunStore(runs_root)
     except Exception as error:  # noqa: BLE001 - the run's own creation says what is wrong with the directory
         return PeakFlops(None, f"the runs directory could not be read: {type(error).__name__}: {error}")
     return run_peak(store, runtime)
@@ -38,7 +37,7 @@ def start_fit_advice(
     dataset, why = adapter_dataset(adapter)
     if batch_size is None and dataset is not None:
         batch_size = dataset_batch_size(dataset)  # Keras does not say for a dataset; its batch stage does
-    advisor.start(model=model, dataset=dataset, no_dataset_why=why, global_batch=batch_size, watch=_watch(model))
+    advisor.start(model=model, dataset=dataset, no_dataset_why=why, global_batch=batch_size)
     return advisor
 
 
@@ -54,10 +53,5 @@ def start_loop_advice(
         if flops_per_step is not None
         else FlopsCount(None, "not given (run.advise(flops_per_step=…))")
     )
-    advisor.start(dataset=dataset, global_batch=global_batch, count_flops=False, watch=compile_watch(run.runtime))
+    advisor.start(dataset=dataset, global_batch=global_batch, count_flops=False)
     return advisor
-
-
-def _watch(model: Any) -> Any:
-    """The model's trace counter under Keras on TensorFlow (None where none can be read)."""
-    return None

@@ -61,8 +61,18 @@ def run_peak(store: Any, runtime: Mapping[str, Any]) -> PeakFlops:
     return PeakFlops(None, "no matmul check of this host in the runs directory: run `tpudash run matmul` once")
 
 
-def compile_watch(runtime: Mapping[str, Any]) -> Any:
-    """A recompile watch for a hand-written loop: JAX's compilations counted (None on another framework)."""
+def compile_watch(framework: str, model: Any = None) -> Any:
+    """The run's recompile watch: a Keras model's TensorFlow step functions' traces, or JAX's compilations.
+
+    None where nothing can be counted (a TensorFlow loop without a Keras model: its tf.functions are the
+    user's own); the ``recompiles`` rule then says so.
+    """
+    from tpudash.advice.compiles import JaxCompileCounter, RecompileWatch, TfTraceCounter
+
+    if framework == "tensorflow" and model is not None:
+        return RecompileWatch(TfTraceCounter(model))
+    if framework == "jax":
+        return RecompileWatch(JaxCompileCounter().start())
     return None
 
 
@@ -131,7 +141,7 @@ class RunAdvisor:
         no_dataset_why: str = "no tf.data dataset seen",
         global_batch: int | None = None,
         count_flops: bool = True,
-        watch: Any = None,
+        count_compiles: bool = True,
     ) -> AdviceReport:
         """Judge what the run knows now, start counting FLOPs, write advice.json; never raises."""
         batch_per_core = global_batch // self.replicas if global_batch else None
@@ -154,7 +164,11 @@ class RunAdvisor:
         else:
             found.extend(not_checked(r, no_dataset_why) for r in PIPELINE_RULES)
         found.append(not_checked("input-bound", INPUT_BOUND_WHY))
-        self._watch = watch
+        try:
+            self._watch = compile_watch(self.framework, model) if count_compiles else None
+        except Exception:  # noqa: BLE001 - a counter that cannot start costs the rule, never the run
+            self._watch = None
+        watch = self._watch
         found.append(
             not_checked("recompiles", "counted from the first epoch's end")
             if watch is not None
@@ -197,9 +211,9 @@ class RunAdvisor:
         self._rate_mark = (step, now)
         if self._watch is not None:
             try:
-                new = self._watch.epoch_end(epoch, step)
+                new = [m for m in self._watch.epoch_end(epoch, step) if m.count > 1]  # a first trace is no recompile
                 self._marks.extend(new[: max(0, MAX_COMPILE_MARKS - len(self._marks))])
-                for mark in new if epoch > 1 else ():
+                for mark in new:
                     self._say(f"recompiled {mark.function} ({mark.count}): {mark.cause or 'cause not said'}")
                 self._found["recompiles"] = self._watch.advice()
             except Exception as error:  # noqa: BLE001 - a counter that breaks costs the rule, never the run
@@ -213,6 +227,15 @@ class RunAdvisor:
     def _flops_so_far(self) -> FlopsCount:
         return self._flops or FlopsCount(None, "still being counted (at low priority, off the training thread)")
 
+    def close(self) -> None:
+        """Stop counting compilations (JAX's listener is process-wide); idempotent, never raises."""
+        stop = getattr(getattr(self._watch, "counter", None), "stop", None)
+        if stop is not None:
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - the run ends whatever the counter does
+                pass
+
     def set_flops(self, flops: FlopsCount) -> None:
         """FLOPs per step counted by the caller (a JAX loop's ``step_flops_jax``)."""
         self._flops = flops
@@ -223,6 +246,7 @@ class RunAdvisor:
         Waits for a FLOPs count still running, at most ``FINISH_WAITS_FOR_COUNT_SECONDS`` (the training is
         over: the count has the CPU). Writes advice.json once more with it. Empty when the run never started.
         """
+        self.close()
         if self._mfu is None:
             return {}
         if self._counting is not None:

@@ -167,30 +167,29 @@ def input_bound(duty_hint: bool | None, input_percent: float | None) -> Advice:
 
 
 def recompiles(
-    counts_after_first_epoch: Mapping[str, int] | None,
+    recompiled: Mapping[str, int] | None,
     causes: Mapping[str, Sequence[str]] | None = None,
 ) -> Advice:
-    """Fires when a function traced/compiled again after the first epoch (its total then > 1).
+    """Fires when a step function was traced/compiled more than once, judged from the first epoch's end on.
 
-    ``counts_after_first_epoch`` maps a function name to its traces/compiles
-    since the first epoch ended that were not its first
-    (``tpudash.advice.compiles.RecompileWatch``); None when the framework does not say.
+    ``recompiled`` maps a function name to its traces/compiles past its first
+    (``tpudash.advice.compiles.RecompileWatch.recompiled``); None when the framework does not say.
     """
-    if counts_after_first_epoch is None:
+    if recompiled is None:
         return not_checked("recompiles", "the framework does not report traces")
-    hot = {name: n for name, n in counts_after_first_epoch.items() if n > 0}
-    detail: dict[str, Any] = {"counts": dict(counts_after_first_epoch)}
+    hot = {name: n for name, n in recompiled.items() if n > 0}
+    detail: dict[str, Any] = {"counts": {name: n + 1 for name, n in recompiled.items()}}
     if causes:
         detail["causes"] = {k: list(v)[:5] for k, v in causes.items() if k in hot}
     if not hot:
-        return Advice("recompiles", "quiet", "no recompiles after the first epoch", detail=detail)
+        return Advice("recompiles", "quiet", "each step function compiled once", detail=detail)
     worst = max(hot, key=lambda k: hot[k])
     cause = (causes or {}).get(worst)
     because = f": {cause[-1]}" if cause else ""
     return Advice(
         "recompiles",
         "fires",
-        f"{worst} recompiled {hot[worst]} time{'s' if hot[worst] > 1 else ''} after the first epoch{because}",
+        f"{worst} compiled {hot[worst] + 1} times{because}",
         "keep input shapes fixed (dataset.batch(n, drop_remainder=True); one batch size per model)",
         detail,
     )
