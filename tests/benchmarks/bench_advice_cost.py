@@ -50,7 +50,9 @@ def check_advice(callback) -> dict:
     mfu = (meta.get("summary") or {}).get("mfu")
     if not isinstance(mfu, dict) or mfu.get("flops_per_step") is None:
         raise RuntimeError(f"{run.run_id}: no FLOPs per step in the summary's MFU record: {mfu}")
+    counted = getattr(callback._advisor, "_flops", None)  # the advisor's own FLOPs count and its time
     return {
+        "count_seconds": getattr(counted, "seconds", None),
         "flops_per_step": mfu["flops_per_step"],
         "firing": [advice.rule for advice in report.firing()],
         "mfu": mfu.get("mfu"),
@@ -88,7 +90,9 @@ def run(quick: bool) -> list[Result]:
         f"the CIFAR-10 CNN ({parameters:,} params), {int(strategy.num_replicas_in_sync)} replicas, global batch "
         f"{global_batch}, {setup.epochs} epochs × {setup.steps_per_epoch} steps per fit, {setup.trials} trials per "
         f"side alternated; median of paired ratios {statistics.median(paired):.3f} "
-        f"(range {min(paired):.3f}–{max(paired):.3f}); FLOPs per step {checked[-1]['flops_per_step']:,.0f}; "
+        f"(range {min(paired):.3f}–{max(paired):.3f}); the FLOPs count took "
+        f"{statistics.median(c['count_seconds'] or 0 for c in checked):.2f} s (median, off the training thread)"
+        f"; FLOPs per step {checked[-1]['flops_per_step']:,.0f}; "
         f"rules firing {', '.join(checked[-1]['firing']) or 'none'}"
     )
     return [
