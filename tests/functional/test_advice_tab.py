@@ -78,7 +78,7 @@ def live_run(tmp_path, *, job: str = "fit"):
     return store, run_id, recorder
 
 
-async def settle(pilot, predicate, tries: int = 400) -> None:
+async def settle(pilot, predicate, tries: int = 1000) -> None:
     """Let the view's thread workers land, a frame at a time, until ``predicate()`` holds."""
     for _ in range(tries):
         if predicate():
@@ -102,8 +102,8 @@ def tab_listed(app: App) -> bool:
 
 @pytest.fixture
 def fast_reads(monkeypatch):
-    monkeypatch.setattr(advicetab, "LOCAL_READ_SECONDS", 0.01)
-    monkeypatch.setattr(advicetab, "STORE_READ_SECONDS", 0.01)
+    monkeypatch.setattr(advicetab, "LOCAL_READ_SECONDS", 0.05)
+    monkeypatch.setattr(advicetab, "STORE_READ_SECONDS", 0.05)
 
 
 async def test_every_rule_is_listed_firing_first_then_not_checked_then_quiet(tmp_path, fast_reads):
@@ -159,7 +159,6 @@ async def test_the_header_says_the_hint_while_a_rule_fires_and_drops_it_when_non
             write_report(files, report(run_id, [quiet, CACHE], mfu=MFU))
             await settle(pilot, lambda: header_line(app, "advice") is None)
             assert header_line(app, "rate") == "MFU 22.9 %", "the MFU stays"
-            await pilot.press("a")  # a bare App: no key; the run screens' a is tested in the dashboard below
     finally:
         recorder.close()
 
@@ -343,3 +342,50 @@ async def test_input_bound_left_to_readers_is_judged_from_the_runs_newest_profil
             assert view.advice is not None and len(view.advice.firing()) == 7
     finally:
         recorder.close()
+
+
+async def test_a_on_the_run_screen_opens_the_advice_of_the_engines_run_read_live_then_once_at_its_end(tmp_path):
+    from screens.run import RunScreen
+    from tests.functional.conftest import JobGate, _steps_job, run_settled, until
+    from tests.functional.test_snapshots import DESCRIPTION
+    from tpudash.accel.description import Runtime
+    from tpudash.config import Settings
+    from tpudash.engine.inthread import thread_engine_factory
+    from tpudash.tui.app import TpudashApp
+
+    gate = JobGate()
+    specs = {"test-steps": _steps_job(gate)}  # no TensorFlow: a job that emits losses, held half way
+    settings = Settings(cpu_devices=8, runs_dir=tmp_path / "runs", data_dir=tmp_path / "tfds", telemetry_interval=0)
+    runtime = Runtime(strategy=None, description=DESCRIPTION)
+    app = TpudashApp(settings, job_specs=specs, engine_factory=thread_engine_factory(settings, specs, lambda: runtime))
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await app.runtime_settled.wait()
+            live = app.session.launch_by_name("test-steps", {"steps": "40"})
+            await until(pilot, lambda: gate.reached.is_set())
+            files = RunStore(tmp_path / "runs").files(live.run_id)
+            write_report(files, report(live.run_id, [PADDING], mfu=MFU))  # what the run's writer does
+            screen = app.screen
+            assert isinstance(screen, RunScreen)
+
+            def header(name: str) -> str | None:
+                line = screen.query_one(f"#run-{name}", Static)
+                return str(line.content) if line.display else None
+
+            def advice_body() -> str:
+                return str(screen.query_one("#advice-body", Static).content)
+
+            await until(pilot, lambda: header("advice") is not None)  # read at most 2 s after the last read
+            assert header("rate") == "MFU 22.9 %"
+            await pilot.press("a")
+            await pilot.pause()
+            assert screen.query_one("#run-tabs", TabbedContent).active == ADVICE_PANE
+            assert "▲ padding" in advice_body()
+            # Its last word, written as the run ends, is read once it has ended.
+            write_report(files, report(live.run_id, [Advice("padding", "quiet", "model and batch sizes fill it")]))
+            gate.release.set()
+            await run_settled(pilot, live)
+            await until(pilot, lambda: "✓ padding" in advice_body())
+            assert header("advice") is None
+    finally:
+        gate.release.set()

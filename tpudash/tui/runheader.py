@@ -99,7 +99,7 @@ class RunHeader(Vertical):
         self.shown_state: tuple[str, str, str | None] | str | None = None
         """(run id, status, error) of what the params, error and outcome lines show; "empty" without a run."""
         self.advice: AdviceReport | None = None
-        """The run's newest advice (``tpudash.tui.advicetab``): the MFU and the hint."""
+        """The run's newest advice, as the run view read it (``tpudash.tui.advicetab``): the MFU and the hint."""
         self._rate_shown: Text | None = None
         self._hint_shown: Text | None = None
 
@@ -117,7 +117,7 @@ class RunHeader(Vertical):
     def forget(self) -> None:
         """Draw the next model from scratch."""
         self._last_title = self.shown_state = self._store_shown = None
-        self.show_advice(None, None)
+        self._hide_advice()
 
     def sync(self, model: RunModel | None) -> None:
         title = self.query_one("#run-title", Static)
@@ -127,13 +127,14 @@ class RunHeader(Vertical):
                 self.query_one("#run-params", Static).update("")
                 for line in self.query("#run-store, #run-runtime, #run-error, #run-outcome, #run-message"):
                     line.display = False
-                self.show_advice(None, None)
+                self._hide_advice()
                 self._last_title = self.shown_state = "empty"
                 self._store_shown = None
             return
         away = store_away(model)
         self._sync_store(away)
         self._sync_rate(model)
+        self._sync_hint()
         elapsed = format_seconds(model.elapsed(None if away is None else away.since), precise=model.finished_state)
         header = (model.run_id, model.job, model.status, elapsed)
         if header != self._last_title:
@@ -179,6 +180,13 @@ class RunHeader(Vertical):
         self.advice = report
         self._sync_rate(model)
         self._sync_hint()
+
+    def _hide_advice(self) -> None:
+        """Hide the MFU and hint lines until the next ``sync`` draws them (the advice is the view's: it stays)."""
+        self._rate_shown = self._hint_shown = None
+        if self.is_mounted:
+            for line in self.query("#run-rate, #run-advice"):
+                line.display = False
 
     def _sync_rate(self, model: RunModel | None) -> None:
         """examples/s and the MFU; hidden while there is no MFU to say."""
