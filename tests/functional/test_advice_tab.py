@@ -314,6 +314,20 @@ async def test_a_in_the_dashboard_opens_the_advice_tab_of_a_run_from_history(tmp
         assert screen.query_one("#run-tabs", TabbedContent).active == ADVICE_PANE
         assert "▲ padding" in str(screen.query_one("#advice-body", Static).content)
 
+        # The palette's "Advice for this run" is a of the run on screen; elsewhere it says where to go first.
+        from tpudash.tui.palette import TpudashCommands
+
+        screen.query_one("#run-tabs", TabbedContent).active = "tab-log"
+        command = next(entry for entry in TpudashCommands(app.screen)._commands() if entry[0] == "Advice for this run")
+        command[1]()
+        await pilot.pause()
+        assert screen.query_one("#run-tabs", TabbedContent).active == ADVICE_PANE
+        app.pop_screen()
+        await pilot.pause()
+        command[1]()
+        await pilot.pause()
+        assert any("Open a run first" in str(notice.message) for notice in app._notifications)
+
 
 async def test_input_bound_left_to_readers_is_judged_from_the_runs_newest_profile(tmp_path, fast_reads):
     """The writer leaves ``input-bound`` to readers (they have telemetry and profiles): judged at each read."""

@@ -34,11 +34,11 @@ class PaletteApp(Protocol):
     def action_watch_live(self) -> None: ...
 
 
-def profile_run_on_screen(app: PaletteApp) -> None:
-    """``p`` of the run on screen (the Run view, or a run opened from History); elsewhere, where to go first."""
+def on_run_screen(app: PaletteApp, action: str) -> None:
+    """A run view's key (``p``: profile, ``a``: advice) for the run on screen; elsewhere, where to go first."""
     screen = cast(Any, app).screen
-    if hasattr(screen, "action_profile_shown"):
-        screen.action_profile_shown()
+    if hasattr(screen, action):
+        getattr(screen, action)()
     else:
         cast(Any, app).notify("Open a run first (v: this session's runs, h: History, w: the newest live run).")
 
@@ -84,8 +84,15 @@ class TpudashCommands(Provider):
         commands.append(
             (
                 "Profile this run",
-                partial(profile_run_on_screen, app),
+                partial(on_run_screen, app, "action_profile_shown"),
                 "the run shown (p in the run view): its writer profiles the next steps; XProf's summary in its Profile tab",
+            )
+        )
+        commands.append(
+            (
+                "Advice for this run",
+                partial(on_run_screen, app, "action_advice_shown"),
+                "the run shown (a in the run view): the TPU checklist judged for it, each pitfall with its fix; MFU",
             )
         )
         commands.append(
