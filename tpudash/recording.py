@@ -8,7 +8,7 @@ the live view and ``tpudash watch`` read it as they read any run:
 
     with tpudash.record("my-loop", params={"lr": 0.1}) as run:
         for step in range(steps):
-            loss = train_step()
+            loss = trainchecked_step()
             run.metric("loss", loss, step=step)
             run.progress(step + 1, steps, "step")
 
@@ -50,9 +50,7 @@ anything is written.
 from __future__ import annotations
 
 import atexit
-import math
 import os
-import re
 import threading
 import time
 import traceback as traceback_module
@@ -83,10 +81,24 @@ if TYPE_CHECKING:
 from tpudash.device_values import DeviceValueReader
 from tpudash.profiles.capture import ProfileResponder
 from tpudash.profiles.requests import FRAMEWORKS
+from tpudash.recording_args import RUN_ID_VARIABLE as RUN_ID_VARIABLE
+from tpudash.recording_args import (
+    RecordingError,
+    check_run_name_and_params,
+    checked_number,
+    checked_step,
+    find_recording_worker,
+    read_part,
+    replica_parts,
+    run_id_word,
+    runs_directory,
+    shared_run_id,
+)
+from tpudash.recording_args import per_replica_parts as per_replica_parts  # callers import these from here
 from tpudash.recording_runtime import session_runtime as session_runtime  # callers import it from here
-from tpudash.runs.layout import RUN_ID_RULE, SOURCE_CALLBACK, SOURCE_RECORD, is_run_id, new_run_id
+from tpudash.runs.layout import SOURCE_CALLBACK, SOURCE_RECORD, new_run_id
 from tpudash.runs.store import Recorder, RunStore
-from tpudash.runs.workers import WorkerIdentity, find_worker
+from tpudash.runs.workers import WorkerIdentity
 
 # How often buffered events reach the file: the dashboard's redraw beat is
 # half a second, and a killed process loses at most this much.
@@ -97,150 +109,6 @@ DEVICE_READ_WAIT_SECONDS = 30.0
 EXIT_READ_WAIT_SECONDS = 2.0
 # How often a run looks for profile requests (``tpudash.profiles.capture``): one listing a second at most.
 PROFILE_POLL_SECONDS = 1.0
-RUN_ID_VARIABLE = "TPUDASH_RUN_ID"
-"""The run every worker of a cluster records into, when the script does not say ``run_id=``."""
-
-
-class RecordingError(ValueError):
-    """A call the writer cannot record; the message names the argument and what is allowed."""
-
-
-def runs_directory(runs_dir: str | os.PathLike | None = None) -> Path | str:
-    """``runs_dir`` if given, else tpudash's own (``$TPUDASH_RUNS_DIR`` or ``$XDG_DATA_HOME/tpudash/runs``).
-
-    A directory is a Path; a store (``gs://bucket/runs``) is its URL, and a
-    store whose library is not installed is a RecordingError with the line
-    that installs it.
-    """
-    from tpudash.config import ENV_PREFIX, default_runs_dir
-    from tpudash.runs.location import ALLOWED, missing_library, parse_runs_dir
-
-    # Not Settings.load: it checks every TPUDASH_* variable, and a malformed
-    # one that has nothing to do with recording must not stop the user's training.
-    configured = os.environ.get(f"{ENV_PREFIX}RUNS_DIR", "").strip()
-    where = "runs_dir" if runs_dir is not None else f"{ENV_PREFIX}RUNS_DIR"
-    text = os.fspath(runs_dir) if runs_dir is not None else configured
-    if runs_dir is not None and not str(text).strip():
-        raise RecordingError(f"runs_dir: is empty; allowed: {ALLOWED}, or None for tpudash's runs directory")
-    if not text:
-        return default_runs_dir(os.environ)
-    try:
-        location = parse_runs_dir(str(text))
-    except ValueError as error:
-        raise RecordingError(f"{where}: {error}") from None
-    missing = missing_library(location) if isinstance(location, str) else None
-    if missing is not None:
-        raise RecordingError(f"{where}: {missing}")
-    return location
-
-
-def per_replica_parts(value: Any, devices: Iterable[str] | None = None) -> tuple[list, list[str]]:
-    """(values, devices) of a ``PerReplica`` value, a sharded ``jax.Array`` or ``pmap`` output, a list, or a mapping.
-
-    A jax array gives one value per addressable shard, named by its device
-    (a one-element shard is a number). Values are read here, waiting for the
-    device; ``RecordedRun.replica_values`` reads them on its own thread instead.
-    """
-    parts, names = _replica_parts(value, devices)
-    return [_read(part) for part in parts], names
-
-
-def _replica_parts(value: Any, devices: Iterable[str] | None) -> tuple[list, list[str]]:
-    """(parts, devices) of a per-replica value, jax arrays not read yet."""
-    shards = jaxruntime.replica_shards(value)
-    if shards is not None:
-        parts, names = shards
-    elif isinstance(value, Mapping):
-        parts, names = list(value.values()), [str(key) for key in value]
-    elif hasattr(value, "values") and isinstance(value.values, (tuple, list)):
-        # tf.distribute's PerReplica (and Mirrored): one component per local replica.
-        parts = list(value.values)
-        names = [str(getattr(part, "device", "") or f"replica {index}") for index, part in enumerate(parts)]
-    elif isinstance(value, (list, tuple)):
-        parts, names = list(value), [f"replica {index}" for index in range(len(value))]
-    else:
-        raise RecordingError(
-            f"value: {type(value).__name__} is not per-replica; allowed: a PerReplica value "
-            "(what strategy.run returns), a sharded jax.Array or a pmap output, a list with one value per replica, "
-            "or a {device: value} dict"
-        )
-    for part in [value, *parts]:
-        problem = jaxruntime.traced_problem(part)
-        if problem is not None:
-            raise RecordingError(f"value: {problem}")
-    if devices is not None:
-        names = [str(device) for device in devices]
-        if len(names) != len(parts):
-            raise RecordingError(
-                f"devices: {len(names)} given for {len(parts)} replica values; allowed: one per replica"
-            )
-    return parts, names
-
-
-def _read(part: Any) -> Any:
-    """A value as JSON; a jax array's number waits for the device."""
-    return jaxruntime.read_value(part) if jaxruntime.is_jax_array(part) else to_jsonable(part)
-
-
-def _run_id_word(name: str) -> str:
-    """The part of the run id naming the run: ``My model/v2`` → ``my-model-v2``."""
-    word = re.sub(r"[^a-z0-9._]+", "-", name.lower()).strip("-.")
-    return word[:40] or "run"
-
-
-def find_recording_worker(worker: int | WorkerIdentity | None, strategy: Any = None) -> WorkerIdentity | None:
-    """``workers.find_worker``, its ValueError (a malformed TF_CONFIG, a bad ``worker``) as a RecordingError."""
-    try:
-        return find_worker(worker, strategy=strategy)
-    except ValueError as error:
-        raise RecordingError(str(error)) from None
-
-
-def shared_run_id(run_id: str | None, worker: WorkerIdentity | None) -> str | None:
-    """The run id every worker agrees on: ``run_id``, else ``$TPUDASH_RUN_ID``; None: make a new one.
-
-    RecordingError when it is not a run id, or when several workers have none to share.
-    """
-    where = "run_id"
-    if run_id is None and os.environ.get(RUN_ID_VARIABLE, "").strip():
-        run_id, where = os.environ[RUN_ID_VARIABLE].strip(), RUN_ID_VARIABLE
-    if run_id is not None:
-        if not isinstance(run_id, str) or not is_run_id(run_id) or len(run_id) > 200:
-            raise RecordingError(f"{where}: {run_id!r} is not allowed; allowed: {RUN_ID_RULE}, at most 200 characters")
-        return run_id
-    if worker is not None and worker.count > 1:
-        raise RecordingError(
-            f"run_id: this process is {worker.task} {worker.index} of {worker.count} workers, and they record one "
-            f"run; allowed: the same run_id= on every worker (such as 'mnist-2024-06-01'), or {RUN_ID_VARIABLE} "
-            "set for all of them"
-        )
-    return None
-
-
-def _number(field: str, value: Any) -> float:
-    plain = to_jsonable(value)
-    if isinstance(plain, list) and len(plain) == 1:
-        plain = plain[0]
-    if isinstance(plain, bool) or not isinstance(plain, (int, float)):
-        raise RecordingError(
-            f"{field}: {value!r:.60} is not a number; allowed: a scalar (float, int, a 0-d tensor or NumPy value)"
-        )
-    return float(plain)
-
-
-def _step(field: str, value: Any) -> int:
-    number = _number(field, value)
-    if not math.isfinite(number) or number != int(number) or number < 0:
-        raise RecordingError(f"{field}: {value!r} is not allowed; allowed: a whole number ≥ 0")
-    return int(number)
-
-
-def check_run_name_and_params(name: Any, params: Any) -> None:
-    """RecordingError unless ``name`` names a run (non-empty text) and ``params`` is a mapping or None."""
-    if not isinstance(name, str) or not name.strip():
-        raise RecordingError(f"name: {name!r} is not allowed; allowed: a non-empty text naming the run")
-    if params is not None and not isinstance(params, Mapping):
-        raise RecordingError(f"params: {type(params).__name__} is not allowed; allowed: a dict of name → value")
 
 
 class RecordedRun:
@@ -268,7 +136,7 @@ class RecordedRun:
         shared = shared_run_id(run_id, self.worker)
         store = RunStore(runs_directory(runs_dir))
         store.prepare()
-        self.run_id = shared or new_run_id(_run_id_word(self.name))
+        self.run_id = shared or new_run_id(run_id_word(self.name))
         self.location = store.location(self.run_id)
         """Where the run is written: its directory, or its URL in a store."""
         if self.worker is not None:
@@ -360,9 +228,9 @@ class RecordedRun:
         if split not in SPLITS:
             raise RecordingError(f"split: {split!r} is not allowed; allowed: {', '.join(SPLITS)}")
         key = (name, split)
-        step_number = self._steps.get(key, -1) + 1 if step is None else _step("step", step)
+        step_number = self._steps.get(key, -1) + 1 if step is None else checked_step("step", step)
         self._steps[key] = step_number
-        epoch_number = None if epoch is None else _step("epoch", epoch)
+        epoch_number = None if epoch is None else checked_step("epoch", epoch)
         if jaxruntime.is_jax_array(value):
             problem = jaxruntime.scalar_problem(value)
             if problem is not None:
@@ -372,14 +240,16 @@ class RecordedRun:
                 f"{name} at step {step_number}",
             )
             return
-        self._emit(Metric(name=name, value=_number("value", value), step=step_number, epoch=epoch_number, split=split))
+        self._emit(
+            Metric(name=name, value=checked_number("value", value), step=step_number, epoch=epoch_number, split=split)
+        )
 
     def progress(self, done: Any, total: Any = None, unit: str = "step") -> None:
         """``done`` of ``total`` ``unit``s (total None: unknown); unit ``epoch`` rewrites run.json."""
         if not isinstance(unit, str) or not unit:
             raise RecordingError(f"unit: {unit!r} is not allowed; allowed: a word such as 'step' or 'epoch'")
-        steps = _step("done", done)
-        self._emit(Progress(done=steps, total=None if total is None else _step("total", total), unit=unit))
+        steps = checked_step("done", done)
+        self._emit(Progress(done=steps, total=None if total is None else checked_step("total", total), unit=unit))
         if unit == "step":
             self._last_step = steps
         elif unit == "epoch" and self._advisor is not None:
@@ -402,7 +272,7 @@ class RecordedRun:
         if profiler is None:
             return nullcontext()
         self._progress_steps = False  # the loop numbers its steps here: its progress no longer drives the profiler
-        return _ProfiledStep(profiler, step if type(step) is int else _step("step", step))
+        return _ProfiledStep(profiler, step if type(step) is int else checked_step("step", step))
 
     def advise(
         self, *, flops_per_step: float | None = None, global_batch: int | None = None, dataset: Any = None
@@ -440,10 +310,10 @@ class RecordedRun:
         """One value per replica: a ``PerReplica`` (what ``strategy.run`` returns), a sharded ``jax.Array`` or a
         ``pmap`` output (one value per device shard), a list, or {device: value}; JAX values are read as
         ``metric`` reads them, off the training thread."""
-        parts, names = _replica_parts(per_replica_value, devices)
+        parts, names = replica_parts(per_replica_value, devices)
         if any(jaxruntime.is_jax_array(part) for part in parts):
             self._emit_later(
-                lambda: ReplicaValues(name=str(name), values=[_read(part) for part in parts], devices=names),
+                lambda: ReplicaValues(name=str(name), values=[read_part(part) for part in parts], devices=names),
                 f"replica values {name}",
             )
             return
