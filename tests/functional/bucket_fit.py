@@ -22,6 +22,13 @@ EXAMPLES = 256
 BATCH = 32
 
 
+def separable_set() -> tuple[np.ndarray, np.ndarray]:
+    """``EXAMPLES`` examples of 8 features, labelled by the sign of the first two's sum: learnable."""
+    generator = np.random.default_rng(0)
+    features = generator.normal(size=(EXAMPLES, 8)).astype("float32")
+    return features, (features[:, 0] + features[:, 1] > 0).astype("int32")
+
+
 def main() -> None:
     import keras
     import tensorflow as tf
@@ -30,9 +37,7 @@ def main() -> None:
     from tpudash.callbacks import TpudashCallback
 
     url = sys.argv[1]
-    generator = np.random.default_rng(0)
-    features = generator.normal(size=(EXAMPLES, 8)).astype("float32")
-    labels = (features[:, 0] + features[:, 1] > 0).astype("int32")
+    features, labels = separable_set()
     model = separable_model(tf.distribute.get_strategy())  # the default strategy: one device, no scope needed
     recorder = TpudashCallback(name="bucket-fit", runs_dir=url, every_n_batches=1)
 

@@ -16,9 +16,6 @@ import threading
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-
-EXAMPLES = 256
 BATCH = 32
 MAX_EPOCHS = 100_000  # the stop on stdin ends it: this only bounds a test that forgot
 
@@ -28,12 +25,11 @@ def main() -> None:
     import tensorflow as tf
 
     from tests.fit_process import separable_model
+    from tests.functional.bucket_fit import separable_set
     from tpudash.callbacks import TpudashCallback
 
     url = sys.argv[1]
-    generator = np.random.default_rng(0)
-    features = generator.normal(size=(EXAMPLES, 8)).astype("float32")
-    labels = (features[:, 0] + features[:, 1] > 0).astype("int32")
+    features, labels = separable_set()
     model = separable_model(tf.distribute.get_strategy())  # the default strategy: one device, no scope needed
     recorder = TpudashCallback(name="bucket-profile", runs_dir=url)
     told_to_stop = threading.Event()
