@@ -176,8 +176,10 @@ class RunAdvisor:
         )
         self._found = {a.rule: a for a in found}
         if count_flops and model is not None and global_batch and self.framework == "tensorflow":
+            # Not a daemon: a process leaving while TensorFlow lowers the step on this thread could abort in
+            # TensorFlow's C++; exit waits for the count instead (well under a second once training is over).
             self._counting = threading.Thread(
-                target=self._count_flops, args=(model, global_batch), name="tpudash-flops", daemon=True
+                target=self._count_flops, args=(model, global_batch), name="tpudash-flops", daemon=False
             )
             self._counting.start()
         elif self._flops is not None:
