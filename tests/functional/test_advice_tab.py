@@ -66,9 +66,11 @@ class AdviceApp(App):
         self.set_interval(0.02, self.beat)
 
     def beat(self) -> None:
-        view = self.query_one(RunView)
-        if view.query(RunHeader):  # as the app's ticks stop once it is exiting: not while its widgets go away
-            view.sync()
+        # As the app's ticks stop once it is exiting: not while its widgets go away (a tick can
+        # land after the view itself is removed, so the view is looked for, not required).
+        for view in self.query(RunView):
+            if view.query(RunHeader):
+                view.sync()
 
 
 def live_run(tmp_path, *, job: str = "fit"):
