@@ -19,6 +19,8 @@ from typing import Any
 
 from jobs.events import Event, Log, Progress
 
+FRAMEWORKS = ("tensorflow", "jax")
+"""What a job can run on: the engine's runtime says which (``Runtime.framework``)."""
 PARAM_KINDS = ("int", "float", "bool", "str", "floats", "ints")
 # The one set of spellings a bool param accepts, in any case, wherever it is typed.
 TRUE_WORDS = ("true", "yes", "on", "1")
@@ -33,6 +35,16 @@ class ParamError(ValueError):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
         self.message = message
+
+
+class FrameworkNotSupported(RuntimeError):
+    """A job asked to run on a framework it has no runner for; says which and why."""
+
+    def __init__(self, job: str, framework: str, why: str = ""):
+        reason = f": {why}" if why else ""
+        super().__init__(f"job {job!r} does not run on {framework}{reason}")
+        self.job = job
+        self.framework = framework
 
 
 class JobCancelled(Exception):
@@ -199,6 +211,25 @@ class JobSpec:
     profiles_steps: bool = False
     """The job calls ``JobContext.profiler``'s step hooks (train): a profile request is answered with its next
     steps. Any other job's runner answers one with a failed answer (it has no training steps)."""
+    run_jax: Callable[[JobContext, dict], dict] | None = None
+    """The same job on JAX (the engine's runtime is a ``jax.sharding.Mesh``): same params, events and summary.
+    None: the job has no JAX counterpart, and ``not_on_jax`` says why."""
+    not_on_jax: str = ""
+    """Why this job has no meaning on JAX (shown in its help and its form), when ``run_jax`` is None."""
+
+    def frameworks(self) -> tuple[str, ...]:
+        """The frameworks this job runs on: TensorFlow always, JAX when it has a JAX runner."""
+        return ("tensorflow", "jax") if self.run_jax is not None else ("tensorflow",)
+
+    def runner_for(self, framework: str) -> Callable[[JobContext, dict], dict]:
+        """The function that runs this job on ``framework``; FrameworkNotSupported says why there is none."""
+        if framework == "jax":
+            if self.run_jax is None:
+                raise FrameworkNotSupported(self.name, framework, self.not_on_jax)
+            return self.run_jax
+        if framework != "tensorflow":
+            raise FrameworkNotSupported(self.name, framework, f"allowed: {', '.join(FRAMEWORKS)}")
+        return self.run
 
     def param(self, name: str) -> Param:
         for param in self.params:
@@ -237,6 +268,8 @@ class JobSpec:
             "title": self.title,
             "description": self.description,
             "key": self.key,
+            "frameworks": list(self.frameworks()),
+            "not_on_jax": self.not_on_jax or None,
             "params": [
                 {
                     "name": param.name,
@@ -330,8 +363,9 @@ class JobContext:
         are the fallback for a strategy that does not say.
         """
         strategy = self.runtime.strategy
-        devices = list(getattr(strategy.extended, "worker_devices", ()) or ())
-        if len(devices) == strategy.num_replicas_in_sync:
+        extended = getattr(strategy, "extended", None)  # a tf.distribute strategy; a JAX mesh has none
+        devices = list(getattr(extended, "worker_devices", ()) or ())
+        if extended is not None and len(devices) == strategy.num_replicas_in_sync:
             return devices
         return list(self.runtime.device_names)
 

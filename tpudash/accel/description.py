@@ -24,6 +24,14 @@ class LogicalDeviceInfo:
     replica: int | None = None
     task: int | None = None
     memory: dict | None = None
+    platform: str | None = None
+    """JAX's ``device.platform`` (``cpu``, ``tpu``); None for a TensorFlow device (its ``device_type`` says)."""
+    device_kind: str | None = None
+    """JAX's ``device.device_kind`` (``TPU v5 lite``, ``cpu``); None under TensorFlow."""
+    process_index: int | None = None
+    """JAX's ``device.process_index``: the host that drives the device; None under TensorFlow."""
+    coords: list[int] | None = None
+    """A TPU core's place in the slice (JAX's ``device.coords``); None where the backend has none."""
 
 
 @dataclass
@@ -47,6 +55,9 @@ class RuntimeDescription:
     """What the host scan found before TensorFlow was imported (chips, builds, diagnoses)."""
     cluster: dict | None = None
     """This worker's place in a TF_CONFIG cluster (``tpudash.accel.multiworker.cluster_description``); None alone."""
+    framework: str = "tensorflow"
+    """What runs the jobs: ``tensorflow`` (a ``tf.distribute`` strategy) or ``jax`` (a ``jax.sharding.Mesh``)."""
+    jax_version: str = ""
 
     def strategy_text(self) -> str:
         """The strategy as a user reads it: ``MultiWorkerMirroredStrategy, worker 1 of 2`` in a cluster."""
@@ -98,7 +109,11 @@ class RuntimeDescription:
         """The inverse of ``to_dict`` (the engine sends its description to the dashboard as JSON)."""
         known = {item.name for item in fields(cls)}
         values = {name: value for name, value in data.items() if name in known}
-        values["devices"] = [LogicalDeviceInfo(**device) for device in data.get("devices", [])]
+        device_fields = {item.name for item in fields(LogicalDeviceInfo)}
+        values["devices"] = [
+            LogicalDeviceInfo(**{name: value for name, value in device.items() if name in device_fields})
+            for device in data.get("devices", [])
+        ]
         return cls(**values)
 
 
@@ -123,6 +138,11 @@ class Runtime:
     def kind(self) -> str:
         return self.description.kind
 
+    @property
+    def framework(self) -> str:
+        """``tensorflow`` or ``jax``: which of a job's runners runs on this runtime (``JobSpec.runner_for``)."""
+        return self.description.framework
+
     @classmethod
     def from_description(cls, data: dict) -> Runtime:
         """The dashboard's view of the engine's runtime: the description, no strategy.
@@ -137,7 +157,7 @@ class Runtime:
         """The compact description stored with every run."""
         description = self.description
         summary = {
-            "backend": "tensorflow",
+            "backend": description.framework,
             "kind": description.kind,
             "strategy": description.strategy,
             "num_replicas": description.num_replicas,
@@ -149,4 +169,6 @@ class Runtime:
         }
         if description.cluster:
             summary["cluster"] = description.cluster
+        if description.framework == "jax":
+            summary["jax"] = description.jax_version
         return summary

@@ -231,6 +231,8 @@ class Runner:
                 return
             runtime = self._runtime_provider()
             description = runtime.summary() if hasattr(runtime, "summary") else {}
+            # Before anything is recorded: a job with no runner for this framework says so and runs nothing.
+            job_runner = run.spec.runner_for(getattr(runtime, "framework", "tensorflow"))
             if run.spec.check_runtime is not None:
                 run.spec.check_runtime(run.params, runtime)
             if worker is not None and not run.run_id_chosen:
@@ -277,7 +279,7 @@ class Runner:
                 advisor=advisor,
             )
             try:
-                run.summary = dict(run.spec.run(context, dict(run.params)) or {})
+                run.summary = dict(job_runner(context, dict(run.params)) or {})
             finally:
                 captures = self._close_profiler(run, recorder, profiler)
             if captures and run.summary.get("profile") is None:
