@@ -1,6 +1,8 @@
 """The device check: every logical device multiplies the same seeded matrices.
 
-Each chosen device computes A(m×k)·B(k×n) under ``tf.device``; the result is
+Each chosen device computes A(m×k)·B(k×n) (under ``tf.device`` on
+TensorFlow, on inputs put on the device on JAX: ``jobs.on_jax.matmul``; the
+framework's part is a ``MatmulFramework``, the rest is ``run_check``'s); the result is
 compared with a float64 NumPy reference under a tolerance that depends on the
 dtype and on k, and the multiply is timed (warm-up, then ``repeats`` timed
 runs whose median gives ms and GFLOP/s). A device that computes a wrong
@@ -197,12 +199,73 @@ def _check_runtime(params: dict, runtime: Any) -> None:
     check_memory(params, runtime)
 
 
-def _reduced_float32_input_roundoff(tf: Any, kind: str) -> float:
-    if kind not in REDUCED_FLOAT32_INPUT_ROUNDOFF:
-        return 0.0
-    if not tf.config.experimental.tensor_float_32_execution_enabled():
-        return 0.0
-    return REDUCED_FLOAT32_INPUT_ROUNDOFF[kind]
+class MatmulFramework:
+    """What the check asks of a framework; ``TensorFlowMatmul`` here, ``jobs.on_jax.matmul.JaxMatmul`` on JAX.
+
+    Everything else (the seeded inputs, the reference, the tolerance, the
+    timing, the table, the summary and the verdict) is ``run_check``'s, the
+    same for both.
+    """
+
+    def reduced_float32_input_roundoff(self, kind: str) -> float:
+        """How much a float32 matmul on a ``kind`` device rounds its inputs (0: not at all)."""
+        raise NotImplementedError
+
+    def full_float32_advice(self, kind: str) -> str:
+        """What the log says when float32 matmuls on a ``kind`` device round their inputs, and how to stop it."""
+        raise NotImplementedError
+
+    def cast_inputs(self, host_a: Any, host_b: Any, dtype: str) -> tuple[Any, Any, Any, Any]:
+        """A and B cast to ``dtype`` on the host, and the same values as float64 NumPy arrays."""
+        raise NotImplementedError
+
+    def time_on_device(self, index: int, inputs: tuple, timing: Any) -> tuple[float, Any, str]:
+        """``timing(multiply, a, b, finish)`` with A and B on device ``index``: seconds, product (float64), placed on."""
+        raise NotImplementedError
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        """Whether ``error`` is this framework's failed allocation."""
+        raise NotImplementedError
+
+
+class TensorFlowMatmul(MatmulFramework):
+    """The check on TensorFlow: each product computed under ``tf.device`` by one traced ``tf.matmul``."""
+
+    def __init__(self, tf: Any, device_names: list[str]):
+        self.tf = tf
+        self.device_names = device_names
+        self.multiply = make_multiply(tf)
+
+    def reduced_float32_input_roundoff(self, kind: str) -> float:
+        if kind not in REDUCED_FLOAT32_INPUT_ROUNDOFF:
+            return 0.0
+        if not self.tf.config.experimental.tensor_float_32_execution_enabled():
+            return 0.0
+        return REDUCED_FLOAT32_INPUT_ROUNDOFF[kind]
+
+    def full_float32_advice(self, kind: str) -> str:
+        return (
+            f"TensorFloat-32 is enabled: float32 matmuls on this {kind} round their inputs, so the tolerance allows "
+            "for it (tf.config.experimental.enable_tensor_float_32_execution(False) gives full float32)"
+        )
+
+    def cast_inputs(self, host_a: Any, host_b: Any, dtype: str) -> tuple[Any, Any, Any, Any]:
+        tf = self.tf
+        a, b = (tf.cast(tf.constant(matrix), dtype) for matrix in (host_a, host_b))
+        return a, b, tf.cast(a, tf.float64).numpy(), tf.cast(b, tf.float64).numpy()
+
+    def time_on_device(self, index: int, inputs: tuple, timing: Any) -> tuple[float, Any, str]:
+        import numpy as np
+
+        tf = self.tf
+        with tf.device(self.device_names[index]):
+            device_a, device_b = (tf.identity(matrix) for matrix in inputs)
+            # Reading one element back cannot happen before the whole multiply is done, on any device.
+            seconds, product = timing(self.multiply, device_a, device_b, lambda product: product[:1, :1].numpy())
+        return seconds, product.numpy().astype(np.float64), product.device
+
+    def is_out_of_memory(self, error: BaseException) -> bool:
+        return isinstance(error, self.tf.errors.ResourceExhaustedError)
 
 
 def _device_suffix(device_name: str) -> str:
@@ -210,15 +273,15 @@ def _device_suffix(device_name: str) -> str:
     return device_name.rpartition("device:")[2]
 
 
-def _median_seconds(multiply, a, b, warmup: int, repeats: int, settle_seconds: float = 0.0, cancelled=lambda: False):
-    """Median wall time of ``multiply(a, b)``, each run forced to finish.
+def _median_seconds(
+    multiply, a, b, finish, warmup: int, repeats: int, settle_seconds: float = 0.0, cancelled=lambda: False
+):
+    """Median wall time of ``multiply(a, b)``, each run forced to finish by ``finish(product)``.
 
-    Reading one element of the product back to the host cannot happen
-    before the whole multiply is done, on any device, and costs next to
-    nothing; the product of the last run is returned for the check. The
-    warm-up runs ``warmup`` times and for at least ``settle_seconds``.
-    ``cancelled()`` is asked before every multiply (JobCancelled when true),
-    so a large check stops within one multiply.
+    The product of the last run is returned for the check. The warm-up runs
+    ``warmup`` times and for at least ``settle_seconds``. ``cancelled()`` is
+    asked before every multiply (JobCancelled when true), so a large check
+    stops within one multiply.
     """
     product = None
     warmed_up = 0
@@ -227,7 +290,7 @@ def _median_seconds(multiply, a, b, warmup: int, repeats: int, settle_seconds: f
         if cancelled():
             raise JobCancelled()
         product = multiply(a, b)
-        product[:1, :1].numpy()
+        finish(product)
         warmed_up += 1
     durations = []
     for _ in range(repeats):
@@ -235,14 +298,14 @@ def _median_seconds(multiply, a, b, warmup: int, repeats: int, settle_seconds: f
             raise JobCancelled()
         started = time.perf_counter()
         product = multiply(a, b)
-        product[:1, :1].numpy()
+        finish(product)
         durations.append(time.perf_counter() - started)
     return statistics.median(durations), product
 
 
 def _check_device(
-    tf: Any,
-    multiply,
+    framework: MatmulFramework,
+    index: int,
     name: str,
     inputs: tuple,
     expected: Any,
@@ -252,15 +315,13 @@ def _check_device(
     settle_seconds: float = 0.0,
     cancelled=lambda: False,
 ) -> dict:
-    """Time the multiply on device ``name`` and compare its product with ``expected``."""
+    """Time the multiply on device ``index`` (called ``name``) and compare its product with ``expected``."""
     import numpy as np
 
-    with tf.device(name):
-        device_a, device_b = (tf.identity(matrix) for matrix in inputs)
-        seconds, product = _median_seconds(
-            multiply, device_a, device_b, params["warmup"], params["repeats"], settle_seconds, cancelled
-        )
-    result = product.numpy().astype(np.float64)
+    def timing(multiply, a, b, finish):
+        return _median_seconds(multiply, a, b, finish, params["warmup"], params["repeats"], settle_seconds, cancelled)
+
+    seconds, result, placed_on = framework.time_on_device(index, inputs, timing)
     difference = result - expected
     max_abs_error = float(np.max(np.abs(difference, out=difference)))
     del difference
@@ -269,7 +330,7 @@ def _check_device(
     printed = params["m"] <= PRINTED_SHAPE_LIMIT and params["n"] <= PRINTED_SHAPE_LIMIT
     return {
         "device": name,
-        "placed_on": product.device,
+        "placed_on": placed_on,
         # Only a printable product is kept: eight large ones would not fit.
         "product": result if printed else None,
         # NaN compares False: a device that produces NaN fails.
@@ -284,47 +345,59 @@ def _check_device(
 def run(ctx, params: dict) -> dict:
     import tensorflow as tf
 
+    device_names = [device.name for device in ctx.runtime.logical_devices]
+    return run_check(ctx, params, TensorFlowMatmul(tf, device_names), device_names)
+
+
+def run_on_jax(ctx, params: dict) -> dict:
+    """The check on JAX (``jobs.on_jax.matmul``), imported when a run starts: listing jobs imports no framework."""
+    from jobs.on_jax.matmul import run as run_jax
+
+    return run_jax(ctx, params)
+
+
+def run_check(ctx, params: dict, framework: MatmulFramework, device_names: list[str]) -> dict:
+    """The check on ``framework``, devices called ``device_names``; a failed allocation becomes ``OutOfMemory``."""
     try:
-        return _run_check(ctx, params, tf)
-    except (MemoryError, tf.errors.ResourceExhaustedError) as error:
+        return _run_check(ctx, params, framework, device_names)
+    except Exception as error:
+        if not (isinstance(error, MemoryError) or framework.is_out_of_memory(error)):
+            raise
         message = out_of_memory_message(params, error)
         ctx.log(message, "error")
         raise OutOfMemory(message) from error
 
 
-def _run_check(ctx, params: dict, tf: Any) -> dict:
+def _run_check(ctx, params: dict, framework: MatmulFramework, device_names: list[str]) -> dict:
     import numpy as np
 
     runtime = ctx.runtime
     m, k, n, dtype = params["m"], params["k"], params["n"], params["dtype"]
     selection = parse_device_selection(params["devices"])
-    all_devices = list(runtime.logical_devices)
-    chosen = list(range(len(all_devices))) if selection is None else list(selection)
+    chosen = list(range(len(device_names))) if selection is None else list(selection)
 
     if runtime.kind == "TPU":
         for line in padding_warnings(m, k, n):
             ctx.log(line, "warning")
-    reduced_roundoff = _reduced_float32_input_roundoff(tf, runtime.kind)
+    reduced_roundoff = framework.reduced_float32_input_roundoff(runtime.kind)
     if dtype == "float32" and reduced_roundoff:
-        ctx.log(
-            f"TensorFloat-32 is enabled: float32 matmuls on this {runtime.kind} round their inputs, "
-            "so the tolerance allows for it (tf.config.experimental.enable_tensor_float_32_execution(False) "
-            "gives full float32)",
-        )
+        ctx.log(framework.full_float32_advice(runtime.kind))
     tolerance = relative_tolerance(dtype, k, reduced_roundoff)
 
     generator = np.random.default_rng(params["seed"])
-    host_a = tf.cast(tf.constant(generator.standard_normal((m, k), dtype=np.float32)), dtype)
-    host_b = tf.cast(tf.constant(generator.standard_normal((k, n), dtype=np.float32)), dtype)
+    host_a = generator.standard_normal((m, k), dtype=np.float32)
+    host_b = generator.standard_normal((k, n), dtype=np.float32)
     # The reference multiplies exactly the values the devices get.
-    reference = tf.cast(host_a, tf.float64).numpy() @ tf.cast(host_b, tf.float64).numpy()
+    *inputs, wide_a, wide_b = framework.cast_inputs(host_a, host_b, dtype)
+    del host_a, host_b
+    reference = wide_a @ wide_b
+    del wide_a, wide_b
     scale = max(float(np.max(np.abs(reference))), np.finfo(np.float64).tiny)
-    multiply = make_multiply(tf)
 
     ctx.progress(0, len(chosen), "device")
     results: list[dict] = []
     for position, index in enumerate(chosen):
-        name = all_devices[index].name
+        name = device_names[index]
         expected = reference
         if params["inject_error"] and index == params["inject_device"]:
             # Self-test: a wrong reference must make this device fail.
@@ -335,7 +408,16 @@ def _run_check(ctx, params: dict, tf: Any) -> dict:
             if ctx.cancelled():
                 raise JobCancelled()
             outcome = _check_device(
-                tf, multiply, name, (host_a, host_b), expected, scale, tolerance, params, settle_seconds, ctx.cancelled
+                framework,
+                index,
+                name,
+                tuple(inputs),
+                expected,
+                scale,
+                tolerance,
+                params,
+                settle_seconds,
+                ctx.cancelled,
             )
         except JobCancelled:
             # The devices finished so far keep their rows; the one cut short has none.
@@ -472,6 +554,7 @@ SPECS = (
             Param("inject_device", "int", 0, "the device whose reference inject_error corrupts", minimum=0),
         ),
         run=run,
+        run_jax=run_on_jax,
         key="m",
         check_runtime=_check_runtime,
     ),
