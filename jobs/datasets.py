@@ -33,6 +33,7 @@ tensorflow at module level.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import socket
@@ -88,7 +89,7 @@ class DatasetUnavailable(RuntimeError):
 
 @dataclass
 class Splits:
-    """The train and test splits, unbatched ``(uint8 image, int64 label)``."""
+    """The train and test splits, unbatched ``(uint8 image, int64 label)``: tf.data datasets, or NumPy pairs."""
 
     shape: DatasetShape
     source: str
@@ -104,6 +105,23 @@ class Splits:
         if self.source == "synthetic":
             return f"synthetic {self.shape.title}-shaped data (not the real {self.shape.title})"
         return f"{self.shape.title} from tfds"
+
+
+def source_here(source: str, shape: DatasetShape, log: Callable[[str, str], None] | None = None) -> str:
+    """The source a run without TensorFlow reads: ``source``, or synthetic (saying so) when tfds is not installed.
+
+    tfds reads its files with TensorFlow; a JAX session (Colab's TPU runtime) usually has neither, and a run
+    that asked for the default source still trains, on a set that says it is synthetic.
+    """
+    if source != "tfds" or importlib.util.find_spec("tensorflow_datasets") is not None:
+        return source
+    if log is not None:
+        log(
+            f"tensorflow_datasets is not installed here (it reads with TensorFlow): training on synthetic "
+            f"{shape.title}-shaped data instead of {shape.title}; pip install tensorflow-datasets for the real one",
+            "warning",
+        )
+    return "synthetic"
 
 
 def effective_data_dir(data_dir: Path | str | None) -> str:
@@ -168,6 +186,7 @@ def load_splits(
     reachable: Callable[[Iterable[str]], bool] | None = None,
     progress: Callable[[int, int], None] | None = None,
     advise_param: Callable[[str, str], str] | None = None,
+    tf_data: bool = True,
 ) -> Splits:
     """Both splits of ``name`` from ``source``, cut to the first ``limit_*`` examples (0: all).
 
@@ -175,7 +194,8 @@ def load_splits(
     is called after every chunk of both splits together. ``reachable``
     replaces the network probe (tests simulate no network). ``advise_param(name, value)``
     says how to change a param where the run was launched (``JobContext.advise_param``;
-    by default, ``tpudash run``'s ``--set``).
+    by default, ``tpudash run``'s ``--set``). ``tf_data`` False: each split is the
+    NumPy ``(images, labels)`` pair itself (the JAX runners: no TensorFlow).
     """
     if name not in DATASETS:
         raise ValueError(f"dataset: {name!r} is not one of {', '.join(DATASET_NAMES)}")
@@ -201,8 +221,8 @@ def load_splits(
     return Splits(
         shape,
         source,
-        as_dataset(*train_arrays),
-        as_dataset(*test_arrays),
+        as_dataset(*train_arrays) if tf_data else train_arrays,
+        as_dataset(*test_arrays) if tf_data else test_arrays,
         len(train_arrays[1]),
         len(test_arrays[1]),
         data_dir=directory,
@@ -374,6 +394,13 @@ def without_tuning_thread(dataset: Any):
     options = tf.data.Options()
     options.autotune.enabled = False
     return dataset.with_options(options)
+
+
+def scaled_images(images):
+    """uint8 [0, 255] NumPy images → float32 [0, 1] (the NumPy side of ``scale_batch``)."""
+    import numpy as np
+
+    return np.asarray(images, np.float32) / np.float32(255.0)
 
 
 def scale_batch(images, labels):

@@ -27,6 +27,7 @@ from jobs import datasets as data
 from jobs.base import JobSpec, Param, ParamError
 from jobs.events import Metric, Progress, Table
 from jobs.hostmemory import available_host_bytes, format_gib
+from jobs.on_jax.dtensor_mlp import run_dtensor_mlp_jax
 
 PARAMS = (
     Param("dataset", "str", "mnist", "images to classify (flattened into the input layer)", choices=data.DATASET_NAMES),
@@ -174,16 +175,15 @@ def build_mlp(runtime: Any, dtensor, mesh, sizes: list[int], seed: int) -> MLP:
         raise DTensorUnavailable(_unavailable_text(runtime, "place replicated variables on", error)) from error
 
 
-def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
-    import tensorflow as tf
-
+def load_data(ctx: Any, params: dict, tf_data: bool = True) -> tuple[data.Splits, list[int], int, int]:
+    """The splits (as ``jobs.datasets`` makes them), the layer sizes, and full batches per epoch of train and test."""
     runtime = ctx.runtime
-    dtensor, mesh = make_mesh(runtime)
-    devices = mesh.num_local_devices()
-    tf.random.set_seed(params["seed"])
+    source = (
+        params["source"] if tf_data else data.source_here(params["source"], data.DATASETS[params["dataset"]], ctx.log)
+    )
     splits = data.load_splits(
         params["dataset"],
-        params["source"],
+        source,
         data_dir=getattr(ctx.settings, "data_dir", None),
         try_gcs=runtime.kind == "TPU",
         limit_train=params["limit_train"],
@@ -191,11 +191,11 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
         seed=params["seed"],
         log=ctx.log,
         advise_param=ctx.advise_param,
+        tf_data=tf_data,
     )
     ctx.raise_if_cancelled()
     batch_size = params["batch_size"]
-    input_size = math.prod(splits.shape.image_shape)
-    sizes = [input_size, *params["hidden"], splits.shape.num_classes]
+    sizes = [math.prod(splits.shape.image_shape), *params["hidden"], splits.shape.num_classes]
     train_steps = splits.train_examples // batch_size
     test_steps = splits.test_examples // batch_size
     if train_steps < 1 or test_steps < 1:
@@ -203,6 +203,116 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
             f"{splits.train_examples} train / {splits.test_examples} test examples do not fill one batch of "
             f"{batch_size}; lower batch_size"
         )
+    return splits, sizes, train_steps, test_steps
+
+
+def layer_table(title: str, sizes: list[int], layouts: list[str], held: list[str]) -> Table:
+    """Each layer: its shape, how its weights are laid out on the mesh, what one device holds of them, params."""
+    layers = list(zip(sizes, sizes[1:]))
+    total = sum(fan_in * fan_out + fan_out for fan_in, fan_out in layers)
+    return Table(
+        title=title,
+        columns=["layer", "shape", "layout", "params", "each device holds"],
+        rows=[
+            *[
+                [f"dense {index + 1}", f"{fan_in}→{fan_out}", layout, fan_in * fan_out + fan_out, holds]
+                for index, ((fan_in, fan_out), layout, holds) in enumerate(zip(layers, layouts, held))
+            ],
+            ["total", "", "", total, ""],
+        ],
+    )
+
+
+def held_text(kernel_shape, bias_shape) -> str:
+    """``784×350 + 350``: the part of a layer's kernel and bias one device holds."""
+    return "×".join(str(int(size)) for size in kernel_shape) + " + " + "×".join(str(int(size)) for size in bias_shape)
+
+
+def device_table(mesh_text: str, rows: list[list]) -> Table:
+    """One row per device: its place on the mesh, the examples of each batch it computes, the weights it holds."""
+    return Table(
+        title=f"what each device holds on the mesh {mesh_text}",
+        columns=["device", "mesh position", "examples per batch", "weights held", "weight bytes"],
+        rows=rows,
+    )
+
+
+class EpochReports:
+    """The per-batch and per-epoch events and the history of a run, the same on TensorFlow and JAX."""
+
+    def __init__(self, ctx: Any, epochs: int, train_steps: int):
+        self.ctx = ctx
+        self.epochs = epochs
+        self.train_steps = train_steps
+        self.global_step = 0
+        self.history: dict[str, list[float]] = {
+            "train_loss": [],
+            "train_accuracy": [],
+            "test_loss": [],
+            "test_accuracy": [],
+        }
+        self.losses: list[float] = []
+        self.accuracies: list[float] = []
+        self.test_losses: list[float] = []
+        self.test_accuracies: list[float] = []
+        ctx.progress(0, epochs, "epoch")
+
+    def begin_epoch(self) -> None:
+        self.losses, self.accuracies, self.test_losses, self.test_accuracies = [], [], [], []
+
+    def batch(self, epoch: int, step: int, loss: float, accuracy: float) -> None:
+        self.global_step += 1
+        self.losses.append(loss)
+        self.accuracies.append(accuracy)
+        self.ctx.emit(Metric("batch_loss", loss, self.global_step, epoch, "train"))
+        self.ctx.progress(step, self.train_steps, "step")
+        self.ctx.raise_if_cancelled()
+
+    def test_batch(self, loss: float, accuracy: float) -> None:
+        self.test_losses.append(loss)
+        self.test_accuracies.append(accuracy)
+        self.ctx.raise_if_cancelled()
+
+    def end_epoch(self, epoch: int) -> None:
+        epoch_values = {
+            ("loss", "train"): sum(self.losses) / len(self.losses),
+            ("accuracy", "train"): sum(self.accuracies) / len(self.accuracies),
+            ("loss", "test"): sum(self.test_losses) / len(self.test_losses),
+            ("accuracy", "test"): sum(self.test_accuracies) / len(self.test_accuracies),
+        }
+        for (name, split), value in epoch_values.items():
+            self.history[f"{split}_{name}"].append(value)
+            self.ctx.emit(Metric(name, value, self.global_step, epoch, split))
+        self.ctx.log(
+            f"epoch {epoch}: training loss {epoch_values[('loss', 'train')]:.3f}, accuracy "
+            f"{epoch_values[('accuracy', 'train')]:.3f}; testing loss {epoch_values[('loss', 'test')]:.3f}, "
+            f"accuracy {epoch_values[('accuracy', 'test')]:.3f}"
+        )
+        self.ctx.emit(Progress(epoch, self.epochs, "epoch"))
+
+    def summary(self, splits: data.Splits, mesh_text: str, sizes: list[int], params_count: int) -> dict:
+        return {
+            "data": splits.label,
+            "synthetic": splits.source == "synthetic",
+            "mesh": mesh_text,
+            "layers": sizes,
+            "params": params_count,
+            "steps": self.global_step,
+            **{name: values[-1] for name, values in self.history.items()},
+            "history": self.history,
+        }
+
+
+def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
+    import tensorflow as tf
+
+    runtime = ctx.runtime
+    dtensor, mesh = make_mesh(runtime)
+    devices = mesh.num_local_devices()
+    tf.random.set_seed(params["seed"])
+    splits, sizes, train_steps, _ = load_data(ctx, params)
+    batch_size = params["batch_size"]
+    input_size = sizes[0]
 
     def flatten(images, labels):
         return tf.reshape(tf.cast(images, tf.float32) / 255.0, [-1, input_size]), labels
@@ -226,21 +336,26 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
     layers = model.layers
     optimizer = Adam(dtensor, model.trainable_variables, learning_rate=params["learning_rate"])
     parameter_count = sum(int(tf.size(variable)) for variable in model.trainable_variables)
+    mesh_text = f"batch={devices}"
+    # What each device holds, read from the DTensors themselves: a replicated layer's every component is whole.
+    held = [
+        held_text(first_component(dtensor, layer.w).shape, first_component(dtensor, layer.b).shape) for layer in layers
+    ]
     ctx.emit(
-        Table(
-            title=f"DTensor MLP on {splits.label}: {parameter_count:,} params, mesh batch={devices}",
-            columns=["layer", "shape", "layout", "params"],
-            rows=[
-                *[
-                    [
-                        f"dense {index + 1}",
-                        f"{layer.in_dim}→{layer.out_dim}",
-                        "replicated",
-                        layer.in_dim * layer.out_dim + layer.out_dim,
-                    ]
-                    for index, layer in enumerate(layers)
-                ],
-                ["total", "", "", parameter_count],
+        layer_table(
+            f"DTensor MLP on {splits.label}: {parameter_count:,} params, mesh {mesh_text}",
+            sizes,
+            ["replicated"] * len(layers),
+            held,
+        )
+    )
+    held_params = sum(int(tf.size(first_component(dtensor, variable))) for variable in model.trainable_variables)
+    ctx.emit(
+        device_table(
+            mesh_text,
+            [
+                [name, f"batch {index}", batch_size // devices, held_params, held_params * 4]
+                for index, name in enumerate(mesh.local_devices())
             ],
         )
     )
@@ -272,50 +387,19 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
             repack_local_tensor(dtensor, tf, y_batch, batch_layouts[1]),
         )
 
-    history: dict[str, list[float]] = {"train_loss": [], "train_accuracy": [], "test_loss": [], "test_accuracy": []}
-    global_step = 0
-    ctx.progress(0, params["epochs"], "epoch")
+    reports = EpochReports(ctx, params["epochs"], train_steps)
     for epoch in range(1, params["epochs"] + 1):
-        losses, accuracies = [], []
+        reports.begin_epoch()
         for step, (x_batch, y_batch) in enumerate(train_data, start=1):
             batch_loss, batch_accuracy = train_step(*pack(x_batch, y_batch))
-            global_step += 1
-            losses.append(float(unpack_first(dtensor, batch_loss)))
-            accuracies.append(float(unpack_first(dtensor, batch_accuracy)))
-            ctx.emit(Metric("batch_loss", losses[-1], global_step, epoch, "train"))
-            ctx.progress(step, train_steps, "step")
-            ctx.raise_if_cancelled()
-        test_losses, test_accuracies = [], []
+            reports.batch(
+                epoch, step, float(unpack_first(dtensor, batch_loss)), float(unpack_first(dtensor, batch_accuracy))
+            )
         for x_batch, y_batch in test_data:
             batch_loss, batch_accuracy = test_step(*pack(x_batch, y_batch))
-            test_losses.append(float(unpack_first(dtensor, batch_loss)))
-            test_accuracies.append(float(unpack_first(dtensor, batch_accuracy)))
-            ctx.raise_if_cancelled()
-        epoch_values = {
-            ("loss", "train"): sum(losses) / len(losses),
-            ("accuracy", "train"): sum(accuracies) / len(accuracies),
-            ("loss", "test"): sum(test_losses) / len(test_losses),
-            ("accuracy", "test"): sum(test_accuracies) / len(test_accuracies),
-        }
-        for (name, split), value in epoch_values.items():
-            history[f"{split}_{name}"].append(value)
-            ctx.emit(Metric(name, value, global_step, epoch, split))
-        ctx.log(
-            f"epoch {epoch}: training loss {epoch_values[('loss', 'train')]:.3f}, accuracy "
-            f"{epoch_values[('accuracy', 'train')]:.3f}; testing loss {epoch_values[('loss', 'test')]:.3f}, "
-            f"accuracy {epoch_values[('accuracy', 'test')]:.3f}"
-        )
-        ctx.emit(Progress(epoch, params["epochs"], "epoch"))
-    return {
-        "data": splits.label,
-        "synthetic": splits.source == "synthetic",
-        "mesh": f"batch={devices}",
-        "layers": sizes,
-        "params": parameter_count,
-        "steps": global_step,
-        **{name: values[-1] for name, values in history.items()},
-        "history": history,
-    }
+            reports.test_batch(float(unpack_first(dtensor, batch_loss)), float(unpack_first(dtensor, batch_accuracy)))
+        reports.end_epoch(epoch)
+    return reports.summary(splits, mesh_text, sizes, parameter_count)
 
 
 class DenseLayer:
@@ -424,6 +508,11 @@ def repack_local_tensor(dtensor, tf, x, layout):
     return dtensor.pack(components, layout)
 
 
+def first_component(dtensor, variable):
+    """What the mesh's first device holds of a DVariable (every device of a replicated one holds the same)."""
+    return dtensor.unpack(variable.read_value())[0]
+
+
 def unpack_first(dtensor, value):
     """A replicated DTensor scalar as a plain value (every device holds the same)."""
     return dtensor.unpack(value)[0]
@@ -439,6 +528,7 @@ SPECS = (
         ),
         params=PARAMS,
         run=run_dtensor_mlp,
+        run_jax=run_dtensor_mlp_jax,
         check_runtime=check_runtime,
     ),
 )

@@ -66,6 +66,7 @@ from jobs import datasets as data
 from jobs.base import JobSpec, Param, ParamError
 from jobs.events import Artifact, Progress, StageAnnouncer
 from jobs.models import MODEL_NAMES, MODELS, build_model, parameter_count, summary_table
+from jobs.on_jax.train import run_train_jax
 from jobs.trainloops import train_with_custom_loop, train_with_fit
 from jobs.trainplan import (
     LOOPS,
@@ -179,32 +180,86 @@ def check_runtime(params: dict, runtime: Any) -> None:
         )
 
 
+class TensorFlowTraining:
+    """The train job's TensorFlow side: the runtime's tf.distribute strategy, tf.data, Keras ``fit`` or the
+    custom loop, TensorBoard scalars, op determinism (``run_training`` drives it; ``on_jax.train`` is JAX's)."""
+
+    framework = "tensorflow"
+    tf_data = True
+
+    def __init__(self, ctx: Any, params: dict):
+        import keras
+        import tensorflow as tf
+
+        self.tf, self.keras = tf, keras
+        check_workers(params, ctx.runtime)
+        self.ctx = ctx
+        self.cluster = cluster_of(ctx.runtime)
+        self.strategy = ctx.runtime.strategy
+        self.replicas = int(self.strategy.num_replicas_in_sync)
+        self.loop, self.loop_warning = training_loop(params["loop"], self.cluster)
+        # TensorFlow's rule: only the chief writes summaries (another worker's would duplicate them).
+        self.writes_summaries = self.cluster is None or self.cluster.get("worker") == 0
+        self.tensorboard_why = ""
+
+    def source(self, params: dict) -> str:
+        return params["source"]
+
+    def determinism(self, enabled: bool):
+        return op_determinism(enabled)
+
+    def build_scope(self):
+        return self.strategy.scope()
+
+    def advice_inputs(self, splits: data.Splits, plan: TrainingPlan, seed: int) -> dict:
+        # The pipeline each replica's input is made by (distributing it wraps the same stages).
+        return {"dataset": data.training_pipeline(splits.train, plan.global_batch, seed)}
+
+    def train(self, model, recipe, params: dict, plan: TrainingPlan, splits: data.Splits, reporter) -> bool:
+        loop = train_with_fit if self.loop == "fit" else train_with_custom_loop
+        try:
+            return loop(self.ctx, self.tf, self.keras, self.strategy, model, recipe, params, plan, splits, reporter)
+        except Exception as error:
+            if self.cluster is not None and is_peer_loss(error):
+                raise WorkerLost(lost_worker_message(error, self.cluster)) from error
+            raise
+
+
 def run_train(ctx: Any, params: dict) -> dict:
+    return run_training(ctx, params, TensorFlowTraining(ctx, params))
+
+
+def run_training(ctx: Any, params: dict, framework: Any) -> dict:
+    """The train job on either framework: data, plan, model, reports, advice and summary, one way.
+
+    ``framework`` is its side (``TensorFlowTraining``, ``jobs.on_jax.train.JaxTraining``): ``replicas``,
+    ``cluster``, ``loop``/``loop_warning``, ``writes_summaries``/``tensorboard_why``, ``tf_data``,
+    ``source``, ``determinism``, ``build_scope``, ``advice_inputs`` and ``train``.
+    """
     import keras
-    import tensorflow as tf
 
     runtime = ctx.runtime
-    check_workers(params, runtime)
-    cluster = cluster_of(runtime)
-    strategy = runtime.strategy
-    replicas = int(strategy.num_replicas_in_sync)
+    cluster = framework.cluster
+    replicas = framework.replicas
+    loop = framework.loop
     settings = ctx.settings
-    loop, loop_warning = training_loop(params["loop"], cluster)
-    with op_determinism(params["deterministic"]), precision_policy(params["precision"]):
+    with framework.determinism(params["deterministic"]), precision_policy(params["precision"]):
         keras.utils.set_random_seed(params["seed"])
         stage = StageAnnouncer(ctx.emit)
-        data_stage = data_stage_name(params["dataset"], params["source"])
+        shape = data.DATASETS[params["dataset"]]
+        source = framework.source(params)
+        data_stage = data_stage_name(params["dataset"], source)
 
         def data_made(done: int, total: int) -> None:
             ctx.raise_if_cancelled()
             stage(data_stage, done, total)
 
-        if loop_warning is not None:
-            ctx.log(loop_warning, "warning")
+        if framework.loop_warning is not None:
+            ctx.log(framework.loop_warning, "warning")
         stage(data_stage)
         splits = data.load_splits(
-            params["dataset"],
-            params["source"],
+            shape.name,
+            source,
             data_dir=getattr(settings, "data_dir", None),
             try_gcs=runtime.kind == "TPU",
             limit_train=params["limit_train"],
@@ -213,6 +268,7 @@ def run_train(ctx: Any, params: dict) -> dict:
             log=ctx.log,
             progress=data_made,
             advise_param=ctx.advise_param,
+            tf_data=framework.tf_data,
         )
         ctx.raise_if_cancelled()
         # On a TPU every batch needs the same shape; elsewhere the last
@@ -235,7 +291,7 @@ def run_train(ctx: Any, params: dict) -> dict:
 
         recipe = MODELS[params["model"]]
         stage(STAGE_MODEL)
-        with strategy.scope():
+        with framework.build_scope():
             model = build_model(params["model"], splits.shape.image_shape, splits.shape.num_classes)
         params_count = parameter_count(model)
         ctx.emit(summary_table(model, f"model {params['model']} on {splits.label}: {params_count:,} params"))
@@ -247,46 +303,40 @@ def run_train(ctx: Any, params: dict) -> dict:
             f"steps_per_execution {plan.steps_per_execution}, precision {params['precision']}"
         )
         tensorboard_dir = Path(ctx.run_dir) / "tensorboard"
-        # TensorFlow's rule: only the chief writes summaries (another worker's would duplicate them).
-        writes_summaries = cluster is None or cluster.get("worker") == 0
+        writes_summaries = framework.writes_summaries
         if writes_summaries:
             tensorboard_dir.mkdir(parents=True, exist_ok=True)
             ctx.emit(Artifact(kind="tensorboard", path=str(tensorboard_dir)))
+        elif framework.tensorboard_why:
+            ctx.log(framework.tensorboard_why)
+        is_chief = cluster is None or cluster.get("worker") == 0
         profile_range = parse_profile_steps(params["profile_steps"])
         profiler = getattr(ctx, "profiler", None)
         profile = None
         if profiler is not None:
             # tpudash's runner: every worker answers the profile requests for it, and profile_steps is scheduled.
-            profile = ProfileWindow(ctx, profile_range, tensorboard_dir, profiler)
-        elif profile_range and writes_summaries:
-            profile = ProfileWindow(ctx, profile_range, tensorboard_dir)
+            profile = ProfileWindow(ctx, profile_range, tensorboard_dir, profiler, framework=framework.framework)
+        elif profile_range and is_chief:
+            profile = ProfileWindow(ctx, profile_range, tensorboard_dir, framework=framework.framework)
         reporter = TrainingReporter(ctx, plan, tensorboard_dir if writes_summaries else None, profile, stage)
-        advisor = getattr(ctx, "advisor", None)
-        if advisor is not None and writes_summaries:  # one advice.json per run: the chief's
-            # The pipeline each replica's input is made by (distributing it wraps the same stages).
-            pipeline = data.training_pipeline(splits.train, plan.global_batch, params["seed"])
-            advisor.start(model=model, dataset=pipeline, global_batch=plan.global_batch)
+        advisor = getattr(ctx, "advisor", None) if is_chief else None  # one advice.json per run: the chief's
+        if advisor is not None:
+            inputs = framework.advice_inputs(splits, plan, params["seed"])
+            advisor.start(model=model, global_batch=plan.global_batch, **inputs)
         ctx.emit(Progress(done=0, total=plan.epochs, unit="epoch"))
         try:
-            if loop == "fit":
-                stopped_early = train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits, reporter)
-            else:
-                stopped_early = train_with_custom_loop(
-                    ctx, tf, keras, strategy, model, recipe, params, plan, splits, reporter
-                )
-        except Exception as error:
-            if cluster is not None and is_peer_loss(error):
-                raise WorkerLost(lost_worker_message(error, cluster)) from error
-            raise
+            stopped_early = framework.train(model, recipe, params, plan, splits, reporter)
         finally:
             if profile is not None:
                 profile.finish(reporter.global_step)
             reporter.close()
+            if advisor is not None:
+                advisor.close()  # JAX's compile listener is process-wide: stopped however the run ends
 
     summary = {
         "data": splits.label,
         "dataset": params["dataset"],
-        "source": params["source"],
+        "source": splits.source,
         "synthetic": splits.source == "synthetic",
         "model": params["model"],
         "params": params_count,
@@ -304,7 +354,7 @@ def run_train(ctx: Any, params: dict) -> dict:
         "tensorboard": str(tensorboard_dir) if writes_summaries else None,
         "profile": str(profile.trace_dir) if profile is not None and profile.trace_dir else None,
     }
-    if advisor is not None and writes_summaries:
+    if advisor is not None:
         summary.update(advisor.finish())
     summary.update({name: value for name, value in reporter.last_train.items()})
     summary.update({f"val_{name}": value for name, value in reporter.last_val.items()})
@@ -332,6 +382,7 @@ SPECS = (
         ),
         params=PARAMS,
         run=run_train,
+        run_jax=run_train_jax,
         key="t",
         check_runtime=check_runtime,
         name_params=("dataset", "model"),

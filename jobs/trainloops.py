@@ -2,7 +2,8 @@
 
 Both report through the same ``TrainingReporter`` and validate with the same
 ``Evaluator``; ``distribute`` and ``input_options`` give them their
-per-replica datasets.
+per-replica datasets. ``compile_for_fit`` and ``fit_and_report`` are Keras
+only: the train job on JAX (``jobs.on_jax.train``) fits through them too.
 """
 
 from __future__ import annotations
@@ -17,12 +18,7 @@ from jobs.trainreport import early_stopping_text, make_evaluator, reporting_call
 def train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits, reporter) -> bool:
     """Keras ``model.fit`` on the distributed training set; validation by the shared Evaluator."""
     with strategy.scope():
-        model.compile(
-            optimizer=make_optimizer(params["optimizer"], params["learning_rate"], params["precision"]),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=recipe.from_logits),
-            metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-            steps_per_execution=plan.steps_per_execution,
-        )
+        compile_for_fit(keras, model, recipe, params, plan)
     if plan.steps_per_execution > 1 and ctx.runtime.kind != "TPU":
         model.train_function = multi_step_train_function(tf, model, strategy, plan.steps_per_execution)
     if ctx.runtime.kind == "CPU":
@@ -39,6 +35,22 @@ def train_with_fit(ctx, tf, keras, strategy, model, recipe, params, plan, splits
         # Keras distributes the global batches itself, as on any TPU or GPU.
         train = data.training_pipeline(splits.train, plan.global_batch, params["seed"])
     evaluate = make_evaluator(ctx, tf, keras, strategy, model, recipe, plan, splits, reporter.stage)
+    return fit_and_report(ctx, keras, model, params, plan, train, evaluate, reporter)
+
+
+def compile_for_fit(keras, model, recipe, params, plan) -> None:
+    """The loss, metric, optimizer and steps_per_execution ``fit`` trains with, on any Keras backend."""
+    model.compile(
+        optimizer=make_optimizer(params["optimizer"], params["learning_rate"], params["precision"]),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=recipe.from_logits),
+        metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+        steps_per_execution=plan.steps_per_execution,
+    )
+
+
+def fit_and_report(ctx, keras, model, params, plan, train, evaluate, reporter) -> bool:
+    """``model.fit`` on ``train`` with the reporting callback, ``evaluate`` at every epoch's end, early stopping
+    on val_loss, and the test split at the end; whether it stopped early. The same on TensorFlow and JAX."""
     callbacks = [reporting_callback(keras, ctx, reporter, evaluate)]
     early_stopping = None
     if params["early_stopping_patience"]:

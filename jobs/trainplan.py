@@ -142,15 +142,19 @@ class TrainingPlan:
 class ProfileWindow:
     """Profiles global steps ``first``–``last`` (both included), and with a ``profiler`` whatever is asked for live.
 
-    Without a profiler (a job run outside tpudash's runner) it starts the TensorFlow profiler
+    Without a profiler (a job run outside tpudash's runner) it starts the framework's profiler
     before ``first`` and stops it after ``last``, into ``logdir``. With one (``JobContext.profiler``,
     tpudash's ``ProfileResponder``) the window is the profiler's ``schedule``, and every execution
     goes through its step hooks and inside its step marker, so XProf sees steps; the profiler
     answers the requests of ``tpudash profile`` and the dashboard, into ``<run>/profile``.
     """
 
-    def __init__(self, ctx: Any, steps: tuple[int, int] | None, logdir: Path, profiler: Any = None):
+    def __init__(
+        self, ctx: Any, steps: tuple[int, int] | None, logdir: Path, profiler: Any = None, framework: str = "tensorflow"
+    ):
+        """``framework``: whose profiler traces without a ``profiler`` (TensorFlow's, or ``jax.profiler``)."""
         self.ctx = ctx
+        self.framework = framework
         self.first, self.last = steps or (0, 0)
         self.logdir = logdir
         self.state = "waiting" if steps else "done"  # waiting → tracing → done
@@ -176,10 +180,8 @@ class ProfileWindow:
             return
         if self.state != "waiting" or last_step < self.first:
             return
-        import tensorflow as tf
-
         try:
-            tf.profiler.experimental.start(str(self.logdir))
+            trace_start(self.framework, str(self.logdir))
         except Exception as error:  # noqa: BLE001 - profiling is an extra; training goes on
             self.state = "done"
             self.ctx.log(f"profiler did not start ({type(error).__name__}: {error}); training continues", "warning")
@@ -198,11 +200,9 @@ class ProfileWindow:
     def stop(self) -> None:
         if self.state != "tracing":
             return
-        import tensorflow as tf
-
         self.state = "done"
         try:
-            tf.profiler.experimental.stop()
+            trace_stop(self.framework)
         except Exception as error:  # noqa: BLE001
             self.ctx.log(f"profiler did not stop cleanly ({type(error).__name__}: {error})", "warning")
         traces = sorted(self.logdir.glob("plugins/profile/*/*.xplane.pb"))
@@ -247,6 +247,29 @@ class ProfileWindow:
                 f"no trace",
                 "warning",
             )
+
+
+def trace_start(framework: str, logdir: str) -> None:
+    """Start the framework's profiler into ``logdir`` (both write ``plugins/profile/<run>/*.xplane.pb`` there)."""
+    if framework == "jax":
+        import jax
+
+        jax.profiler.start_trace(logdir)
+    else:
+        import tensorflow as tf
+
+        tf.profiler.experimental.start(logdir)
+
+
+def trace_stop(framework: str) -> None:
+    if framework == "jax":
+        import jax
+
+        jax.profiler.stop_trace()
+    else:
+        import tensorflow as tf
+
+        tf.profiler.experimental.stop()
 
 
 @contextlib.contextmanager

@@ -49,27 +49,26 @@ class TrainingReporter:
         profile: ProfileWindow | None,
         stage: StageAnnouncer | None = None,
     ):
-        """``tensorboard_dir`` None: no TensorBoard scalars (a worker that is not the chief)."""
-        import tensorflow as tf
-        from tensorflow.core.framework import summary_pb2
-
+        """``tensorboard_dir`` None: no TensorBoard scalars (a worker that is not the chief, a run on JAX)."""
         self.ctx = ctx
         self.stage = stage or StageAnnouncer(ctx.emit)
         self.plan = plan
         self.profile = profile
         self.tensorboard_dir = tensorboard_dir
-        self.writers = (
-            {
+        self.writers: dict[str, Any] = {}
+        self.scalar_metadata: Any = None
+        if tensorboard_dir is not None:
+            import tensorflow as tf
+            from tensorflow.core.framework import summary_pb2
+
+            self.writers = {
                 split: tf.summary.create_file_writer(str(tensorboard_dir / folder))
                 for split, folder in (("train", "train"), ("val", "validation"), ("test", "test"))
             }
-            if tensorboard_dir is not None
-            else {}
-        )
-        self.scalar_metadata = summary_pb2.SummaryMetadata(
-            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-            data_class=summary_pb2.DATA_CLASS_SCALAR,
-        )
+            self.scalar_metadata = summary_pb2.SummaryMetadata(
+                plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+                data_class=summary_pb2.DATA_CLASS_SCALAR,
+            )
         self.global_step = 0
         self.epoch = 0
         self.epochs_done = 0
@@ -159,10 +158,10 @@ class TrainingReporter:
         core ``tf.summary.write`` with the scalars plugin's metadata writes
         the same event that TensorBoard's Scalars tab reads.
         """
-        import tensorflow as tf
-
         if split not in self.writers:
             return
+        import tensorflow as tf
+
         with self.writers[split].as_default():
             tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step, metadata=self.scalar_metadata)
 
@@ -228,9 +227,7 @@ class Evaluator:
             if self.ctx.cancelled():
                 return None
         if split == "val":
-            # The test pass repeats the last validation with the final weights: its per-replica values would too.
-            for name, values in self.per_replica().items():
-                self.ctx.emit(ReplicaValues(name=f"{split} {name} per replica", values=values, devices=self.devices))
+            report_per_replica(self.ctx, split, self.per_replica(), self.devices)
         return {"loss": float(self.loss.result()), "accuracy": float(self.accuracy.result())}
 
     def per_replica(self) -> dict[str, list[float]]:
@@ -255,8 +252,23 @@ class Evaluator:
                 for name, metric in (("loss", self.loss), ("accuracy", self.accuracy))
             }
         for name, pairs in parts.items():
-            shares[name] = [float(total) / float(count) if float(count) else float("nan") for total, count in pairs]
+            shares[name] = replica_means(pairs)
         return shares
+
+
+def replica_means(pairs) -> list[float]:
+    """Each replica's mean from its ``(total, count)``; NaN for a replica that saw no example."""
+    return [float(total) / float(count) if float(count) else float("nan") for total, count in pairs]
+
+
+def report_per_replica(ctx: Any, split: str, per_replica: dict[str, list[float]], devices: list[str]) -> None:
+    """What each replica measured on its own share of a validation pass, as ReplicaValues (``val loss per replica``).
+
+    Only for validation: the test pass repeats the last validation with the final weights, and its
+    per-replica values would too.
+    """
+    for name, values in per_replica.items():
+        ctx.emit(ReplicaValues(name=f"{split} {name} per replica", values=values, devices=devices))
 
 
 def shares_gatherer(tf, strategy, metrics):

@@ -25,12 +25,16 @@ def test_trains_the_seed_mlp_over_a_batch_mesh_and_its_loss_falls(run_job, runti
     assert len(epoch_values(result, "loss", "test")) == 3
     assert all(0.0 <= value <= 1.0 for value in epoch_values(result, "accuracy", "test"))
     # The architecture the seed meant: 784→700→500→10, every weight replicated.
-    table = result.tables()[0]
+    table, devices = result.tables()
     sizes = [784, 700, 500, 10]
     expected_params = sum(a * b + b for a, b in zip(sizes, sizes[1:]))
     assert [row[1] for row in table.rows[:-1]] == ["784→700", "700→500", "500→10"]
     assert {row[2] for row in table.rows[:-1]} == {"replicated"}
     assert table.rows[-1][3] == result.summary["params"] == expected_params
+    # What each device holds, read from the DVariables: a whole copy of every layer, an eighth of every batch.
+    assert [row[4] for row in table.rows[:-1]] == ["784×700 + 700", "700×500 + 500", "500×10 + 10"]
+    assert len(devices.rows) == 8 and [row[1] for row in devices.rows[:2]] == ["batch 0", "batch 1"]
+    assert all(row[2:] == [8, expected_params, 4 * expected_params] for row in devices.rows)
     assert result.summary["mesh"] == f"batch={runtime.num_replicas}"
     assert result.summary["layers"] == sizes
     # 512 examples in batches of 64: 8 steps an epoch, a training loss for each.

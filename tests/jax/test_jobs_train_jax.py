@@ -1,0 +1,107 @@
+"""The ``train`` job on JAX (no TensorFlow): Keras 3 under ``DataParallel`` over the 8 CPU devices, through the runner.
+
+The same params, events and summary as the TensorFlow job (tests/unit/test_train.py); runs are
+kept small (the light model, a few hundred synthetic examples) so that each test stays within a
+few seconds of compiling on 2 cores.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+pytest.importorskip("jax")  # before Keras: tests/jax/conftest.py has chosen its backend
+pytest.importorskip("keras")
+
+from jobs.events import Artifact, Metric, Progress, ReplicaValues, Stage  # noqa: E402
+
+SMALL = dict(source="synthetic", batch_per_replica=8, limit_train=512, limit_test=80)
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    """JAX's runtime over the 8 CPU devices, detected once for this module (the TensorFlow one is never built)."""
+    from tpudash.accel.jaxdetect import detect_jax
+
+    return detect_jax(8, use_tpu=False)
+
+
+def values(result, name, split="train"):
+    return [metric.value for metric in result.metrics(name, split)]
+
+
+def test_mnist_synthetic_learns_on_8_devices_with_the_tensorflow_jobs_events(run_job, runtime):
+    result = run_job("train", epochs=2, learning_rate=0.01, **SMALL)
+    assert result.status == "done", result.finished.error
+    assert "tensorflow" not in sys.modules
+    assert runtime.framework == "jax" and runtime.num_replicas == 8
+    # 512 examples, global batch 8 × 8 = 64: 8 steps an epoch, two epochs.
+    assert [metric.step for metric in result.metrics("batch_loss")] == list(range(1, 17))
+    assert [(e.done, e.total) for e in result.of_type(Progress) if e.unit == "epoch"] == [(0, 2), (1, 2), (2, 2)]
+    for split in ("train", "val"):
+        assert [metric.epoch for metric in result.metrics("loss", split)] == [1, 2]
+    losses = values(result, "loss")
+    assert losses[-1] < losses[0]
+    # 10 balanced classes: guessing scores 0.1; the synthetic set is learnt in two short epochs.
+    assert values(result, "accuracy", "test")[0] > 0.5
+    summary = result.summary
+    assert summary["test_accuracy"] == values(result, "accuracy", "test")[0]
+    assert (summary["replicas"], summary["global_batch"], summary["steps_per_epoch"]) == (8, 64, 8)
+    assert (summary["loop"], summary["synthetic"], summary["epochs_run"], summary["steps"]) == ("fit", True, 2, 16)
+    assert summary["tensorboard"] is None and summary["examples_per_second"] > 0
+    stages = result.of_type(Stage)
+    names = [stage.name for index, stage in enumerate(stages) if index == 0 or stages[index - 1].name != stage.name]
+    assert names[:4] == [
+        "making synthetic MNIST-shaped data",
+        "building the model",
+        "tracing and running the first step",
+        "training",
+    ]
+    assert names[4:] == ["evaluating on the test split", "training", "evaluating on the test split"]
+    # Each device's validation on the rows it held: 80 test examples, 10 each (the last batch dealt out evenly); their mean is the val figure.
+    per_device = {event.name: event for event in result.of_type(ReplicaValues)}
+    val_losses = per_device["val loss per replica"]
+    assert val_losses.devices == [f"CPU:{index}" for index in range(8)]
+    assert sum(val_losses.values) / 8 == pytest.approx(values(result, "loss", "val")[-1], rel=1e-5)
+    val_accuracies = per_device["val accuracy per replica"].values
+    assert sum(val_accuracies) / 8 == pytest.approx(values(result, "accuracy", "val")[-1], rel=1e-5)
+    assert result.tables()[0].title.startswith("model light on synthetic MNIST-shaped data")
+    assert any("no TensorBoard scalars on JAX" in line for line in result.logs())
+    assert not [event for event in result.of_type(Artifact) if event.kind == "tensorboard"]
+
+
+def test_tfds_without_tensorflow_datasets_trains_on_the_synthetic_set_and_says_so(run_job):
+    result = run_job("train", **dict(SMALL, source="tfds", epochs=1, limit_train=64, limit_test=64))
+    assert result.status == "done", result.finished.error
+    assert any("tensorflow_datasets is not installed here" in line for line in result.logs())
+    assert (result.summary["source"], result.summary["synthetic"]) == ("synthetic", True)
+
+
+def test_early_stopping_ends_a_run_whose_val_loss_stalls(run_job):
+    # Steps of 1e-12 are below float32 resolution for the weights: val_loss repeats, patience 1 stops at epoch 2.
+    result = run_job(
+        "train",
+        optimizer="sgd",
+        learning_rate=1e-12,
+        early_stopping_patience=1,
+        **dict(SMALL, epochs=6, limit_train=128, limit_test=64),
+    )
+    assert result.status == "done", result.finished.error
+    assert values(result, "loss", "val")[0] == values(result, "loss", "val")[1]
+    assert (result.summary["early_stopped"], result.summary["epochs_run"]) == (True, 2)
+    assert any(line.startswith("early stopping after epoch 2") and "restored" in line for line in result.logs())
+    assert len(result.metrics("loss", "test")) == 1
+
+
+def test_cancel_mid_epoch_stops_within_one_step_and_keeps_the_metrics(run_job, store):
+    def cancel_after_first_step(run, event):
+        if isinstance(event, Metric) and event.name == "batch_loss":
+            run.cancel_event.set()
+
+    result = run_job("train", on_event=cancel_after_first_step, **dict(SMALL, epochs=3))
+    assert result.status == "cancelled"
+    assert [metric.step for metric in result.metrics("batch_loss")] == [1]  # of 8 steps in the epoch
+    assert not result.metrics("loss", "val") and not result.metrics("loss", "test")
+    stored = [event for _, event in store.load(result.run.run_id).events if isinstance(event, Metric)]
+    assert [(metric.name, metric.step) for metric in stored] == [("batch_loss", 1), ("batch_accuracy", 1)]
