@@ -11,6 +11,12 @@ they exercise every core the way training does (``strategy.run`` inside a
 - ``all-reduce``: each replica contributes replica_id + 1; SUM and MEAN in
   replica context and through ``strategy.reduce`` are checked against the
   closed form, then a large all-reduce is timed for its bandwidth.
+
+Each job is a TensorFlow runner here and a JAX runner in ``jobs.on_jax.replicas``
+(``jax.shard_map`` over the mesh) around one shared check
+(``check_replica_matmul``, ``check_replica_dataset``, ``check_all_reduce``): the
+runner computes what every replica holds, the check compares, tabulates, emits
+the per-replica values and sums up, the same on both frameworks.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from jobs.base import JobSpec, Param, ParamError
@@ -44,6 +52,19 @@ def _local_values(strategy: Any, distributed: Any) -> list:
     return [value.numpy() for value in strategy.experimental_local_results(distributed)]
 
 
+def run_on_jax(job: str):
+    """The runner of ``job`` on JAX (``jobs.on_jax.replicas``), imported when a run starts: listing jobs imports
+    no framework."""
+
+    def run(ctx, params: dict) -> dict:
+        from jobs.on_jax import replicas
+
+        return replicas.RUNNERS[job](ctx, params)
+
+    run.__name__ = f"run_{job.replace('-', '_')}_on_jax"
+    return run
+
+
 # -- replica-matmul -------------------------------------------------------------
 
 
@@ -55,21 +76,22 @@ def _check_replica_matmul_params(params: dict) -> None:
         )
 
 
-def run_replica_matmul(ctx, params: dict) -> dict:
+def replica_matmul_inputs(params: dict) -> tuple[Any, Any]:
+    """The float32 a and b every replica multiplies: the guide's, or seeded m×k and k×n."""
     import numpy as np
+
+    if params["source"] == "guide":
+        return np.array(GUIDE_A, dtype=np.float32), np.array(GUIDE_B, dtype=np.float32)
+    generator = np.random.default_rng(params["seed"])
+    host_a = generator.standard_normal((params["m"], params["k"]), dtype=np.float32)
+    host_b = generator.standard_normal((params["k"], params["n"]), dtype=np.float32)
+    return host_a, host_b
+
+
+def run_replica_matmul(ctx, params: dict) -> dict:
     import tensorflow as tf
 
     strategy = ctx.runtime.strategy
-    devices = ctx.replica_devices()
-    if params["source"] == "guide":
-        host_a, host_b = np.array(GUIDE_A, dtype=np.float32), np.array(GUIDE_B, dtype=np.float32)
-    else:
-        generator = np.random.default_rng(params["seed"])
-        host_a = generator.standard_normal((params["m"], params["k"]), dtype=np.float32)
-        host_b = generator.standard_normal((params["k"], params["n"]), dtype=np.float32)
-    reference = host_a.astype(np.float64) @ host_b.astype(np.float64)
-    reference_scale = max(float(np.max(np.abs(reference))), np.finfo(np.float64).tiny)
-    tolerance = relative_tolerance("float32", host_a.shape[1])
 
     @tf.function
     def matmul_fn(x, y):
@@ -79,9 +101,25 @@ def run_replica_matmul(ctx, params: dict) -> dict:
     def replicated_matmul(x, y):
         return strategy.run(matmul_fn, args=(x, y))
 
+    return check_replica_matmul(
+        ctx, params, lambda a, b: _local_values(strategy, replicated_matmul(tf.constant(a), tf.constant(b)))
+    )
+
+
+def check_replica_matmul(ctx, params: dict, multiply_on_every_replica: Callable[[Any, Any], list]) -> dict:
+    """replica-matmul on any framework: ``multiply_on_every_replica(a, b)`` gives each replica's product, in order;
+    this checks them against the float64 reference and reports them."""
+    import numpy as np
+
+    devices = ctx.replica_devices()
+    host_a, host_b = replica_matmul_inputs(params)
+    reference = host_a.astype(np.float64) @ host_b.astype(np.float64)
+    reference_scale = max(float(np.max(np.abs(reference))), np.finfo(np.float64).tiny)
+    tolerance = relative_tolerance("float32", host_a.shape[1])
+
     ctx.progress(0, 1, "run")
     ctx.raise_if_cancelled()
-    products = _local_values(strategy, replicated_matmul(tf.constant(host_a), tf.constant(host_b)))
+    products = multiply_on_every_replica(host_a, host_b)
     ctx.progress(1, 1, "run")
 
     small = reference.shape[0] <= PRINTED_SHAPE_LIMIT and reference.shape[1] <= PRINTED_SHAPE_LIMIT
@@ -132,48 +170,68 @@ def run_replica_matmul(ctx, params: dict) -> dict:
 # -- replica-dataset ------------------------------------------------------------
 
 
-def _per_replica_function(tf: Any, name: str):
-    # One tf.function per choice, like the walkthrough's double_fn.
-    if name == "double":
-        return tf.function(lambda x: x * 2)
-    if name == "square":
-        return tf.function(lambda x: x * x)
-    return tf.function(tf.identity)
-
-
-def _numpy_function(name: str):
+def replica_function(name: str):
+    """What each replica computes, as one formula for the device (a tensor, a JAX array) and the host's check."""
     return {"double": lambda x: x * 2, "square": lambda x: x * x, "identity": lambda x: x}[name]
 
 
+def replica_dataset_plan(n: int, per_replica: int, replicas: int) -> list[list[list[int]]]:
+    """Each step's inputs per replica: ``range(n).batch(per_replica × replicas)`` split as TensorFlow splits it.
+
+    ``experimental_distribute_dataset`` gives every replica ceil(batch / replicas)
+    consecutive elements of a batch, so a short last batch fills the first
+    replicas and leaves the last ones empty (range(20) in batches of 16 over 8:
+    the second step is [16], [17], [18], [19], [], [], [], []).
+    """
+    global_batch = per_replica * replicas
+    plan = []
+    for first in range(0, n, global_batch):
+        batch = list(range(first, min(first + global_batch, n)))
+        share = math.ceil(len(batch) / replicas)
+        plan.append([batch[replica * share : (replica + 1) * share] for replica in range(replicas)])
+    return plan
+
+
 def run_replica_dataset(ctx, params: dict) -> dict:
-    import numpy as np
     import tensorflow as tf
 
     strategy = ctx.runtime.strategy
-    devices = ctx.replica_devices()
     replicas = strategy.num_replicas_in_sync
-    global_batch = params["per_replica"] * replicas
-    steps = math.ceil(params["n"] / global_batch)
-    dataset = tf.data.Dataset.range(params["n"]).batch(global_batch)
+    dataset = tf.data.Dataset.range(params["n"]).batch(params["per_replica"] * replicas)
     distributed_dataset = strategy.experimental_distribute_dataset(dataset)
-    per_replica_fn = _per_replica_function(tf, params["fn"])
-    expected_fn = _numpy_function(params["fn"])
+    # One tf.function, like the walkthrough's double_fn.
+    per_replica_fn = tf.function(replica_function(params["fn"]))
 
     @tf.function
     def distributed_step(batch):
         return strategy.run(per_replica_fn, args=(batch,))
 
+    def steps():
+        for batch in distributed_dataset:
+            yield _local_values(strategy, batch), _local_values(strategy, distributed_step(batch))
+
+    return check_replica_dataset(ctx, params, replicas, steps())
+
+
+def check_replica_dataset(ctx, params: dict, replicas: int, steps: Iterator[tuple[list, list]]) -> dict:
+    """replica-dataset on any framework: ``steps`` yields each step's (inputs, outputs) per replica, computed when
+    asked (a cancel is honoured before each); this checks, reports and sums them up."""
+    import numpy as np
+
+    devices = ctx.replica_devices()
+    global_batch = params["per_replica"] * replicas
+    total_steps = math.ceil(params["n"] / global_batch)
+    expected_fn = replica_function(params["fn"])
     ctx.log(
         f"range({params['n']}).batch({params['per_replica']} × {replicas} = {global_batch}) "
-        f"through {params['fn']} on {replicas} replicas: {steps} steps"
+        f"through {params['fn']} on {replicas} replicas: {total_steps} steps"
     )
-    ctx.progress(0, steps, "step")
+    ctx.progress(0, total_steps, "step")
     outputs_per_step = []
     wrong_steps = []
-    for step, batch in enumerate(distributed_dataset):
+    for step in range(total_steps):
         ctx.raise_if_cancelled()
-        inputs = _local_values(strategy, batch)
-        outputs = _local_values(strategy, distributed_step(batch))
+        inputs, outputs = next(steps)
         ctx.emit(ReplicaValues(name=f"inputs step {step}", values=[item.tolist() for item in inputs], devices=devices))
         ctx.emit(
             ReplicaValues(name=f"outputs step {step}", values=[item.tolist() for item in outputs], devices=devices)
@@ -182,7 +240,7 @@ def run_replica_dataset(ctx, params: dict) -> dict:
             wrong_steps.append(step)
             ctx.log(f"step {step}: a replica's output is not {params['fn']} of its input", "error")
         outputs_per_step.append([value for item in outputs for value in item.tolist()])
-        ctx.progress(step + 1, steps, "step")
+        ctx.progress(step + 1, total_steps, "step")
 
     summary = {
         "replicas": replicas,
@@ -202,7 +260,31 @@ def run_replica_dataset(ctx, params: dict) -> dict:
 # -- all-reduce -------------------------------------------------------------------
 
 
-def _all_reduce_checks(tf: Any, strategy: Any) -> dict:
+@dataclass(frozen=True)
+class AllReduceChecks:
+    """What the framework's reductions of replica_id + 1 gave, and what each is called there."""
+
+    contributions: list[float]
+    replica_sum: list[float]
+    """The SUM each replica got inside the replicated function (replica context, ``lax.psum``)."""
+    replica_mean: list[float]
+    overall_sum: float
+    """The SUM of the per-replica values from outside (``strategy.reduce``, ``jnp.sum`` of the sharded array)."""
+    overall_mean: float
+    replica_how: str
+    overall_how: str
+
+
+@dataclass(frozen=True)
+class TimedAllReduce:
+    """The timed all-reduce SUM: ``reduce_and_wait()`` runs one and waits for every replica's result;
+    ``results(reduced)`` reads each replica's result back."""
+
+    reduce_and_wait: Callable[[], Any]
+    results: Callable[[Any], list]
+
+
+def _all_reduce_checks(tf: Any, strategy: Any) -> AllReduceChecks:
     """Contributions, replica-context SUM/MEAN per replica, strategy.reduce SUM/MEAN."""
     SUM, MEAN = tf.distribute.ReduceOp.SUM, tf.distribute.ReduceOp.MEAN
 
@@ -216,61 +298,19 @@ def _all_reduce_checks(tf: Any, strategy: Any) -> dict:
         )
 
     contributions, sums, means = tf.function(lambda: strategy.run(contribute))()
-    return {
-        "contributions": [float(value) for value in _local_values(strategy, contributions)],
-        "replica SUM": [float(value) for value in _local_values(strategy, sums)],
-        "replica MEAN": [float(value) for value in _local_values(strategy, means)],
-        "strategy SUM": float(strategy.reduce(SUM, contributions, axis=None).numpy()),
-        "strategy MEAN": float(strategy.reduce(MEAN, contributions, axis=None).numpy()),
-    }
-
-
-def run_all_reduce(ctx, params: dict) -> dict:
-    import numpy as np
-    import tensorflow as tf
-
-    strategy = ctx.runtime.strategy
-    devices = ctx.replica_devices()
-    replicas = strategy.num_replicas_in_sync
-    expected_sum = replicas * (replicas + 1) / 2
-    expected_mean = (replicas + 1) / 2
-    repeats = params["repeats"]
-
-    ctx.progress(0, repeats, "repeat")
-    ctx.raise_if_cancelled()
-    checks = _all_reduce_checks(tf, strategy)
-    ctx.emit(ReplicaValues(name="contribution", values=checks["contributions"], devices=devices))
-    ctx.emit(ReplicaValues(name="all_reduce SUM", values=checks["replica SUM"], devices=devices))
-    ctx.emit(ReplicaValues(name="all_reduce MEAN", values=checks["replica MEAN"], devices=devices))
-
-    def close(value: float, expected: float) -> bool:
-        return math.isclose(value, expected, rel_tol=1e-6)
-
-    check_rows = []
-    for how, op, got, expected in (
-        ("replica context all_reduce", "SUM", checks["replica SUM"], expected_sum),
-        ("replica context all_reduce", "MEAN", checks["replica MEAN"], expected_mean),
-        ("strategy.reduce", "SUM", [checks["strategy SUM"]], expected_sum),
-        ("strategy.reduce", "MEAN", [checks["strategy MEAN"]], expected_mean),
-    ):
-        passed = all(close(value, expected) for value in got)
-        shown = got[0] if len(set(got)) == 1 else got
-        check_rows.append([how, op, shown, expected, "pass" if passed else "FAIL"])
-    ctx.emit(
-        Table(
-            title=f"all-reduce of replica_id + 1 over {replicas} replicas",
-            columns=["reduction", "op", "result", "expected", "result ok"],
-            rows=check_rows,
-        )
+    return AllReduceChecks(
+        contributions=[float(value) for value in _local_values(strategy, contributions)],
+        replica_sum=[float(value) for value in _local_values(strategy, sums)],
+        replica_mean=[float(value) for value in _local_values(strategy, means)],
+        overall_sum=float(strategy.reduce(SUM, contributions, axis=None).numpy()),
+        overall_mean=float(strategy.reduce(MEAN, contributions, axis=None).numpy()),
+        replica_how="replica context all_reduce",
+        overall_how="strategy.reduce",
     )
-    wrong = [f"{row[0]} {row[1]} gave {row[2]}, expected {row[3]}" for row in check_rows if row[4] != "pass"]
-    for line in wrong:
-        ctx.log(line, "error")
 
-    # The timed part: every replica holds a float32 tensor filled with its
-    # replica_id + 1, so each element of the SUM must be the same closed form.
-    elements = max(1, int(params["size_mb"] * MEGABYTE) // BYTES_PER_FLOAT32)
-    size_bytes = elements * BYTES_PER_FLOAT32
+
+def _timed_all_reduce(tf: Any, strategy: Any, elements: int) -> TimedAllReduce:
+    # Every replica holds a float32 tensor filled with its replica_id + 1.
     per_replica_tensors = strategy.experimental_distribute_values_from_function(
         lambda context: tf.fill([elements], float(context.replica_id_in_sync_group + 1))
     )
@@ -289,18 +329,85 @@ def run_all_reduce(ctx, params: dict) -> dict:
             value[:1].numpy()
         return reduced
 
+    return TimedAllReduce(reduce_and_wait, lambda reduced: _local_values(strategy, reduced))
+
+
+def run_all_reduce(ctx, params: dict) -> dict:
+    import tensorflow as tf
+
+    strategy = ctx.runtime.strategy
+    return check_all_reduce(
+        ctx,
+        params,
+        strategy.num_replicas_in_sync,
+        lambda: _all_reduce_checks(tf, strategy),
+        lambda elements: _timed_all_reduce(tf, strategy, elements),
+    )
+
+
+def check_all_reduce(
+    ctx,
+    params: dict,
+    replicas: int,
+    reduce_checks: Callable[[], AllReduceChecks],
+    timed_all_reduce: Callable[[int], TimedAllReduce],
+) -> dict:
+    """all-reduce on any framework: ``reduce_checks()`` reduces replica_id + 1 every way the framework has, checked
+    against the closed form; ``timed_all_reduce(elements)`` is timed for its bandwidth and its result checked."""
+    import numpy as np
+
+    devices = ctx.replica_devices()
+    expected_sum = replicas * (replicas + 1) / 2
+    expected_mean = (replicas + 1) / 2
+    repeats = params["repeats"]
+
+    ctx.progress(0, repeats, "repeat")
+    ctx.raise_if_cancelled()
+    checks = reduce_checks()
+    ctx.emit(ReplicaValues(name="contribution", values=checks.contributions, devices=devices))
+    ctx.emit(ReplicaValues(name="all_reduce SUM", values=checks.replica_sum, devices=devices))
+    ctx.emit(ReplicaValues(name="all_reduce MEAN", values=checks.replica_mean, devices=devices))
+
+    def close(value: float, expected: float) -> bool:
+        return math.isclose(value, expected, rel_tol=1e-6)
+
+    check_rows = []
+    for how, op, got, expected in (
+        (checks.replica_how, "SUM", checks.replica_sum, expected_sum),
+        (checks.replica_how, "MEAN", checks.replica_mean, expected_mean),
+        (checks.overall_how, "SUM", [checks.overall_sum], expected_sum),
+        (checks.overall_how, "MEAN", [checks.overall_mean], expected_mean),
+    ):
+        passed = all(close(value, expected) for value in got)
+        shown = got[0] if len(set(got)) == 1 else got
+        check_rows.append([how, op, shown, expected, "pass" if passed else "FAIL"])
+    ctx.emit(
+        Table(
+            title=f"all-reduce of replica_id + 1 over {replicas} replicas",
+            columns=["reduction", "op", "result", "expected", "result ok"],
+            rows=check_rows,
+        )
+    )
+    wrong = [f"{row[0]} {row[1]} gave {row[2]}, expected {row[3]}" for row in check_rows if row[4] != "pass"]
+    for line in wrong:
+        ctx.log(line, "error")
+
+    # The timed part: each element of the SUM must be the same closed form.
+    elements = max(1, int(params["size_mb"] * MEGABYTE) // BYTES_PER_FLOAT32)
+    size_bytes = elements * BYTES_PER_FLOAT32
+    timed = timed_all_reduce(elements)
     for _ in range(params["warmup"]):
         ctx.raise_if_cancelled()
-        reduce_and_wait()
+        timed.reduce_and_wait()
     durations = []
     reduced = None
     for repeat in range(repeats):
         ctx.raise_if_cancelled()
         started = time.perf_counter()
-        reduced = reduce_and_wait()
+        reduced = timed.reduce_and_wait()
         durations.append(time.perf_counter() - started)
         ctx.progress(repeat + 1, repeats, "repeat")
-    large_correct = all(np.all(value == expected_sum) for value in _local_values(strategy, reduced))
+    large_correct = all(np.all(value == expected_sum) for value in timed.results(reduced))
     if not large_correct:
         wrong.append(f"the timed {size_bytes:,}-byte all-reduce SUM is not {expected_sum:g} everywhere")
         ctx.log(wrong[-1], "error")
@@ -324,10 +431,10 @@ def run_all_reduce(ctx, params: dict) -> dict:
 
     summary = {
         "replicas": replicas,
-        "sum": checks["strategy SUM"],
-        "mean": checks["strategy MEAN"],
-        "replica_sum": checks["replica SUM"][0],
-        "replica_mean": checks["replica MEAN"][0],
+        "sum": checks.overall_sum,
+        "mean": checks.overall_mean,
+        "replica_sum": checks.replica_sum[0],
+        "replica_mean": checks.replica_mean[0],
         "expected_sum": expected_sum,
         "expected_mean": expected_mean,
         "all_correct": not wrong,
@@ -425,6 +532,7 @@ SPECS = (
             ),
         ),
         run=run_replica_matmul,
+        run_jax=run_on_jax("replica-matmul"),
         key="r",
         check_params=_check_replica_matmul_params,
     ),
@@ -441,6 +549,7 @@ SPECS = (
             Param("fn", "str", "double", "what each replica computes", choices=DATASET_FUNCTIONS),
         ),
         run=run_replica_dataset,
+        run_jax=run_on_jax("replica-dataset"),
     ),
     JobSpec(
         name="all-reduce",
@@ -463,6 +572,7 @@ SPECS = (
             Param("warmup", "int", 2, "untimed all-reduces first", minimum=0, maximum=100),
         ),
         run=run_all_reduce,
+        run_jax=run_on_jax("all-reduce"),
         check_runtime=check_all_reduce_memory,
     ),
 )

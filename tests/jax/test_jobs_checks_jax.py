@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.events import Progress
+
 
 @pytest.fixture(scope="module")
 def runtime():
@@ -31,3 +33,72 @@ def test_every_jax_device_passes_the_matmul_check(run_job, runtime):
     assert set(result.summary["gflops"]) == set(runtime.device_names)
     [gflops] = result.replica_values("gflops")
     assert len(gflops.values) == 8 and min(gflops.values) > 0
+
+
+def test_every_replica_multiplies_the_use_tpus_guides_a_and_b(run_job):
+    result = run_job("replica-matmul")
+    assert result.status == "done"
+    [product] = result.replica_values("product")
+    assert product.values == [[[22, 28], [49, 64]]] * 8
+    assert product.devices == [f"CPU:{index}" for index in range(8)]
+    [table] = result.tables()
+    assert [row[-1] for row in table.rows] == ["pass"] * 8
+    assert result.summary["agree"] is True and result.summary["reference"] == [[22, 28], [49, 64]]
+    assert "every replica agrees with the reference: [[22, 28], [49, 64]]" in result.logs()
+
+
+def test_replica_matmul_with_random_inputs_matches_numpy_on_every_replica(run_job):
+    import numpy as np
+
+    result = run_job("replica-matmul", source="random", m=5, k=7, n=4, seed=3)
+    assert result.status == "done"
+    generator = np.random.default_rng(3)
+    a = generator.standard_normal((5, 7), dtype=np.float32)
+    b = generator.standard_normal((7, 4), dtype=np.float32)
+    [product] = result.replica_values("product")
+    assert len(product.values) == 8
+    for matrix in product.values:
+        np.testing.assert_allclose(matrix, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-6)
+
+
+def test_range_16_is_doubled_one_value_per_replica(run_job):
+    result = run_job("replica-dataset")
+    assert result.status == "done"
+    assert [event.values for event in result.replica_values("inputs step 0")] == [[[value] for value in range(8)]]
+    assert [event.values for event in result.replica_values("outputs step 1")] == [
+        [[value] for value in range(16, 32, 2)]
+    ]
+    assert result.summary["outputs_per_step"] == [[0, 2, 4, 6, 8, 10, 12, 14], [16, 18, 20, 22, 24, 26, 28, 30]]
+    assert [event.done for event in result.of_type(Progress)] == [0, 1, 2]
+
+
+def test_a_short_last_batch_is_split_over_the_replicas_as_tensorflow_splits_it(run_job):
+    result = run_job("replica-dataset", n=20, per_replica=2, fn="square")
+    assert result.status == "done"
+    assert result.summary["global_batch"] == 16 and result.summary["steps"] == 2
+    [first] = result.replica_values("outputs step 0")
+    assert first.values[0] == [0, 1] and first.values[7] == [14**2, 15**2]
+    # TensorFlow's experimental_distribute_dataset gives the last 4 elements one each to the first 4 replicas.
+    [last_inputs] = result.replica_values("inputs step 1")
+    [last_outputs] = result.replica_values("outputs step 1")
+    assert last_inputs.values == [[16], [17], [18], [19], [], [], [], []]
+    assert last_outputs.values == [[256], [289], [324], [361], [], [], [], []]
+
+
+def test_all_reduce_gives_the_closed_form_on_every_replica(run_job):
+    result = run_job("all-reduce", size_mb=0.25, repeats=2, warmup=1)
+    assert result.status == "done"
+    assert (result.summary["sum"], result.summary["mean"]) == (36, 4.5)
+    assert (result.summary["replica_sum"], result.summary["replica_mean"]) == (36, 4.5)
+    assert result.replica_values("contribution")[0].values == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert result.replica_values("all_reduce SUM")[0].values == [36] * 8
+    assert result.replica_values("all_reduce MEAN")[0].values == [4.5] * 8
+    checks, timing = result.tables()
+    assert [row[1:] for row in checks.rows] == [
+        ["SUM", 36, 36, "pass"],
+        ["MEAN", 4.5, 4.5, "pass"],
+        ["SUM", 36, 36, "pass"],
+        ["MEAN", 4.5, 4.5, "pass"],
+    ]
+    size_bytes, replicas, median_ms, algorithm_gbps, _ = timing.rows[0]
+    assert (size_bytes, replicas) == (2**18, 8) and median_ms > 0 and algorithm_gbps > 0

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from jobs import get_job
 from jobs.base import ParamError
 from jobs.events import Progress
+from jobs.replicas import replica_dataset_plan
 from tpudash.cli import main as cli
 
 
@@ -112,6 +115,15 @@ def test_replica_dataset_squares_several_values_per_replica_and_a_short_last_bat
     [last_outputs] = result.replica_values("outputs step 1")
     assert sum(len(values) for values in last_inputs.values) == 4
     assert [[value * value for value in values] for values in last_inputs.values] == last_outputs.values
+
+
+@pytest.mark.parametrize(("n", "per_replica"), [(25, 2), (17, 3)])
+def test_tensorflow_splits_each_batch_as_the_plan_the_jax_runner_follows(run_job, n, per_replica):
+    result = run_job("replica-dataset", n=n, per_replica=per_replica, fn="identity")
+    plan = replica_dataset_plan(n, per_replica, 8)
+    assert [result.replica_values(f"inputs step {step}")[0].values for step in range(len(plan))] == plan
+    # A short last batch: ceil(size / replicas) elements to each replica in turn, the last ones left empty.
+    assert plan[-1][-1] == [] and all(len(values) == math.ceil(len(sum(plan[-1], [])) / 8) for values in plan[-1][:4])
 
 
 def test_replica_dataset_identity_passes_the_range_through(run_job):
