@@ -8,11 +8,16 @@ objective (or Rosenbrock's valley), the optimizer, the learning rate, the
 number of steps, the start point and the device can all be changed. The job
 reports the loss and the point (x0, x1) at the start (step 0) and after every
 step, so the path can be plotted from where it began.
+
+On JAX (``jobs.on_jax.gradient_descent``) the same Keras optimizer steps a
+jitted ``jax.grad`` of the same objective, and prints the same line; both
+runners report through ``descend`` and ``finish``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from jobs.base import JobSpec, Param, ParamError
@@ -53,28 +58,36 @@ def _check_runtime(params: dict, runtime: Any) -> None:
         )
 
 
-def run(ctx, params: dict) -> dict:
-    import tensorflow as tf
+def objective_for(params: dict):
+    """The objective the params name: one function for the device (a tensor, a JAX array) and the report."""
+    return quadratic if params["objective"] == "quadratic" else rosenbrock
 
-    objective = quadratic if params["objective"] == "quadratic" else rosenbrock
-    optimizer = make_optimizer(tf, params["optimizer"], params["learning_rate"], params["momentum"])
-    device = ctx.runtime.logical_devices[params["device"]]
+
+def walkthrough_line(loss: Any, point: Any) -> str:
+    """The walkthrough's ``print(f"{loss} @ {x}")``: a float32 loss and point as NumPy prints them.
+
+    ``0.0022596875205636024 @ [0.01152921 0.04611686]``: the loss, a float32
+    scalar, prints as the float64 it widens to; the point as a float32 array.
+    """
+    import numpy as np
+
+    return f"{np.float32(loss)} @ {np.asarray(point, dtype=np.float32)}"
+
+
+def descend(ctx, params: dict, device_name: str, take_step: Callable[[], None], current: Callable) -> None:
+    """The run on any framework: ``take_step()`` makes one optimizer step; ``current()`` is (loss, point) now.
+
+    Reports the start (step 0) and the point after every step, honours
+    cancel between steps, and fails the run when the loss or point stops
+    being finite (``Diverged``, with advice; nothing infinite is plotted).
+    """
     steps = params["steps"]
 
-    # The walkthrough's training step, unchanged: the printed digits depend on it.
-    @tf.function
-    def training_step(params: tf.Variable) -> None:
-        with tf.GradientTape() as t:
-            loss = objective(params)
-        grads = t.gradient(loss, params)
-        optimizer.apply_gradients([(grads, params)])
-
-    tensor = tf.constant(list(params["start"]), dtype=tf.float32)
-
-    def report(step: int, variable) -> None:
+    def report(step: int) -> None:
         """Metrics for the point after ``step`` updates (step 0: the start, so the path begins there)."""
-        loss = float(objective(variable))
-        x0, x1 = (float(value) for value in variable.numpy())
+        loss, point = current()
+        loss = float(loss)
+        x0, x1 = (float(value) for value in point)
         if not all(math.isfinite(value) for value in (loss, x0, x1)):
             # Not plotted: an infinite point would flatten every chart.
             message = (
@@ -88,29 +101,66 @@ def run(ctx, params: dict) -> dict:
 
     ctx.log(
         f"{params['objective']} from {list(params['start'])} with {params['optimizer']} "
-        f"(learning rate {params['learning_rate']:g}), {steps} steps on {device.name}"
+        f"(learning rate {params['learning_rate']:g}), {steps} steps on {device_name}"
     )
-    with tf.device(device.name):
-        variable = tf.Variable(tensor, trainable=True)
-        ctx.progress(0, steps, "step")
-        report(0, variable)
-        for step in range(1, steps + 1):
-            ctx.raise_if_cancelled()
-            training_step(variable)
-            report(step, variable)
-            ctx.progress(step, steps, "step")
+    ctx.progress(0, steps, "step")
+    report(0)
+    for step in range(1, steps + 1):
+        ctx.raise_if_cancelled()
+        take_step()
+        report(step)
+        ctx.progress(step, steps, "step")
 
-    # Formatted outside the device scope, as the walkthrough prints it.
-    line = f"{objective(variable)} @ {variable.numpy()}"
+
+def finish(ctx, params: dict, device_name: str, loss: Any, point: Any) -> dict:
+    """The walkthrough's line in the log, and the summary: where the descent ended."""
+    line = walkthrough_line(loss, point)
     ctx.log(line)
     return {
-        "loss": float(objective(variable)),
-        "x": [float(value) for value in variable.numpy()],
+        "loss": float(loss),
+        "x": [float(value) for value in point],
         "start": list(params["start"]),
         "line": line,
-        "steps": steps,
-        "device": device.name,
+        "steps": params["steps"],
+        "device": device_name,
     }
+
+
+def run(ctx, params: dict) -> dict:
+    import tensorflow as tf
+
+    objective = objective_for(params)
+    optimizer = make_optimizer(tf, params["optimizer"], params["learning_rate"], params["momentum"])
+    device = ctx.runtime.logical_devices[params["device"]]
+
+    # The walkthrough's training step, unchanged: the printed digits depend on it.
+    @tf.function
+    def training_step(params: tf.Variable) -> None:
+        with tf.GradientTape() as t:
+            loss = objective(params)
+        grads = t.gradient(loss, params)
+        optimizer.apply_gradients([(grads, params)])
+
+    tensor = tf.constant(list(params["start"]), dtype=tf.float32)
+    with tf.device(device.name):
+        variable = tf.Variable(tensor, trainable=True)
+        descend(
+            ctx,
+            params,
+            device.name,
+            lambda: training_step(variable),
+            lambda: (objective(variable).numpy(), variable.numpy()),
+        )
+    # Evaluated outside the device scope, as the walkthrough prints it.
+    return finish(ctx, params, device.name, objective(variable).numpy(), variable.numpy())
+
+
+def run_on_jax(ctx, params: dict) -> dict:
+    """The job on JAX (``jobs.on_jax.gradient_descent``), imported when a run starts: listing jobs imports no
+    framework."""
+    from jobs.on_jax.gradient_descent import run as run_jax
+
+    return run_jax(ctx, params)
 
 
 SPECS = (
@@ -119,8 +169,8 @@ SPECS = (
         title="Gradient descent",
         description=(
             "Minimise x0² + x1² (or Rosenbrock) on one device with a Keras optimizer in a tf.function "
-            "step (the Colab TPU walkthrough); loss and (x0, x1) per step. Defaults print 0.0022596875205636024 @ "
-            "[0.01152921 0.04611686]."
+            "step (jax.jit on JAX; the Colab TPU walkthrough); loss and (x0, x1) per step. Defaults print "
+            "0.0022596875205636024 @ [0.01152921 0.04611686]."
         ),
         params=(
             Param(
@@ -146,6 +196,7 @@ SPECS = (
             Param("device", "int", 0, "index of the logical device to run on", minimum=0),
         ),
         run=run,
+        run_jax=run_on_jax,
         key="g",
         check_runtime=_check_runtime,
     ),

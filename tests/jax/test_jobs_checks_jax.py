@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.events import Progress
+from tests.unit.test_gradient_descent import TENSORFLOW_FIGURES, WALKTHROUGH_LINE
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +103,57 @@ def test_all_reduce_gives_the_closed_form_on_every_replica(run_job):
     ]
     size_bytes, replicas, median_ms, algorithm_gbps, _ = timing.rows[0]
     assert (size_bytes, replicas) == (2**18, 8) and median_ms > 0 and algorithm_gbps > 0
+
+
+def test_gradient_descent_prints_the_walkthroughs_line(run_job):
+    result = run_job("gradient-descent")
+    assert result.status == "done"
+    assert result.summary["line"] == WALKTHROUGH_LINE and WALKTHROUGH_LINE in result.logs()
+    assert result.summary["device"] == "CPU:0"
+    losses, x0, x1 = result.metrics("loss"), result.metrics("x0"), result.metrics("x1")
+    assert [metric.step for metric in losses] == list(range(21))
+    # The path starts at [1, 4]; SGD on x0² + x1² with lr 0.1 shrinks the point by 0.8 each step.
+    assert (x0[0].value, x1[0].value, losses[0].value) == (1.0, 4.0, 17.0)
+    assert (x0[1].value, x1[1].value) == pytest.approx((0.8, 3.2))
+
+
+@pytest.mark.parametrize(("overrides", "loss", "x"), TENSORFLOW_FIGURES)
+def test_gradient_descent_ends_where_tensorflow_does(run_job, overrides, loss, x):
+    result = run_job("gradient-descent", **overrides)
+    assert result.status == "done"
+    # float32 rounding over the steps: the last digit or two of a float32 may differ.
+    assert result.summary["loss"] == pytest.approx(loss, rel=1e-6)
+    assert result.summary["x"] == pytest.approx(x, rel=1e-6)
+
+
+def test_gradient_descent_runs_on_the_device_asked_for_and_cancel_stops_it(run_job):
+    result = run_job("gradient-descent", device=6, on_event=_cancel_after_step(3))
+    assert result.status == "cancelled"
+    assert [metric.step for metric in result.metrics("loss")] == [0, 1, 2, 3]
+    assert "on CPU:6" in result.logs()[0]
+
+
+def test_gradient_descent_that_diverges_fails_with_advice(run_job):
+    result = run_job("gradient-descent", objective="rosenbrock", learning_rate=0.1)
+    assert result.status == "failed"
+    assert "diverged at step" in result.finished.error and "learning_rate" in result.finished.error
+
+
+def _cancel_after_step(step: int):
+    def cancel(run, event):
+        if isinstance(event, Progress) and event.done == step:
+            run.cancel_event.set()
+
+    return cancel
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_narrow_dtypes_pass_the_matmul_check_and_a_wrong_device_is_named(run_job, dtype):
+    result = run_job(
+        "matmul", m=16, k=32, n=16, dtype=dtype, repeats=1, devices="2-4", inject_error=0.5, inject_device=3
+    )
+    assert result.status == "failed"
+    assert result.summary["failed_devices"] == ["CPU:3"]
+    [table] = result.tables()
+    assert [(row[0], row[4]) for row in table.rows] == [("CPU:2", "pass"), ("CPU:3", "FAIL"), ("CPU:4", "pass")]
+    assert "matmul check failed on CPU:3" in result.finished.error

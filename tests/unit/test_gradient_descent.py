@@ -10,6 +10,17 @@ from jobs.events import Progress
 from tpudash.cli import main as cli
 
 WALKTHROUGH_LINE = "0.0022596875205636024 @ [0.01152921 0.04611686]"
+# What this job prints on TensorFlow 2.21's CPU for other optimizers and objectives: the JAX runner is held to them
+# (tests/jax/test_jobs_checks_jax.py), to float32 rounding.
+TENSORFLOW_FIGURES = (
+    ({"optimizer": "momentum"}, 2.0736141204833984, [-0.3492525, -1.39701]),
+    ({"optimizer": "adam"}, 4.401521682739258, [-0.27115327, 2.080384]),
+    (
+        {"objective": "rosenbrock", "start": "-1,1", "learning_rate": 0.001, "steps": 50},
+        3.8313069343566895,
+        [-0.955724, 0.92143995],
+    ),
+)
 
 
 def run_dirs(runs_dir):
@@ -27,6 +38,13 @@ def test_defaults_print_the_walkthroughs_line_exactly(run_job):
     assert result.summary["line"] == WALKTHROUGH_LINE
     assert result.summary["loss"] == pytest.approx(0.0022596875205636024, rel=1e-12)
     assert result.summary["x"] == pytest.approx([0.01152921, 0.04611686], rel=1e-6)
+
+
+@pytest.mark.parametrize(("overrides", "loss", "x"), TENSORFLOW_FIGURES)
+def test_momentum_adam_and_rosenbrock_end_where_they_always_have(run_job, overrides, loss, x):
+    result = run_job("gradient-descent", **overrides)
+    assert result.summary["loss"] == pytest.approx(loss, rel=1e-6)
+    assert result.summary["x"] == pytest.approx(x, rel=1e-6)
 
 
 def test_the_start_and_each_step_report_loss_and_the_point(run_job):
