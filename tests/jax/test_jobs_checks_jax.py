@@ -10,8 +10,12 @@ MEAN 4.5 over 8 replicas, and the Colab TPU walkthrough's gradient descent line.
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import pytest
 
+from jobs import get_job
 from jobs.events import Progress
 from tests.unit.test_gradient_descent import TENSORFLOW_FIGURES, WALKTHROUGH_LINE
 
@@ -95,6 +99,10 @@ def test_all_reduce_gives_the_closed_form_on_every_replica(run_job):
     assert result.replica_values("all_reduce SUM")[0].values == [36] * 8
     assert result.replica_values("all_reduce MEAN")[0].values == [4.5] * 8
     checks, timing = result.tables()
+    # JAX's own reductions are named: inside the mapped function, and of the sharded array from outside.
+    assert [row[0] for row in checks.rows] == ["lax.psum/pmean in shard_map"] * 2 + [
+        "jnp.sum/mean of the sharded array"
+    ] * 2
     assert [row[1:] for row in checks.rows] == [
         ["SUM", 36, 36, "pass"],
         ["MEAN", 4.5, 4.5, "pass"],
@@ -157,3 +165,34 @@ def test_narrow_dtypes_pass_the_matmul_check_and_a_wrong_device_is_named(run_job
     [table] = result.tables()
     assert [(row[0], row[4]) for row in table.rows] == [("CPU:2", "pass"), ("CPU:3", "FAIL"), ("CPU:4", "pass")]
     assert "matmul check failed on CPU:3" in result.finished.error
+
+
+class TpuLookingRuntime:
+    """JAX's CPU devices, labelled as a TPU session, to see the TPU-only advice and tolerance."""
+
+    def __init__(self, runtime):
+        self.logical_devices = runtime.logical_devices
+        self.device_names = runtime.device_names
+        self.strategy = runtime.strategy
+        self.kind = "TPU"
+
+
+@pytest.mark.parametrize(("precision", "rounded"), [(None, True), ("highest", False)])
+def test_on_a_tpu_the_tolerance_allows_for_jaxs_default_matmul_precision(runtime, tmp_path, precision, rounded):
+    import jax
+
+    from jobs.base import JobContext
+    from jobs.checks import relative_tolerance
+
+    events = []
+    spec = get_job("matmul")
+    params = spec.resolve({"m": 100, "k": 64, "n": 128, "devices": "0", "repeats": 1})
+    context = JobContext(
+        runtime=TpuLookingRuntime(runtime), emit=events.append, run_dir=tmp_path, cancel_event=threading.Event()
+    )
+    with jax.default_matmul_precision(precision) if precision else contextlib.nullcontext():
+        summary = spec.runner_for("jax")(context, params)
+    logs = [event.text for event in events if event.type == "log"]
+    assert any(line.startswith("k=64 ") and "50.0%" in line for line in logs)  # the MXU padding advice
+    assert any("JAX's default matmul precision rounds float32 inputs on this TPU" in line for line in logs) is rounded
+    assert summary["tolerance"] == relative_tolerance("float32", 64, 2.0**-8 if rounded else 0.0)
