@@ -15,7 +15,15 @@ advances; here the count is a replicated DVariable.
 
 Data come from jobs.datasets (tfds or synthetic), the example's defaults: the first
 5000 training and test examples, global batch 128, 3 epochs. Reports
-per-batch training loss, per-epoch train and test loss and accuracy.
+per-batch training loss, per-epoch train and test loss and accuracy
+(``EpochReports``), and two tables of what is where: each layer's layout and
+the part of it one device holds (``layer_table``), and each device's place
+on the mesh, examples per batch and weights held (``device_table``), read from
+the DVariables' own components.
+
+On JAX (``jobs.on_jax.dtensor_mlp``) the same MLP trains on a (batch, model)
+mesh with ``NamedSharding``; data, step plan, tables, events and summary are
+this module's.
 """
 
 from __future__ import annotations

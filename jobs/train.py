@@ -12,6 +12,13 @@ precision, the per-replica datasets), ``jobs.trainreport`` (stages, metrics,
 validation) and ``jobs.trainloops`` (Keras ``fit`` and the custom loop); this
 module declares the params and runs the plan.
 
+One run, two frameworks: ``run_training`` is the run (data, plan, model,
+reports, profile window, advice, summary) and takes the framework's side,
+``TensorFlowTraining`` here (the runtime's tf.distribute strategy) or
+``jobs.on_jax.train.JaxTraining`` (the same Keras model and ``fit`` under
+``keras.distribution.DataParallel`` over the JAX mesh, NumPy input, no
+TensorFlow), so both emit the same events and summary keys.
+
 What a run reports (events):
 
 - ``Table``: the model summary (layers, output shapes, dtype policy, params).

@@ -105,3 +105,25 @@ def test_cancel_mid_epoch_stops_within_one_step_and_keeps_the_metrics(run_job, s
     assert not result.metrics("loss", "val") and not result.metrics("loss", "test")
     stored = [event for _, event in store.load(result.run.run_id).events if isinstance(event, Metric)]
     assert [(metric.name, metric.step) for metric in stored] == [("batch_loss", 1), ("batch_accuracy", 1)]
+
+
+def test_profile_steps_outside_tpudash_trace_with_jax_profiler(tmp_path):
+    # A job run without tpudash's runner (no profile responder) traces profile_steps itself, with JAX's profiler.
+    import jax
+    import jax.numpy as jnp
+
+    from jobs.trainplan import ProfileWindow
+
+    logs: list[str] = []
+    artifacts: list = []
+    context = type("Context", (), {"log": lambda self, text, level="info": logs.append(text), "emit": artifacts.append})
+    window = ProfileWindow(context(), (2, 3), tmp_path, framework="jax")
+    square = jax.jit(lambda x: x @ x)
+    for step in range(1, 5):
+        window.before(step, step)
+        square(jnp.ones((32, 32))).block_until_ready()
+        window.after(step)
+    window.finish(4)
+    assert window.trace_dir is not None and list(window.trace_dir.glob("*.xplane.pb"))
+    assert [artifact.path for artifact in artifacts] == [str(window.trace_dir)]
+    assert any(line.startswith("profiler trace of steps 2-3") for line in logs)
