@@ -85,9 +85,12 @@ def test_early_stopping_ends_a_run_whose_val_loss_stalls(run_job):
         optimizer="sgd",
         learning_rate=1e-12,
         early_stopping_patience=1,
+        steps_per_execution=2,
         **dict(SMALL, epochs=6, limit_train=128, limit_test=64),
     )
     assert result.status == "done", result.finished.error
+    # Two steps an epoch, run as one execution of steps_per_execution=2: one point per execution.
+    assert [metric.step for metric in result.metrics("batch_loss")] == [2, 4]
     assert values(result, "loss", "val")[0] == values(result, "loss", "val")[1]
     assert (result.summary["early_stopped"], result.summary["epochs_run"]) == (True, 2)
     assert any(line.startswith("early stopping after epoch 2") and "restored" in line for line in result.logs())
