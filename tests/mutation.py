@@ -174,7 +174,7 @@ def run_tests(scratch: Path, tests: list[str], timeout: float | None) -> tuple[s
     environment = dict(
         os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(scratch), os.environ.get("PYTHONPATH")]))
     )
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:randomly", *tests]
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:randomly", *tests]
     process = subprocess.Popen(
         command, cwd=scratch, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
     )

@@ -3,7 +3,7 @@
 A change that moves one cell of any screen fails here; the report
 (snapshot_report.html, written on failure) shows old and new side by side.
 Reviewing those SVGs is part of any UI change: after a change you mean,
-``python -m pytest tests/functional/test_snapshots.py --snapshot-update``
+``python -m pytest -n 0 tests/functional/test_snapshots.py --snapshot-update``
 writes the new ones, and the diff of ``__snapshots__`` goes into the commit.
 
 To be the same on every machine the app sees only fixed things: a runtime
