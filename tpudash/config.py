@@ -6,8 +6,9 @@ directory is a clear message and exit code 2, never a traceback later on.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -20,6 +21,9 @@ DEFAULT_TELEMETRY_INTERVAL_SECONDS = 1.0
 # 0 turns telemetry sampling off; otherwise between these.
 TELEMETRY_INTERVAL_RANGE = (0.1, 60.0)
 MAX_CPU_DEVICES = 256
+FRAMEWORK_CHOICES = ("auto", "tensorflow", "jax")
+"""What runs the engine's jobs: ``auto`` is TensorFlow where it is installed, else JAX where it is (``resolve_framework``)."""
+FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX"}
 ENV_PREFIX = "TPUDASH_"
 # Settings given in seconds: (lowest, highest) allowed.
 SECONDS_RANGES = {
@@ -65,6 +69,8 @@ class Settings:
     store_timeout: seconds any one call to a store (gs://, s3://) may take
         before the store counts as unreachable: a command then says so in
         one line and exits 1, a screen says since when (``tpudash.runs.storeclient``).
+    framework: what the engine runs jobs on: ``tensorflow``, ``jax``, or
+        ``auto`` (TensorFlow where it is installed, else JAX: ``resolve_framework``).
     """
 
     tpu: str | None = None
@@ -78,6 +84,7 @@ class Settings:
     tpu_metrics: str = DEFAULT_TPU_METRICS_ADDRESS
     telemetry_interval: float = DEFAULT_TELEMETRY_INTERVAL_SECONDS
     store_timeout: float = DEFAULT_STORE_TIMEOUT
+    framework: str = "auto"
 
     @classmethod
     def load(cls, flags: Mapping[str, object] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
@@ -117,6 +124,22 @@ class Settings:
         if not os.access(runs_dir, os.W_OK | os.X_OK):
             raise SettingsError(f"--runs-dir / TPUDASH_RUNS_DIR: {runs_dir} is not writable")
         return runs_dir
+
+
+def resolve_framework(choice: str, find_spec: Callable[[str], object | None] = importlib.util.find_spec) -> str:
+    """``tensorflow`` or ``jax``: what an engine with ``Settings.framework`` = ``choice`` runs its jobs on.
+
+    ``auto`` picks TensorFlow where it is installed (as before JAX could run
+    jobs), else JAX where it is, else TensorFlow, whose "not installed" path
+    names the fix. Nothing is imported: ``find_spec`` only looks.
+    """
+    if choice in ("tensorflow", "jax"):
+        return choice
+    if find_spec("tensorflow") is not None:
+        return "tensorflow"
+    if find_spec("jax") is not None:
+        return "jax"
+    return "tensorflow"
 
 
 def settings_environment(settings: Settings, environ: dict[str, str]) -> dict[str, str]:
@@ -173,6 +196,11 @@ def _convert(name: str, raw: object, source: str) -> object:
             return parse_metrics_address(str(raw))
         except AddressError as error:
             raise SettingsError(f"{source}: {error}") from None
+    if name == "framework":
+        choice = str(raw).strip().lower()
+        if choice not in FRAMEWORK_CHOICES:
+            raise SettingsError(f"{source}: {raw!r} is not a framework; allowed: {', '.join(FRAMEWORK_CHOICES)}")
+        return choice
     if name == "tpu":
         text = str(raw).strip()
         if not text:

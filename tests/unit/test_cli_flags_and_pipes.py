@@ -23,6 +23,7 @@ from tpudash.runs.store import RunStore
 FLAG_VALUES = {
     "tpu": "none",
     "cpu_devices": "4",
+    "framework": "jax",
     "data_dir": "/tmp/tfds",
     "runs_dir": "/tmp/runs",
     "tpu_metrics": "localhost:8431",

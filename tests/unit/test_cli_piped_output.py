@@ -194,7 +194,7 @@ def test_a_commands_help_lists_only_the_session_flags_it_uses(capsys):
     assert flags_listed(help_of("jobs", capsys)) == set()
     assert flags_listed(help_of("runs", capsys)) == runs_dir
     assert flags_listed(help_of("export", capsys)) == runs_dir
-    assert flags_listed(help_of("devices", capsys)) == {"tpu", "cpu_devices"}
+    assert flags_listed(help_of("devices", capsys)) == {"tpu", "cpu_devices", "framework"}
     assert flags_listed(help_of("telemetry", capsys)) == {"tpu_metrics", "telemetry_interval"}
     assert flags_listed(help_of("run", capsys)) == set(cli.GLOBAL_FLAGS)  # not the dashboard's own
     assert flags_listed(help_of("serve", capsys)) == set(FLAG_OPTIONS)  # each tab is a dashboard

@@ -67,6 +67,23 @@ class RuntimeDescription:
         role = " (chief)" if cluster.get("worker") == 0 else ""
         return f"{self.strategy}, worker {cluster.get('worker')} of {cluster.get('workers')}{role}"
 
+    def framework_text(self) -> str:
+        """The header's words for what runs the jobs: ``JAX 0.10.2 · 8 CPU devices``, ``JAX 0.10.2 · 4 TPU v5 lite
+        chips``; ``TensorFlow 2.21.0`` under TensorFlow."""
+        if self.framework != "jax":
+            return f"TensorFlow {self.tf_version}"
+        return f"JAX {self.jax_version} · {self.devices_text()}"
+
+    def devices_text(self) -> str:
+        """``8 CPU devices``, ``4 TPU v5 lite chips``, ``8 TPU v3 cores``: JAX's devices by kind, as one device is."""
+        counts: dict[str, int] = {}
+        for device in self.devices:
+            kind = device.device_kind if device.platform == "tpu" and device.device_kind else device.device_type
+            counts[kind] = counts.get(kind, 0) + 1
+        return (
+            " + ".join(f"{count} {kind} {_device_word(kind, count)}" for kind, count in counts.items()) or "no devices"
+        )
+
     def cluster_text(self) -> str | None:
         """The cluster's addresses (this worker's marked) and how soon a lost peer fails the run; None alone."""
         cluster = self.cluster
@@ -115,6 +132,15 @@ class RuntimeDescription:
             for device in data.get("devices", [])
         ]
         return cls(**values)
+
+
+def _device_word(kind: str, count: int) -> str:
+    """What one JAX device of ``kind`` is: a TPU v2 or v3 device is one core of a chip, later ones a chip each."""
+    if kind.startswith("TPU"):
+        word = "core" if kind in ("TPU v2", "TPU v3") else "chip"
+    else:
+        word = "device"
+    return word if count == 1 else word + "s"
 
 
 @dataclass

@@ -138,6 +138,8 @@ class HostCheck:
     tensorflow_found: bool = False
     """A tensorflow module exists (with or without package metadata)."""
     diagnoses: list[Diagnosis] = field(default_factory=list)
+    jax_found: bool = False
+    """A jax module exists: the engine can run jobs on JAX (``Settings.framework``)."""
 
     @property
     def tensorflow_build(self) -> str | None:
@@ -159,6 +161,7 @@ class HostCheck:
         data = asdict(self)
         data["tensorflow_build"] = self.tensorflow_build
         data["install_line"] = self.install_line
+        data["jax_install_line"] = jax_install_line("tpu" if self.chips.count else "cpu")
         return data
 
 
@@ -166,6 +169,12 @@ def install_line(kind: str) -> str:
     """``pip install "tensorflow-tpu==2.20.0" "libtpu==0.0.17"`` for kind 'tpu', the CPU build for 'cpu'."""
     requirements = TPU_BUILD if kind == "tpu" else CPU_BUILD
     return "pip install " + " ".join(f'"{requirement}"' for requirement in requirements)
+
+
+def jax_install_line(kind: str) -> str:
+    """The line that installs JAX with Keras for tpudash's jobs: JAX's TPU build for kind 'tpu', the CPU's otherwise."""
+    jax = '"jax[tpu]"' if kind == "tpu" else '"jax[cpu]>=0.10.2,<0.11"'
+    return f'pip install {jax} "keras>=3.15,<4"'
 
 
 # -- the seams: each reads one part of the environment -----------------------------------
@@ -431,11 +440,15 @@ def inspect(
         holders=holding,
         tensorflow_found=found,
         diagnoses=diagnose(chips, installed, holding, tensorflow_found=found),
+        jax_found=jax_importable(),
     )
 
 
-def host_lines(host_check: dict) -> list[tuple[str, str, str]]:
-    """(label, text, style) lines for what the host scan found, shared by the CLI and the Devices screen."""
+def host_lines(host_check: dict, framework: str = "tensorflow") -> list[tuple[str, str, str]]:
+    """(label, text, style) lines for what the host scan found, shared by the CLI and the Devices screen.
+
+    ``framework``: what the engine runs jobs on; on ``jax`` a missing TensorFlow is no problem (its line says so).
+    """
     chips = Chips(**host_check["chips"])
     libtpu = ", ".join(
         f"{name} {version}" for name, version in host_check["distributions"].items() if name.startswith("libtpu")
@@ -444,10 +457,17 @@ def host_lines(host_check: dict) -> list[tuple[str, str, str]]:
         "found, without package metadata" if host_check.get("tensorflow_found") else "not installed"
     )
     lines = [("TPU chips", chips.describe(), ""), ("TensorFlow build", build + (f" · {libtpu}" if libtpu else ""), "")]
+    if host_check.get("jax_found"):
+        jax = host_check["distributions"].get("jax")
+        lines.append(
+            ("JAX", (jax or "installed") + (" · the engine runs jobs on it" if framework == "jax" else ""), "")
+        )
     for holder in host_check.get("holders", []):
         described = TpuHolder(holder["pid"], holder["command"], (), holder.get("framework", "")).describe()
         lines.append(("TPU held by", f"{described} via {', '.join(holder['paths'])}", "yellow"))
     for diagnosis in host_check.get("diagnoses", []):
+        if framework == "jax" and diagnosis["code"] == "no-tensorflow":
+            continue  # jobs run on JAX: a missing TensorFlow stops nothing
         lines.append(
             (
                 "problem" if diagnosis["blocks_tpu"] or diagnosis["blocks_tensorflow"] else "warning",
@@ -456,6 +476,11 @@ def host_lines(host_check: dict) -> list[tuple[str, str, str]]:
             )
         )
     return lines
+
+
+def jax_importable() -> bool:
+    """Whether a ``jax`` module can be found (without importing it: importing JAX takes the TPU)."""
+    return importlib.util.find_spec("jax") is not None
 
 
 def tensorflow_importable() -> bool:

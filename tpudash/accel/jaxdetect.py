@@ -10,17 +10,22 @@ the backend has them).
 On the CPU default the CPU is split into ``cpu_devices`` devices before JAX
 starts its backend (XLA reads the flag once), so every job runs on a laptop
 as it does on a TPU board's cores. Only the engine and headless ``tpudash
-run`` call ``detect_jax``: importing JAX takes the TPU.
+run`` call ``detect_jax`` (through ``detect_jax_runtime``, which first scans
+the host as the TensorFlow path does and decides whether JAX may take the
+TPU): importing JAX takes the TPU.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from tpudash.accel import hostcheck
 from tpudash.accel.description import LogicalDeviceInfo, Runtime, RuntimeDescription
+from tpudash.accel.startup import RuntimeSetupError
 
 BATCH_AXIS = "batch"
 """The mesh's one axis: a job's batch (or its per-replica inputs) is split over it."""
@@ -52,6 +57,69 @@ def prepare_jax_environment(environ: MutableMapping[str, str], cpu_devices: int,
     environ["KERAS_BACKEND"] = "jax"  # the JAX engine's training is Keras 3 on JAX, whatever the shell said
     if not use_tpu:
         environ["JAX_PLATFORMS"] = "cpu"
+
+
+class JaxMissing(RuntimeSetupError):
+    """The framework is JAX (``--framework jax``) and JAX is not installed; the message ends with the install line."""
+
+
+def tpu_for_jax(
+    tpu_flag: str | None, host: hostcheck.HostCheck, environ: Mapping[str, str]
+) -> tuple[bool, dict[str, str]]:
+    """Whether JAX may take this host's TPU, and why not (the Devices screen's "why not TPU").
+
+    JAX drives only this host's chips: ``--tpu none`` leaves them alone, as
+    does another process that holds them (libtpu admits one per host; an
+    explicit ``--tpu local`` then fails, as it does on TensorFlow). A TPU
+    named by address is TensorFlow's (``TPUClusterResolver``), an error here.
+    """
+    from tpudash.accel.runtime import FALLBACK_REASON_VARIABLE, NO_TPU
+
+    flag = (tpu_flag or "").strip()
+    if flag.lower() == NO_TPU:
+        return False, {"TPU": environ.get(FALLBACK_REASON_VARIABLE) or "--tpu none given: the TPU is left alone"}
+    if flag and flag != "local":
+        raise RuntimeSetupError(
+            f"--tpu {flag}: JAX drives this host's own chips only (--tpu local, or none); a TPU by name or "
+            "address needs the TensorFlow engine (--framework tensorflow)"
+        )
+    if host.holders and host.chips.count:
+        # Not the host check's diagnosis: without TensorFlow it stops at "TensorFlow is not installed".
+        held = f"the TPU is held by {host.holders[0].describe()}; libtpu admits one process per host"
+        if flag:
+            raise RuntimeSetupError(f"--tpu local given, but {held}; --tpu none runs jobs on the CPU default")
+        return False, {"TPU": f"{held}, so jobs run on the CPU default"}
+    if not host.chips.count:
+        why = host.chips.scan_error or "no TPU chip on the PCI bus"
+        return False, {"TPU": f"the chip scan finds none ({why})"}
+    return True, {}
+
+
+def detect_jax_runtime(settings: Any, host: hostcheck.HostCheck | None = None) -> Runtime:
+    """The JAX engine's runtime for ``settings``: the host scanned, the TPU taken or left alone, every device a row.
+
+    Raises ``JaxMissing`` without JAX and ``RuntimeSetupError`` for a TPU it
+    cannot use as asked. On the CPU (no chip, ``--tpu none``, the chips held
+    elsewhere) JAX starts on the CPU alone, split into ``cpu_devices``.
+    """
+    host = hostcheck.inspect() if host is None else host
+    kind = "tpu" if host.chips.count else "cpu"
+    if importlib.util.find_spec("jax") is None:
+        raise JaxMissing(f"JAX is not installed; jobs on JAX need it: {hostcheck.jax_install_line(kind)}")
+    use_tpu, reasons = tpu_for_jax(getattr(settings, "tpu", None), host, os.environ)
+    # No chip to take: JAX is kept on the CPU (it would look for a TPU's libtpu, a GPU's CUDA, and warn of each).
+    runtime = detect_jax(
+        int(getattr(settings, "cpu_devices", 8)), use_tpu=use_tpu and bool(host.chips.count), reasons=reasons
+    )
+    description = runtime.description
+    if use_tpu and description.kind != "TPU":
+        description.reasons["TPU"] = (
+            f"the chip scan finds {host.chips.describe()}, but JAX started on {description.kind}"
+        )
+    if description.kind == "CPU":
+        description.reasons.setdefault("GPU", "JAX lists no GPU (jax.devices() has CPU devices only)")
+    description.host_check = host.to_dict()
+    return runtime
 
 
 def detect_jax(cpu_devices: int = 8, use_tpu: bool = True, reasons: Mapping[str, str] | None = None) -> Runtime:

@@ -193,6 +193,7 @@ def command_run(args: argparse.Namespace, settings: Settings) -> int:
     if args.help:
         return show_run_help(args.run_parser, spec)
     assert spec is not None  # a job is named unless --help was asked for
+    checked_framework(spec, settings)
     try:
         assignments = parse_assignments(args.assignments)
     except ParamError as error:
@@ -232,6 +233,17 @@ def command_run(args: argparse.Namespace, settings: Settings) -> int:
             except ParamError as error:
                 raise BadInput(str(error)) from None
         return execute_headless(spec, params, runtime, settings, runs_dir, as_json=args.json, name=name, run_id=run_id)
+
+
+def checked_framework(spec: JobSpec, settings: Settings) -> None:
+    """BadInput when ``spec`` has no runner on the framework the settings resolve to (nothing is started for it)."""
+    from jobs.base import FrameworkNotSupported
+    from tpudash.config import resolve_framework
+
+    try:
+        spec.runner_for(resolve_framework(settings.framework))
+    except FrameworkNotSupported as error:
+        raise BadInput(f"{error} (--framework tensorflow runs it where TensorFlow is installed)") from None
 
 
 def checked_run_name(name: str | None) -> str | None:

@@ -21,7 +21,16 @@ from tpudash.cli.exits import EXIT_BAD_INPUT
 from tpudash.cli.typos import nearest_names
 from tpudash.version import __version__
 
-GLOBAL_FLAGS = ("tpu", "cpu_devices", "data_dir", "runs_dir", "tpu_metrics", "telemetry_interval", "store_timeout")
+GLOBAL_FLAGS = (
+    "tpu",
+    "cpu_devices",
+    "framework",
+    "data_dir",
+    "runs_dir",
+    "tpu_metrics",
+    "telemetry_interval",
+    "store_timeout",
+)
 # The dashboard's own: how long its engine may idle, how long a cancel may take.
 DASHBOARD_FLAGS = ("release_after", "cancel_grace")
 # What each subcommand does: its help in `tpudash --help`, and the list shown
@@ -46,7 +55,7 @@ COMMANDS = {
 RUNS_DIR_FLAGS = ("runs_dir", "store_timeout")
 """Where the runs are, and how long a store there may take to answer: every command that reads or writes runs."""
 FLAGS_USED = {
-    "devices": ("tpu", "cpu_devices"),
+    "devices": ("tpu", "cpu_devices", "framework"),
     "jobs": (),
     "run": GLOBAL_FLAGS,
     "runs": RUNS_DIR_FLAGS,
@@ -135,6 +144,12 @@ def _global_flags() -> _Parser:
         default=argparse.SUPPRESS,
         metavar="N",
         help="logical CPU devices when no accelerator is found (default 8) [TPUDASH_CPU_DEVICES]",
+    )
+    group.add_argument(
+        "--framework",
+        default=argparse.SUPPRESS,
+        metavar="auto|tensorflow|jax",
+        help="what runs the jobs: auto (default) is TensorFlow where it is installed, else JAX [TPUDASH_FRAMEWORK]",
     )
     group.add_argument(
         "--data-dir",

@@ -203,11 +203,11 @@ def print_fitted(
     console.print(table)
 
 
-def render_host(host_check: dict[str, Any], console: Console | None = None) -> None:
+def render_host(host_check: dict[str, Any], console: Console | None = None, framework: str = "tensorflow") -> None:
     from tpudash.accel.hostcheck import host_lines
 
     console = console or output_console()
-    for label, text, style in host_lines(host_check):
+    for label, text, style in host_lines(host_check, framework):
         console.print(f"[dim]{label}:[/] ", end="")
         console.print(text, style=style or None, markup=False, highlight=False)
 
@@ -215,7 +215,7 @@ def render_host(host_check: dict[str, Any], console: Console | None = None) -> N
 def render_devices(description: RuntimeDescription, console: Console | None = None) -> None:
     console = console or output_console()
     if description.host_check:
-        render_host(description.host_check, console)
+        render_host(description.host_check, console, description.framework)
     simulated = " (simulated replicas)" if description.simulated else ""
     # The description's own words (a cluster's worker, a pod's hosts × chips), as the Devices screen shows them.
     console.print(
@@ -225,7 +225,7 @@ def render_devices(description: RuntimeDescription, console: Console | None = No
         )
     )
     console.print(
-        f"TensorFlow {description.tf_version} · Keras {description.keras_version} · host {description.host} · "
+        f"{description.framework_text()} · Keras {description.keras_version} · host {description.host} · "
         f"initialized in {format_seconds(description.init_seconds)}",
         markup=False,
         highlight=False,
@@ -245,8 +245,9 @@ def render_devices(description: RuntimeDescription, console: Console | None = No
         console.print(f"[dim]not {kind}:[/] {reason}")
     for note in description.notes:
         console.print(f"[dim]note:[/] {note}")
-    # A narrow terminal loses job, replica and task first: the name holds them.
-    print_fitted(console, lambda left_out: devices_table(description, left_out), [("job", "replica", "task")])
+    # A narrow terminal loses job, replica and task first (the name holds them); on JAX, coords and process.
+    optional = [("coords", "process")] if description.framework == "jax" else [("job", "replica", "task")]
+    print_fitted(console, lambda left_out: devices_table(description, left_out), optional)
 
 
 def labelled(label: str, text: str) -> Text:
@@ -254,12 +255,17 @@ def labelled(label: str, text: str) -> Text:
     return Text.assemble((f"{label}: ", "dim"), text)
 
 
+TENSORFLOW_DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory")
+JAX_DEVICE_COLUMNS = ("index", "name", "platform", "kind", "process", "coords", "memory")
+"""One row per ``jax.devices()`` entry: its id as a name (``CPU:3``), platform, ``device_kind``, process index, coords."""
+
+
 def devices_table(description: RuntimeDescription, leave_out: Iterable[str] = ()) -> RichTable:
-    """The logical devices; a name is what ``tf.device`` takes, so it is never cut."""
-    columns = [
-        column for column in ("index", "name", "type", "job", "replica", "task", "memory") if column not in leave_out
-    ]
-    table = RichTable(title="logical devices", title_justify="left")
+    """The logical devices (JAX's devices on JAX); a name is what ``tf.device`` takes, so it is never cut."""
+    on_jax = description.framework == "jax"
+    every = JAX_DEVICE_COLUMNS if on_jax else TENSORFLOW_DEVICE_COLUMNS
+    columns = [column for column in every if column not in leave_out]
+    table = RichTable(title="JAX devices" if on_jax else "logical devices", title_justify="left")
     for column in columns:
         table.add_column(column, no_wrap=column == "name")
     for device in description.devices:
@@ -270,6 +276,10 @@ def devices_table(description: RuntimeDescription, leave_out: Iterable[str] = ()
             "job": str(device.job or "-"),
             "replica": str(device.replica if device.replica is not None else "-"),
             "task": str(device.task if device.task is not None else "-"),
+            "platform": device.platform or "-",
+            "kind": device.device_kind or "-",
+            "process": str(device.process_index if device.process_index is not None else "-"),
+            "coords": ",".join(str(value) for value in device.coords) if device.coords is not None else "-",
             "memory": ", ".join(f"{key} {value}" for key, value in device.memory.items()) if device.memory else "-",
         }
         table.add_row(*(cells[column] for column in columns))
@@ -283,10 +293,12 @@ def render_jobs(specs: Iterable[JobSpec], console: Console | None = None) -> Non
 
 
 def render_job(spec: JobSpec, console: Console) -> None:
-    """A job's name, title, description and every param: ``--set name=default``, what it allows, what it does."""
+    """A job's name, title, description, the frameworks it runs on (why not JAX) and every param:
+    ``--set name=default``, what it allows, what it does."""
     key = f" [dim](key {spec.key})[/]" if spec.key else ""
     console.print(f"[bold]{spec.name}[/]{key} — {spec.title}")
     console.print(Padding(Text(spec.description, style="dim"), (0, 0, 0, 2), expand=False))
+    console.print(Padding(frameworks_text(spec), (0, 0, 0, 2), expand=False))
     params = RichTable.grid(padding=(0, 2), pad_edge=True)
     params.add_column(no_wrap=True)
     params.add_column(overflow="fold")
@@ -296,6 +308,17 @@ def render_job(spec: JobSpec, console: Console) -> None:
             Text.assemble(param.allowed(), (f". {param.help}" if param.help else "", "dim")),
         )
     console.print(params)
+
+
+def frameworks_text(spec: JobSpec) -> Text:
+    """``runs on: TensorFlow, JAX``; a job without a JAX runner says why: ``runs on: TensorFlow (not on JAX: …)``."""
+    from tpudash.config import FRAMEWORK_NAMES
+
+    names = ", ".join(FRAMEWORK_NAMES.get(name, name) for name in spec.frameworks())
+    text = Text.assemble(("runs on: ", "dim"), names)
+    if "jax" not in spec.frameworks():
+        text.append(f" (not on JAX: {spec.not_on_jax or 'no JAX runner'})", "yellow")
+    return text
 
 
 def render_runs(runs: Sequence[RunInfo], runs_dir: Path | str, console: Console | None = None) -> None:

@@ -5,13 +5,15 @@ detect the runtime and run their job in their own process instead. What owns
 TensorFlow there lives here, so the CLI imports no runtime module but this
 one (an import-linter contract holds it to that):
 
-- ``detect_runtime``: the runtime, with TensorFlow's native chatter sent to
-  the session log; after a failed automatic TPU attempt, the same command
-  started over on the CPU default.
+- ``detect_runtime``: the runtime on the settings' framework
+  (``tpudash.config.resolve_framework``: TensorFlow's strategy, or JAX's
+  mesh from ``tpudash.accel.jaxdetect``), with the native chatter sent to
+  the session log; after a failed automatic TPU attempt on TensorFlow, the
+  same command started over on the CPU default.
 - ``InProcessJob``: one job run by the engine's ``Runner`` on a thread of
   this process, so the caller's thread stays free for signals.
 
-Nothing here imports TensorFlow at import time.
+Nothing here imports TensorFlow or JAX at import time.
 """
 
 from __future__ import annotations
@@ -50,9 +52,12 @@ def detect_runtime(settings: Any, restartable: bool) -> Runtime:
     from tpudash.accel.nativelog import NativeStderr, session_log_path
     from tpudash.accel.runtime import get_runtime
     from tpudash.accel.startup import RuntimeSetupError, TpuFallback
+    from tpudash.config import resolve_framework
 
     if _native_stderr is None and os.environ.get("TPUDASH_NATIVE_STDERR") != "terminal" and _stderr_is_fd2():
         _native_stderr = NativeStderr(session_log_path(settings.runs_dir)).start()
+    if resolve_framework(settings.framework) == "jax":
+        return _detect_jax(settings)
     try:
         return get_runtime(settings)
     except TpuFallback as fallback:
@@ -61,6 +66,26 @@ def detect_runtime(settings: Any, restartable: bool) -> Runtime:
         raise RuntimeUnavailable(f"{fallback.reason}; run again with --tpu none for the CPU default") from None
     except RuntimeSetupError as error:
         raise RuntimeUnavailable(str(error)) from None
+
+
+_jax_runtime: Runtime | None = None
+"""JAX's runtime, once detected: JAX reads its flags and starts its backend once per process."""
+
+
+def _detect_jax(settings: Any) -> Runtime:
+    """JAX's mesh over every device (``tpudash.accel.jaxdetect``); what keeps it from starting, one line."""
+    global _jax_runtime
+    from tpudash.accel.jaxdetect import detect_jax_runtime
+    from tpudash.accel.startup import RuntimeSetupError
+
+    if _jax_runtime is None:
+        try:
+            _jax_runtime = detect_jax_runtime(settings)
+        except RuntimeSetupError as error:
+            raise RuntimeUnavailable(str(error)) from None
+        except Exception as error:  # noqa: BLE001 - JAX's backends raise their own types; the line names it
+            raise RuntimeUnavailable(f"JAX could not start: {type(error).__name__}: {error}") from None
+    return _jax_runtime
 
 
 def _start_over_on_cpu(reason: str) -> None:

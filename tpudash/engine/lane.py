@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.base import JobSpec
+from tpudash.config import FRAMEWORK_NAMES
 from tpudash.engine.handle import EngineExit, EngineHandle, EngineNews, Listener
 from tpudash.engine.protocol import (
     PROTOCOL_VERSION,
@@ -180,7 +181,7 @@ class Lane:
         return self._engine_starts
 
     def engine_line(self) -> str:
-        """The header's words for the engine: ``ready on CPU``, ``running train``, ``crashed (SIGKILL)``."""
+        """The header's words for the engine: ``ready on CPU`` (``ready on CPU (JAX)``), ``running train``, ``crashed (SIGKILL)``."""
         state = self.engine_state
         if state == ENGINE_READY and self.engine_detail:
             return f"ready on {self.engine_detail}"
@@ -191,6 +192,8 @@ class Lane:
             return f"{state} ({self.engine_detail})"
         if state == ENGINE_HELD:
             return "held by another dashboard"
+        if state == ENGINE_STARTING and self.engine_detail:
+            return f"starting on {self.engine_detail}…"
         return "starting…" if state == ENGINE_STARTING else state
 
     # -- requests -------------------------------------------------------------------------
@@ -320,11 +323,16 @@ class Lane:
         if isinstance(message, Hello):
             if message.protocol != PROTOCOL_VERSION:
                 self._refuse_engine(message.protocol)
+            elif message.framework != "tensorflow":
+                self.engine_detail = FRAMEWORK_NAMES.get(message.framework, message.framework)
         elif isinstance(message, AcceleratorHeld):
             self._accelerator_held(message)
         elif isinstance(message, RuntimeReady):
             self.description = message.description
             self.engine_detail = str(self.description.get("kind", ""))
+            if self.description.get("framework", "tensorflow") != "tensorflow":
+                framework = str(self.description.get("framework"))
+                self.engine_detail += f" ({FRAMEWORK_NAMES.get(framework, framework)})"
             self._set_state(ENGINE_RUNNING if self.current is not None else ENGINE_READY)
             self._observer.lane_runtime(self.description)
         elif isinstance(message, RuntimeFailed):

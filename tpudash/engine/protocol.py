@@ -2,7 +2,7 @@
 
 The dashboard sends commands: ``Describe``, ``Launch`` (run id, job, params
 as text), ``Cancel`` (one run, or every run) and ``Release``. The engine
-says ``Hello`` first (its pid and ``PROTOCOL_VERSION``), then
+says ``Hello`` first (its pid, ``PROTOCOL_VERSION`` and its framework), then
 ``AcceleratorHeld`` (another engine on this host holds the accelerator; it
 exits), or ``RuntimeReady`` (the description) or ``RuntimeFailed``, and for each run
 ``JobStarted`` and ``JobFinished``, or ``LaunchRefused``.
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar, Union
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 TYPE_FIELD = "type"
 
 
@@ -72,11 +72,12 @@ class Release:
 
 @dataclass(frozen=True)
 class Hello:
-    """The engine is up: its pid and the protocol it speaks."""
+    """The engine is up: its pid, the protocol it speaks and the framework it runs jobs on (``tensorflow``, ``jax``)."""
 
     TYPE: ClassVar[str] = "hello"
     pid: int
     protocol: int
+    framework: str = "tensorflow"
 
 
 @dataclass(frozen=True)

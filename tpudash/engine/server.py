@@ -80,6 +80,7 @@ class EngineServer:
     and jobs run on threads of their own, so a cancel is read while a job runs.
     ``host_lock`` (``tpudash.engine.hostlock.EngineLock``) is taken at ``start``,
     before detection imports TensorFlow; None leaves the host's lock alone.
+    ``framework``: what the runtime provider starts (``tensorflow`` or ``jax``), said in the hello.
     """
 
     def __init__(
@@ -92,6 +93,7 @@ class EngineServer:
         *,
         host_lock: EngineLock | None = None,
         dashboard_pid: int | None = None,
+        framework: str = "tensorflow",
     ):
         from jobs.base import LAUNCHED_FROM_DASHBOARD
         from tpudash.engine.runner import Runner
@@ -106,6 +108,7 @@ class EngineServer:
         self.grace_seconds = grace_seconds
         self.host_lock = host_lock
         self._dashboard_pid = dashboard_pid
+        self.framework = framework
         # The engine runs what a dashboard's forms launch.
         self.runner = Runner(
             self._runtime_for_lane,
@@ -121,7 +124,7 @@ class EngineServer:
 
     def start(self) -> bool:
         """Say hello, take the host's engine lock and start detection; False when another engine holds the lock."""
-        self._send(Hello(pid=os.getpid(), protocol=PROTOCOL_VERSION), None)
+        self._send(Hello(pid=os.getpid(), protocol=PROTOCOL_VERSION, framework=self.framework), None)
         if self.host_lock is not None:
             try:
                 holder = self._take_host_lock(self.host_lock)
@@ -151,10 +154,12 @@ class EngineServer:
 
     # -- the runtime -----------------------------------------------------------------
     def _detect(self) -> None:
+        # Ready is set before the reply goes out: a describe sent on hearing it is always answered.
         try:
             runtime = self._runtime_provider()
         except BaseException as error:  # noqa: BLE001 - reported, never fatal to the engine
             self._runtime_error = error
+            self._runtime_ready.set()
             self._send(
                 RuntimeFailed(
                     error=f"{type(error).__name__}: {error}",
@@ -165,6 +170,7 @@ class EngineServer:
             )
         else:
             self._runtime = runtime
+            self._runtime_ready.set()
             self._send(RuntimeReady(runtime.description.to_dict()), None)
         finally:
             self._runtime_ready.set()
