@@ -11,8 +11,11 @@ runtime worker answers, then the kind, strategy (``worker i of N`` and the
 cluster's addresses under MultiWorkerMirroredStrategy), replicas in sync, TPU
 topology (hosts × chips on a pod), versions, time to initialize, why every other kind was not used,
 and a table of logical devices with the last matmul check's verdict and
-speed per device when there is one. Without TensorFlow, the install line
-takes the runtime's place; beside another process that holds the TPU (a
+speed per device when there is one. On JAX the runtime names the framework
+(``JAX 0.10.2 · 8 CPU devices``) and has one row per ``jax.devices()``
+entry: id, platform, ``device_kind``, process index, coords, memory. Without
+the framework the engine would run on, its install line (both, when neither
+TensorFlow nor JAX is there) takes the runtime's place; beside another process that holds the TPU (a
 JAX script), who holds it and what a launch here does take it: no engine
 is started there (``tpudash.tui.hostgate``), and the chips and their
 telemetry still show. A line says which engine process holds
@@ -33,6 +36,8 @@ from tpudash.format import format_bytes, format_seconds, telemetry_view
 from tpudash.tui.hostgate import RUNTIME_HELD_STATUS, TPU_HELD_STATUS_PREFIX
 
 DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
+JAX_DEVICE_COLUMNS = ("index", "name", "platform", "kind", "process", "coords", "memory", "last check")
+"""A JAX runtime's rows: ``jax.devices()``'s id (``CPU:3``), platform, ``device_kind``, process index and coords."""
 # Local devices (the CPU default, one GPU box) are named ``/device:CPU:3``, without
 # a job, replica or task: those columns show only when some device has one.
 PLACEMENT_COLUMNS = ("job", "replica", "task")
@@ -46,7 +51,7 @@ def format_memory(memory: dict | None) -> str:
     return f"{format_bytes(current)} (peak {format_bytes(peak)})" if peak is not None else format_bytes(current)
 
 
-def describe_host(host_check: dict, leave_out: str | None = None) -> Text:
+def describe_host(host_check: dict, leave_out: str | None = None, framework: str = "tensorflow") -> Text:
     """The host scan's lines (``tpudash.accel.hostcheck.host_lines``, as the CLI prints them), labelled like the runtime's.
 
     ``leave_out``: a message shown elsewhere on the screen (the no-TensorFlow
@@ -56,27 +61,31 @@ def describe_host(host_check: dict, leave_out: str | None = None) -> Text:
     from tpudash.accel.hostcheck import host_lines
 
     text = Text()
-    for label, value, style in host_lines(host_check):
-        if value == leave_out:
+    for label, value, style in host_lines(host_check, framework):
+        if leave_out and value in leave_out.splitlines():
             continue
         text.append(f"{label:>16}  ", "bold")
         text.append(f"{value}\n", style)
     return text
 
 
-def describe_missing_tensorflow(message: str) -> Text:
-    """What the Devices screen says instead of the runtime when no TensorFlow is installed.
+def describe_missing_framework(message: str, status: str = "no TensorFlow") -> Text:
+    """What the Devices screen says instead of the runtime when the framework jobs need is not installed.
 
-    The message ends with its fix (``…: pip install …``), which gets a line
-    of its own: it is the one thing to copy from this screen.
+    ``status`` names what is missing (``no TensorFlow``, ``no JAX``, ``no
+    TensorFlow or JAX``). Each line of the message ends with its fix (``…:
+    pip install …``), which gets a line of its own: it is the one thing to
+    copy from this screen.
     """
-    reason, separator, command = message.rpartition(": pip ")
-    text = Text.assemble(("no TensorFlow: jobs cannot run until it is installed\n", "bold yellow"))
-    if separator:
-        text.append(f"{reason}:\n")
-        text.append(f"    pip {command}\n", "bold cyan")
-    else:
-        text.append(f"{message}\n", "bold")
+    which = "one is" if " or " in status else "it is"
+    text = Text.assemble((f"{status}: jobs cannot run until {which} installed\n", "bold yellow"))
+    for line in message.splitlines():
+        reason, separator, command = line.rpartition(": pip ")
+        if separator:
+            text.append(f"{reason}:\n")
+            text.append(f"    pip {command}\n", "bold cyan")
+        else:
+            text.append(f"{line}\n", "bold")
     text.append("then re-initialise from the command palette (ctrl+p), or start tpudash again", "dim")
     return text
 
@@ -90,6 +99,8 @@ def describe_runtime(description) -> Text:
         text.append(f"{value}\n", style)
 
     kind = description.kind + (" (simulated replicas on CPU)" if description.simulated else "")
+    if description.framework == "jax":
+        line("framework", description.framework_text(), "bold cyan")
     line("kind", kind, "bold cyan")
     line("strategy", description.strategy_text())
     line("replicas in sync", str(description.num_replicas))
@@ -106,7 +117,10 @@ def describe_runtime(description) -> Text:
             line("TPU hosts", ", ".join(hosts))
     else:
         line("TPU topology", "n/a (no TPU)", "dim")
-    line("versions", f"TensorFlow {description.tf_version}, Keras {description.keras_version}")
+    framework = (
+        f"JAX {description.jax_version}" if description.framework == "jax" else f"TensorFlow {description.tf_version}"
+    )
+    line("versions", f"{framework}, Keras {description.keras_version}")
     line("host", description.host)
     line("init time", format_seconds(description.init_seconds))
     for kind_name, reason in description.reasons.items():
@@ -196,7 +210,8 @@ class DevicesScreen(DashScreen):
         block = self.query_one("#host-summary", Static)
         block.display = host_check is not None
         if host_check is not None:
-            block.update(describe_host(host_check, leave_out=self.dashboard.tensorflow_missing))
+            framework = self.dashboard.session.framework
+            block.update(describe_host(host_check, leave_out=self.dashboard.framework_missing, framework=framework))
 
     def _show_error(self, error: str | None) -> None:
         if error:
@@ -216,9 +231,12 @@ class DevicesScreen(DashScreen):
                 )
                 self._show_device_check(None)
                 return
-            missing = self.dashboard.tensorflow_missing
+            missing = self.dashboard.framework_missing
             if missing:
-                self.query_one("#runtime-summary", Static).update(describe_missing_tensorflow(missing))
+                status = self.dashboard.runtime_status
+                self.query_one("#runtime-summary", Static).update(
+                    describe_missing_framework(missing, status if status.startswith("no ") else "no TensorFlow")
+                )
                 self._show_host()
                 self._show_device_check(None)
                 return
@@ -252,15 +270,20 @@ class DevicesScreen(DashScreen):
                 "job": device.job or "",
                 "replica": "" if device.replica is None else str(device.replica),
                 "task": "" if device.task is None else str(device.task),
+                "platform": device.platform or "",
+                "kind": device.device_kind or "",
+                "process": "" if device.process_index is None else str(device.process_index),
+                "coords": "" if device.coords is None else ",".join(str(value) for value in device.coords),
                 "memory": format_memory(device.memory),
                 "last check": "",
             }
             for device in description.devices
         }
+        columns = JAX_DEVICE_COLUMNS if description.framework == "jax" else DEVICE_COLUMNS
         shown = [
             column
-            for column in DEVICE_COLUMNS
-            if column not in PLACEMENT_COLUMNS or any(row[column] for row in rows.values())
+            for column in columns
+            if column not in (*PLACEMENT_COLUMNS, "coords") or any(row[column] for row in rows.values())
         ]
         self._set_columns(shown)
         for name, row in rows.items():
@@ -277,8 +300,8 @@ class DevicesScreen(DashScreen):
     def _show_device_check(self, check: dict | None) -> None:
         title = self.query_one("#device-check-title", Static)
         table = self.query_one("#device-table", DataTable)
-        if self.dashboard.tensorflow_missing and self.dashboard.runtime is None:
-            title.update(Text("Logical devices — none: TensorFlow lists them, and it is not installed", style="dim"))
+        if self.dashboard.framework_missing and self.dashboard.runtime is None:
+            title.update(Text("Logical devices — none: the engine lists them, and cannot start here", style="dim"))
             return
         if self.dashboard.runtime is None and self.dashboard.runtime_status.startswith(TPU_HELD_STATUS_PREFIX):
             title.update(

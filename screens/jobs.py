@@ -11,7 +11,9 @@ Launch button launches only when every field, the rules across fields and
 (once the runtime is known) the runtime checks pass; on a select or a switch
 enter does what it does everywhere in Textual (opens the list, toggles).
 Forms keep what was typed while the app runs. The bottom line shows the
-accelerator lane and its queue.
+accelerator lane and its queue. A job without a JAX runner says so in the
+list (``TensorFlow only``) and in its form (``not on JAX: why``); while the
+session runs on JAX its form refuses to launch with that reason.
 """
 
 from __future__ import annotations
@@ -62,7 +64,13 @@ class JobsScreen(DashScreen):
             options = []
             for name, spec in specs.items():
                 key = f"  [{spec.key}]" if spec.key else ""
-                options.append(Option(Text.assemble((spec.title, "bold"), "\n", (f"{name}{key}", "dim")), id=name))
+                # A job without a JAX runner says so in the list too (its form says why).
+                only = "" if "jax" in spec.frameworks() else "  TensorFlow only"
+                options.append(
+                    Option(
+                        Text.assemble((spec.title, "bold"), "\n", (f"{name}{key}", "dim"), (only, "yellow")), id=name
+                    )
+                )
             yield OptionList(*options, id="job-list")
             yield ContentSwitcher(id="forms")
         yield Static("", id="lane-line")
@@ -92,8 +100,12 @@ class JobsScreen(DashScreen):
         existing = switcher.query(f"#{form_id(name)}")
         if existing:
             return existing.first(ParamForm)
+        session = self.dashboard.session
         form = ParamForm(
-            self.dashboard.session.job_specs[name], runtime=lambda: self.dashboard.runtime, id=form_id(name)
+            session.job_specs[name],
+            runtime=lambda: self.dashboard.runtime,
+            not_here=session.not_on_framework,
+            id=form_id(name),
         )
         self._forms_being_built[form] = switcher.mount(form)
         return form

@@ -101,10 +101,12 @@ async def test_without_tensorflow_the_app_works_and_refuses_launches_with_the_in
     async with app.run_test(size=SIZE) as pilot:
         await runtime_ready(pilot)
         await until(pilot, lambda: app.host_check is not None)
-        assert app.runtime_status == "no TensorFlow"
-        assert "no TensorFlow" in str(app.screen.query_one(SessionBar).content)
+        # Neither TensorFlow nor JAX: both install lines, TensorFlow's first.
+        assert app.runtime_status == "no TensorFlow or JAX"
+        assert "no TensorFlow or JAX" in str(app.screen.query_one(SessionBar).content)
         summary = str(app.screen.query_one("#runtime-summary", Static).content)
         assert CPU_INSTALL_LINE in summary and "runtime failed" not in summary
+        assert summary.index(CPU_INSTALL_LINE) < summary.index(hostcheck.jax_install_line("cpu"))
         # The host block says what was found, without repeating the install line shown above it.
         host_block = str(app.screen.query_one("#host-summary", Static).content)
         assert "not installed" in host_block and CPU_INSTALL_LINE not in host_block
@@ -117,7 +119,7 @@ async def test_without_tensorflow_the_app_works_and_refuses_launches_with_the_in
         await pilot.pause()
         await pilot.press("enter")
         await pilot.pause()
-        refusals = [message for _, _, message in app.notices if "not launched: no TensorFlow" in message]
+        refusals = [message for _, _, message in app.notices if "not launched: no TensorFlow or JAX" in message]
         assert len(refusals) == 4 and all(CPU_INSTALL_LINE in message for message in refusals)
         assert [path.name for path in isolated_runs_dir.iterdir()] == [earlier_run]
         assert not app.session.live_runs and app.current_mode == "jobs"

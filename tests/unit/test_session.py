@@ -51,7 +51,7 @@ class FakeView:
         self.lane_status = "idle"
         self.runtime = None
         self.runtime_error = None
-        self.tensorflow_missing = None
+        self.framework_missing = None
         self.device_check = None
         self.shown_run_id = None
         self.lane_version = 0
@@ -219,9 +219,9 @@ def test_a_launch_is_refused_with_the_reason_for_an_unknown_job_bad_params_or_no
     assert view.notices[-1] == ("error", "Unknown job", "job 'nope' is not installed; available: steps")
     assert session.launch_by_name("steps", {"steps": "0"}) is None
     assert view.notices[-1][:2] == ("error", "steps: bad params")
-    view.tensorflow_missing = "no TensorFlow: pip install tensorflow-cpu"
+    view.framework_missing = "no TensorFlow: pip install tensorflow-cpu"
     assert session.launch_by_name("steps") is None
-    assert view.notices[-1] == ("error", "steps not launched: no TensorFlow", view.tensorflow_missing)
+    assert view.notices[-1] == ("error", "steps not launched: no TensorFlow", view.framework_missing)
     # Refused before the lane: no engine, no run directory.
     assert engines == [] and not session.busy and store.list_runs() == []
 
@@ -283,7 +283,7 @@ def test_a_runtime_without_tensorflow_is_said_once_and_everything_but_launching_
     engine_says(
         session, view, engines[0], RuntimeFailed(error="no module", message="install it", missing_tensorflow=True)
     )
-    assert view.runtime_status == "no TensorFlow" and view.tensorflow_missing == "install it"
+    assert view.runtime_status == "no TensorFlow" and view.framework_missing == "install it"
     assert view.runtime is None and view.runtime_settled.is_set()
     assert view.titles() == ["No TensorFlow: jobs cannot run"]
 
@@ -433,12 +433,14 @@ JAX_HOLDER = hostcheck.TpuHolder(1234, "python train.py", ("/dev/accel0",), "JAX
 OTHER_DASHBOARDS_ENGINE = hostcheck.TpuHolder(999, "/usr/bin/python3 -m tpudash.engine", ("/dev/accel0",), "TensorFlow")
 
 
-def host_check(*, chips: int = 0, tensorflow: bool = True, holders=()) -> dict:
-    """``HostCheck.to_dict()`` of a host: ``chips`` TPU v4 chips, TensorFlow or not, these processes holding the TPU."""
+def host_check(*, chips: int = 0, tensorflow: bool = True, holders=(), jax: bool = False) -> dict:
+    """``HostCheck.to_dict()`` of a host: ``chips`` TPU v4 chips, TensorFlow or not, JAX or not, these processes
+    holding the TPU."""
     scanned = hostcheck.Chips("TPU v4 chip", chips, 32, 1) if chips else hostcheck.Chips()
     distributions = {"tensorflow-tpu": "2.20.0", "libtpu": "0.0.17"} if tensorflow else {}
     found = hostcheck.inspect(chip_scan=lambda: scanned, distributions=lambda: distributions, holders=lambda: holders)
     found.tensorflow_found = tensorflow  # whatever this test process has importable
+    found.jax_found = jax
     found.diagnoses = hostcheck.diagnose(scanned, distributions, found.holders, tensorflow_found=tensorflow)
     return found.to_dict()
 
@@ -472,12 +474,14 @@ def test_without_tensorflow_the_host_check_refuses_launches_and_starts_no_engine
     session = make_session()
     session.engine_needed()
     session.host_checked(host_check(tensorflow=False))
-    assert engines == [] and view.runtime_status == "no TensorFlow" and view.runtime_settled.is_set()
-    assert view.tensorflow_missing.endswith('pip install "tensorflow>=2.20,<2.22"')
-    assert view.titles() == ["No TensorFlow: jobs cannot run"]
+    assert engines == [] and view.runtime_status == "no TensorFlow or JAX" and view.runtime_settled.is_set()
+    tensorflow_line, jax_line = view.framework_missing.splitlines()
+    assert tensorflow_line.endswith('pip install "tensorflow>=2.20,<2.22"')
+    assert jax_line == 'or run the jobs on JAX instead: pip install "jax[cpu]>=0.10.2,<0.11" "keras>=3.15,<4"'
+    assert view.titles() == ["No TensorFlow or JAX: jobs cannot run"]
     session.engine_needed()  # Devices shown again
     assert session.launch_by_name("steps") is None
-    assert engines == [] and view.titles()[-1] == "steps not launched: no TensorFlow"
+    assert engines == [] and view.titles()[-1] == "steps not launched: no TensorFlow or JAX"
     assert store.list_runs() == []  # no run directory
 
 

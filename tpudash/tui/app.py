@@ -266,6 +266,13 @@ class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, Dashboar
         """Release the accelerator: the engine exits, so a notebook or another process can take the TPU."""
         self.session.release_engine()
 
+    def action_use_framework(self, choice: str) -> None:
+        """Run jobs on ``choice`` (auto, tensorflow, jax): the engine starts again on it (the palette's switch)."""
+        refused = self.session.use_framework(choice)
+        self.settings = self.session.settings  # the screens read the framework from the app's settings too
+        if refused is not None:
+            self.notify(f"{refused[0].upper()}{refused[1:]}.", title="Framework not switched", severity="warning")
+
 
 def run_app(settings: Settings, **options: Any) -> int:
     """Build the app and run it in the terminal; returns the exit code."""

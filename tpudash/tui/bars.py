@@ -68,10 +68,17 @@ class SessionBar(Static):
         runtime = getattr(app, "runtime_status", "")
         lane = getattr(app, "lane_status", "")
         engine = getattr(app, "engine_status", "")
-        style = "bold red" if "fail" in runtime else "bold yellow" if runtime.startswith("no TensorFlow") else "cyan"
+        style = (
+            "bold red"
+            if "fail" in runtime
+            else "bold yellow"
+            if runtime.startswith(("no TensorFlow", "no JAX"))
+            else "cyan"
+        )
         description = getattr(getattr(app, "runtime", None), "description", None)
         if brief and description is not None:
-            runtime = f"{description.kind} · {counted(description.num_replicas, 'replica')}" + (
+            framework = "JAX · " if getattr(description, "framework", "") == "jax" else ""
+            runtime = f"{framework}{description.kind} · {counted(description.num_replicas, 'replica')}" + (
                 " (simulated)" if description.simulated else ""
             )
         separator = " │ " if brief else "  │  "

@@ -1,10 +1,13 @@
 """Whether the dashboard starts its engine, from the host check; what the runtime panel says while no engine answers.
 
-The dashboard watches without TensorFlow: on Colab's TPU runtime (JAX, no
-TensorFlow) or on a TPU VM where a JAX script holds the chips, the Devices
-screen shows the chips and libtpu's telemetry, and an engine would only
-fail (no TensorFlow) or reach for a TPU that libtpu gives to one process
-per host. So the Devices screen's need for the runtime waits for the host
+The engine runs its jobs on the framework ``Settings.framework`` resolves
+to, judged here from the host check's facts (``tensorflow_found``,
+``jax_found``; ``resolve_framework`` rules): on Colab's TPU runtime (JAX, no
+TensorFlow) it runs on JAX. Without the framework it needs (neither, or the
+one asked for), the dashboard watches and says what to install; on a TPU VM
+where another process (a JAX script) holds the chips, the Devices screen
+shows the chips and libtpu's telemetry, and an engine would only reach for a
+TPU that libtpu gives to one process per host. So the Devices screen's need for the runtime waits for the host
 check (a few milliseconds after the first frame), and ``HostGate.withheld``
 says why no engine starts. A launch beside a foreign holder asks first
 (the holders looked for again: it may have gone); "Run on the CPU" starts
@@ -23,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from tpudash.config import Settings
+from tpudash.config import FRAMEWORK_NAMES, Settings, resolve_framework
 from tpudash.format import counted
 
 if TYPE_CHECKING:  # the host check and the jobs load after the first frame
@@ -40,11 +43,46 @@ CONNECTING_STATUS = "connecting…"
 
 @dataclass(frozen=True)
 class Withheld:
-    """Why no engine starts on the Devices screen's need: no TensorFlow, or the TPU held by another process."""
+    """Why no engine starts on the Devices screen's need: no framework to run jobs on, or the TPU held elsewhere.
 
-    reason: Literal["no-tensorflow", "tpu-held"]
+    ``status``: the session bar's words (``no TensorFlow``, ``no JAX``, ``no TensorFlow or JAX``) when no framework.
+    """
+
+    reason: Literal["no-framework", "tpu-held"]
     message: str
     holder: TpuHolder | None = None
+    status: str = ""
+
+
+def framework_of(check: Mapping | None, choice: str) -> str:
+    """``tensorflow`` or ``jax``: what the engine runs on with ``Settings.framework`` = ``choice`` on this host.
+
+    Judged from the host check's facts (``resolve_framework``'s rule); before any check, from this process's look.
+    """
+    if check is None:
+        return resolve_framework(choice)
+    found = {"tensorflow": check.get("tensorflow_found", True), "jax": check.get("jax_found", False)}
+    return resolve_framework(choice, lambda name: True if found.get(name) else None)
+
+
+def missing_framework(check: Mapping, choice: str) -> Withheld | None:
+    """No engine without the framework it would run on: the status and what to install; None when it is there.
+
+    ``auto`` with neither framework names both install lines, one a line, TensorFlow's first.
+    """
+    framework = framework_of(check, choice)
+    if framework == "jax":
+        if check.get("jax_found", False):
+            return None
+        return Withheld(
+            "no-framework", f"JAX is not installed; jobs on JAX need it: {_jax_line(check)}", status="no JAX"
+        )
+    if check.get("tensorflow_found", True):
+        return None
+    if choice == "auto":
+        message = f"{_no_tensorflow_message(check)}\nor run the jobs on JAX instead: {_jax_line(check)}"
+        return Withheld("no-framework", message, status="no TensorFlow or JAX")
+    return Withheld("no-framework", _no_tensorflow_message(check), status="no TensorFlow")
 
 
 def accelerator_held_note(holder: str) -> str:
@@ -65,7 +103,7 @@ def tpu_held_note(holder: TpuHolder, cpu_devices: int) -> str:
     return (
         f"The TPU is held by {holder.describe()}; libtpu admits one process per host, so this dashboard starts "
         f"no engine beside it and watches: the chips and their telemetry show here, that process's runs "
-        f"(TpudashCallback, tpudash.record) in History. A TensorFlow job launched here asks to run on the CPU "
+        f"(TpudashCallback, tpudash.record) in History. A job launched here asks to run on the CPU "
         f"({counted(cpu_devices, 'logical device')}) instead."
     )
 
@@ -133,13 +171,19 @@ class HostGate:
 
         return foreign_holder(self.host_check)
 
+    @property
+    def framework(self) -> str:
+        """``tensorflow`` or ``jax``: what an engine started now runs its jobs on."""
+        return framework_of(self.host_check, self._settings.framework)
+
     def withheld(self) -> Withheld | None:
         """Why the engine does not start on the Devices screen's need, or None: it may."""
         check = self.host_check
         if check is None:
             return None
-        if not check.get("tensorflow_found", True):
-            return Withheld("no-tensorflow", _no_tensorflow_message(check))
+        missing = missing_framework(check, self._settings.framework)
+        if missing is not None:
+            return missing
         holder = None if self.on_cpu else self.foreign_holder()
         if holder is not None:
             return Withheld("tpu-held", tpu_held_note(holder, self._settings.cpu_devices), holder)
@@ -163,8 +207,8 @@ class HostGate:
         if host_check is not None:
             self.host_check = view.host_check = host_check
         withheld = self.withheld() if session.engine_pid is None else None
-        if withheld is not None and withheld.reason == "no-tensorflow":
-            self.show_missing_tensorflow(withheld.message)
+        if withheld is not None and withheld.reason == "no-framework":
+            self.show_missing_framework(withheld.message, withheld.status)
         elif withheld is not None:
             self._show_tpu_held(withheld)
         wanted, self.engine_wanted = self.engine_wanted, False
@@ -216,20 +260,22 @@ class HostGate:
         view.runtime_settled.clear()
         # Errors first: screens redraw on ``runtime`` and show "connecting…" only without one.
         view.runtime_error = None
-        view.tensorflow_missing = None
+        view.framework_missing = None
         view.runtime = None
         view.runtime_status = CONNECTING_STATUS
         if beside is not None and not self.on_cpu:
             view.notify(
-                f"The TPU is held by {beside.describe()}: the new engine leaves it alone and runs TensorFlow on the "
-                "CPU (with --tpu naming the TPU, it fails and says so).",
+                f"The TPU is held by {beside.describe()}: the new engine leaves it alone and runs "
+                f"{FRAMEWORK_NAMES[self.framework]} on the CPU (with --tpu naming the TPU, it fails and says so).",
                 title="Re-initialising",
                 severity="warning",
             )
 
-    def show_missing_tensorflow(self, missing: str) -> None:
-        """No TensorFlow here: everything but launching works; launches are refused with the install line."""
-        self._show_without_runtime("no TensorFlow", missing, "No TensorFlow: jobs cannot run", missing=missing)
+    def show_missing_framework(self, missing: str, status: str = "no TensorFlow") -> None:
+        """No framework to run jobs on (``status`` names what is missing): everything but launching works; launches
+        are refused with the install line(s)."""
+        title = f"{status[0].upper()}{status[1:]}: jobs cannot run"
+        self._show_without_runtime(status, missing, title, missing=missing)
 
     def _show_tpu_held(self, withheld: Withheld) -> None:
         assert withheld.holder is not None
@@ -240,11 +286,11 @@ class HostGate:
         self._show_without_runtime(RUNTIME_HELD_STATUS, accelerator_held_note(holder), "The accelerator is in use")
 
     def _show_without_runtime(self, status: str, note: str, title: str, missing: str | None = None) -> None:
-        """No runtime comes until a launch or a re-initialise: the status, why (``missing``: no TensorFlow), a notice."""
+        """No runtime comes until a launch or a re-initialise: the status, why (``missing``: no framework), a notice."""
         view = self._session.view
         view.runtime_settled.set()
         view.runtime_status = status
-        view.tensorflow_missing = missing
+        view.framework_missing = missing
         view.runtime_error = note
         view.runtime = None
         view.notify(note, title=title, severity="warning", timeout=15 if missing else 20)
@@ -256,3 +302,11 @@ def _no_tensorflow_message(check: Mapping) -> str:
         if diagnosis.get("code") == "no-tensorflow":
             return str(diagnosis["message"])
     return f"TensorFlow is not installed; jobs need it: {check.get('install_line', '')}"
+
+
+def _jax_line(check: Mapping) -> str:
+    """The line that installs JAX for this host (its TPU build on a TPU host), from the host check."""
+    from tpudash.accel.hostcheck import jax_install_line
+
+    chips = check.get("chips") or {}
+    return str(check.get("jax_install_line") or jax_install_line("tpu" if chips.get("count") else "cpu"))

@@ -57,19 +57,21 @@ class LaneNews(LaneObserver):
         view = self.view
         view.runtime_settled.set()
         simulated = " (simulated)" if runtime.description.simulated else ""
+        # On JAX the framework leads (``JAX · CPU · Mesh · 8 replicas``); TensorFlow's line is as it always was.
+        framework = "JAX · " if runtime.framework == "jax" else ""
         view.runtime_status = (
-            f"{runtime.description.kind} · {runtime.description.strategy} · "
+            f"{framework}{runtime.description.kind} · {runtime.description.strategy} · "
             f"{counted(runtime.description.num_replicas, 'replica')}{simulated}"
         )
         view.runtime_error = None
-        view.tensorflow_missing = None
+        view.framework_missing = None
         view.runtime = runtime
 
     def lane_runtime_failed(self, failure: RuntimeFailed) -> None:
         view = self.view
         view.runtime_settled.set()
         if failure.missing_tensorflow:
-            self._session.gate.show_missing_tensorflow(failure.message or failure.error)
+            self._session.gate.show_missing_framework(failure.message or failure.error, "no TensorFlow")
             return
         error = failure.error or "unknown error"
         view.runtime_status = "runtime failed"

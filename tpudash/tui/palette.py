@@ -31,6 +31,8 @@ class PaletteApp(Protocol):
 
     def action_cancel_job(self) -> None: ...
 
+    def action_use_framework(self, choice: str) -> None: ...
+
     def action_watch_live(self) -> None: ...
 
 
@@ -41,6 +43,29 @@ def on_run_screen(app: PaletteApp, action: str) -> None:
         getattr(screen, action)()
     else:
         cast(Any, app).notify("Open a run first (v: this session's runs, h: History, w: the newest live run).")
+
+
+FRAMEWORK_HELP = {
+    "auto": "TensorFlow where it is installed, else JAX: a new engine on it",
+    "tensorflow": "a new engine that runs every job with TensorFlow (tf.distribute)",
+    "jax": "a new engine that runs every job with JAX (a mesh over jax.devices()); jobs without a JAX runner say why",
+}
+
+
+def framework_commands(app: PaletteApp) -> list[tuple[str, Callable, str]]:
+    """One entry per framework the session is not set to: ``Framework: run jobs on JAX (re-initialise)``."""
+    from tpudash.config import FRAMEWORK_CHOICES, FRAMEWORK_NAMES
+
+    current = app.session.settings.framework
+    return [
+        (
+            f"Framework: run jobs on {FRAMEWORK_NAMES.get(choice, 'the automatic choice')} (re-initialise)",
+            partial(app.action_use_framework, choice),
+            f"now {current}; {FRAMEWORK_HELP[choice]}",
+        )
+        for choice in FRAMEWORK_CHOICES
+        if choice != current
+    ]
 
 
 class TpudashCommands(Provider):
@@ -80,6 +105,7 @@ class TpudashCommands(Provider):
                 "a new engine: connect, initialize the TPU system and rebuild the strategy",
             )
         )
+        commands.extend(framework_commands(app))
         commands.append(("Cancel the running job", app.action_cancel_job, "stop the job on the accelerator lane"))
         commands.append(
             (

@@ -143,6 +143,7 @@ class ParamForm(VerticalScroll, can_focus=False):
     }
     ParamForm .form-title { text-style: bold; color: $text-accent; }
     ParamForm .form-description { color: $text-muted; }
+    ParamForm .form-framework { color: $text-warning; }
     ParamForm .form-error { color: $text-error; display: none; }
     ParamForm.-invalid .form-error { display: block; }
     ParamForm .form-actions { height: auto; margin: 1 0 0 0; }
@@ -155,10 +156,20 @@ class ParamForm(VerticalScroll, can_focus=False):
     class LaunchRequested(FormMessage):
         """The user asked to launch the job this form describes."""
 
-    def __init__(self, spec: JobSpec, runtime: Callable[[], Any] | None = None, *, id: str | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        runtime: Callable[[], Any] | None = None,
+        *,
+        not_here: Callable[[JobSpec], str | None] | None = None,
+        id: str | None = None,
+    ):
+        """``runtime``: the engine's, once known (its checks); ``not_here``: why the job cannot run on the
+        session's framework (``DashboardSession.not_on_framework``), which makes the form refuse to launch."""
         super().__init__(id=id)
         self.spec = spec
         self._runtime = runtime or (lambda: None)
+        self._not_here = not_here or (lambda spec: None)
         label_width = max((len(param.name) for param in spec.params), default=0) + 2
         self.fields = [ParamField(param, label_width) for param in spec.params]
         self.params: dict | None = None
@@ -167,6 +178,11 @@ class ParamForm(VerticalScroll, can_focus=False):
     def compose(self) -> ComposeResult:
         yield Static(Text.assemble((self.spec.title, "bold"), "  ", (self.spec.name, "dim")), classes="form-title")
         yield Static(self.spec.description, classes="form-description", markup=False)
+        if "jax" not in self.spec.frameworks():
+            # Said whatever the session runs on: the job is never silently missing on JAX.
+            yield Static(
+                f"not on JAX: {self.spec.not_on_jax or 'no JAX runner'}", classes="form-framework", markup=False
+            )
         yield from self.fields
         yield Static("", classes="form-error", markup=False)
         with Horizontal(classes="form-actions"):
@@ -211,6 +227,9 @@ class ParamForm(VerticalScroll, can_focus=False):
             except ParamError as error:
                 errors[field.param.name] = error.message
         params = None
+        not_here = self._not_here(self.spec)
+        if not_here is not None:
+            errors[""] = not_here
         if not errors:
             try:
                 params = self.spec.resolve(raw)

@@ -19,6 +19,7 @@ so its state changes only there.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -217,6 +218,21 @@ class DashboardSession:
         self._update_engine_status()
         return None
 
+    def use_framework(self, choice: str) -> str | None:
+        """Run jobs on ``choice`` (auto, tensorflow, jax) from now on: a new engine on it; why not, when a run holds
+        the engine."""
+        if self._lane is not None and self._lane.busy:
+            return "a run holds the engine: cancel it or wait, then switch"
+        self.settings = dataclasses.replace(self.settings, framework=choice)
+        withheld = self.gate.withheld() if self.gate.host_check is not None else None
+        if withheld is not None and withheld.reason == "no-framework":
+            if self._lane is not None and self._lane.engine is not None:
+                self._lane.release()
+            self.gate.show_missing_framework(withheld.message, withheld.status)
+            self._update_engine_status()
+            return None
+        return self.reinitialize_runtime()
+
     def release_engine(self) -> None:
         """Release the accelerator: the engine exits, so a notebook or another process can take the TPU."""
         refused = self.lane.release()
@@ -263,12 +279,17 @@ class DashboardSession:
         if self.quitting:
             return None
         view = self.view
-        if view.tensorflow_missing is not None:
+        if view.framework_missing is not None:
             # Refused here, nothing reaches the engine, so no run directory or
             # failed record is made for a job that could never start.
+            missing = view.runtime_status if view.runtime_status.startswith("no ") else "no TensorFlow"
             view.notify(
-                view.tensorflow_missing, title=f"{spec.name} not launched: no TensorFlow", severity="error", timeout=15
+                view.framework_missing, title=f"{spec.name} not launched: {missing}", severity="error", timeout=15
             )
+            return None
+        not_here = self.not_on_framework(spec)
+        if not_here is not None:
+            view.notify(not_here, title=f"{spec.name} not launched", severity="error", timeout=15)
             return None
         if len(self.lane.waiting) >= MAX_WAITING_RUNS:
             view.notify(
@@ -287,6 +308,26 @@ class DashboardSession:
             view.notify(f"{spec.name} queued behind {busy.job}", title="Queued")
         view.show_run_view()
         return live
+
+    @property
+    def framework(self) -> str:
+        """``tensorflow`` or ``jax``: what this session's jobs run on (the engine's runtime says, once it has)."""
+        runtime = self.view.runtime
+        return str(runtime.framework) if runtime is not None else self.gate.framework
+
+    def not_on_framework(self, spec: JobSpec) -> str | None:
+        """Why ``spec`` cannot run on this session's framework (``not on JAX: …``); None when it can."""
+        from jobs.base import FrameworkNotSupported
+
+        framework = self.framework
+        try:
+            spec.runner_for(framework)
+        except FrameworkNotSupported:
+            from tpudash.config import FRAMEWORK_NAMES
+
+            why = spec.not_on_jax if framework == "jax" else ""
+            return f"not on {FRAMEWORK_NAMES.get(framework, framework)}: {why or 'it has no runner there'}"
+        return None
 
     def launch_by_name(self, name: str, overrides: Mapping[str, Any] | None = None) -> LiveRun | None:
         """Resolve a job's params from ``overrides`` (checked against the runtime too), then ``launch``."""

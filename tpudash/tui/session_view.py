@@ -24,7 +24,7 @@ class SessionView(Protocol):
     lane_status: str
     runtime: Any
     runtime_error: str | None
-    tensorflow_missing: str | None
+    framework_missing: str | None
     device_check: dict | None
     shown_run_id: str | None
     lane_version: int

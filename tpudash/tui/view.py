@@ -35,8 +35,9 @@ class DashboardView(App[int]):
     """The engine's runtime as the dashboard sees it (``Runtime.from_description``: no strategy), or None."""
     runtime_error: reactive[str | None] = reactive(None, repaint=False)
     """Why runtime detection failed, if it did."""
-    tensorflow_missing: reactive[str | None] = reactive(None, repaint=False)
-    """Set when detection found no TensorFlow installed: why, ending with the install line for this host."""
+    framework_missing: reactive[str | None] = reactive(None, repaint=False)
+    """Set when the framework the engine would run on is not installed (``tpudash.tui.hostgate.missing_framework``):
+    why, ending with the install line(s) for this host, one a line."""
     host_check: reactive[dict | None] = reactive(None, always_update=True, repaint=False)
     """What the host scan found before TensorFlow (``HostCheck.to_dict()``: chips, builds, holders, diagnoses)."""
     shown_run_id: reactive[str | None] = reactive(None, repaint=False)
