@@ -10,6 +10,7 @@ module level: listing jobs has to stay instant.
 from __future__ import annotations
 
 import difflib
+import importlib
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -211,9 +212,11 @@ class JobSpec:
     profiles_steps: bool = False
     """The job calls ``JobContext.profiler``'s step hooks (train): a profile request is answered with its next
     steps. Any other job's runner answers one with a failed answer (it has no training steps)."""
-    run_jax: Callable[[JobContext, dict], dict] | None = None
+    run_jax: Callable[[JobContext, dict], dict] | str | None = None
     """The same job on JAX (the engine's runtime is a ``jax.sharding.Mesh``): same params, events and summary.
-    None: the job has no JAX counterpart, and ``not_on_jax`` says why."""
+    Usually named as an entry point, ``"jobs.on_jax.matmul:run"``, imported when a run starts: the JAX runner
+    imports the job's shared parts from the job's module, which only names it back (listing jobs imports no
+    framework, and no module imports itself back). None: no JAX counterpart, and ``not_on_jax`` says why."""
     not_on_jax: str = ""
     """Why this job has no meaning on JAX (shown in its help and its form), when ``run_jax`` is None."""
 
@@ -226,6 +229,8 @@ class JobSpec:
         if framework == "jax":
             if self.run_jax is None:
                 raise FrameworkNotSupported(self.name, framework, self.not_on_jax)
+            if isinstance(self.run_jax, str):
+                return entry_point(self.run_jax)
             return self.run_jax
         if framework != "tensorflow":
             raise FrameworkNotSupported(self.name, framework, f"allowed: {', '.join(FRAMEWORKS)}")
@@ -282,6 +287,12 @@ class JobSpec:
                 for param in self.params
             ],
         }
+
+
+def entry_point(reference: str) -> Callable[..., Any]:
+    """The function ``"package.module:function"`` names, its module imported now."""
+    module_name, _, function_name = reference.partition(":")
+    return getattr(importlib.import_module(module_name), function_name)
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:

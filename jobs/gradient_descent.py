@@ -155,14 +155,6 @@ def run(ctx, params: dict) -> dict:
     return finish(ctx, params, device.name, objective(variable).numpy(), variable.numpy())
 
 
-def run_on_jax(ctx, params: dict) -> dict:
-    """The job on JAX (``jobs.on_jax.gradient_descent``), imported when a run starts: listing jobs imports no
-    framework."""
-    from jobs.on_jax.gradient_descent import run as run_jax
-
-    return run_jax(ctx, params)
-
-
 SPECS = (
     JobSpec(
         name="gradient-descent",
@@ -196,7 +188,7 @@ SPECS = (
             Param("device", "int", 0, "index of the logical device to run on", minimum=0),
         ),
         run=run,
-        run_jax=run_on_jax,
+        run_jax="jobs.on_jax.gradient_descent:run",
         key="g",
         check_runtime=_check_runtime,
     ),

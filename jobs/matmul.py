@@ -349,13 +349,6 @@ def run(ctx, params: dict) -> dict:
     return run_check(ctx, params, TensorFlowMatmul(tf, device_names), device_names)
 
 
-def run_on_jax(ctx, params: dict) -> dict:
-    """The check on JAX (``jobs.on_jax.matmul``), imported when a run starts: listing jobs imports no framework."""
-    from jobs.on_jax.matmul import run as run_jax
-
-    return run_jax(ctx, params)
-
-
 def run_check(ctx, params: dict, framework: MatmulFramework, device_names: list[str]) -> dict:
     """The check on ``framework``, devices called ``device_names``; a failed allocation becomes ``OutOfMemory``."""
     try:
@@ -554,7 +547,7 @@ SPECS = (
             Param("inject_device", "int", 0, "the device whose reference inject_error corrupts", minimum=0),
         ),
         run=run,
-        run_jax=run_on_jax,
+        run_jax="jobs.on_jax.matmul:run",
         key="m",
         check_runtime=_check_runtime,
     ),

@@ -52,19 +52,6 @@ def _local_values(strategy: Any, distributed: Any) -> list:
     return [value.numpy() for value in strategy.experimental_local_results(distributed)]
 
 
-def run_on_jax(job: str):
-    """The runner of ``job`` on JAX (``jobs.on_jax.replicas``), imported when a run starts: listing jobs imports
-    no framework."""
-
-    def run(ctx, params: dict) -> dict:
-        from jobs.on_jax import replicas
-
-        return replicas.RUNNERS[job](ctx, params)
-
-    run.__name__ = f"run_{job.replace('-', '_')}_on_jax"
-    return run
-
-
 # -- replica-matmul -------------------------------------------------------------
 
 
@@ -532,7 +519,7 @@ SPECS = (
             ),
         ),
         run=run_replica_matmul,
-        run_jax=run_on_jax("replica-matmul"),
+        run_jax="jobs.on_jax.replicas:run_replica_matmul",
         key="r",
         check_params=_check_replica_matmul_params,
     ),
@@ -549,7 +536,7 @@ SPECS = (
             Param("fn", "str", "double", "what each replica computes", choices=DATASET_FUNCTIONS),
         ),
         run=run_replica_dataset,
-        run_jax=run_on_jax("replica-dataset"),
+        run_jax="jobs.on_jax.replicas:run_replica_dataset",
     ),
     JobSpec(
         name="all-reduce",
@@ -572,7 +559,7 @@ SPECS = (
             Param("warmup", "int", 2, "untimed all-reduces first", minimum=0, maximum=100),
         ),
         run=run_all_reduce,
-        run_jax=run_on_jax("all-reduce"),
+        run_jax="jobs.on_jax.replicas:run_all_reduce",
         check_runtime=check_all_reduce_memory,
     ),
 )

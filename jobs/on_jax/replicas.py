@@ -163,11 +163,3 @@ def run_all_reduce(ctx, params: dict) -> dict:
         lambda: _all_reduce_checks(replicas),
         lambda elements: _timed_all_reduce(replicas, elements),
     )
-
-
-RUNNERS = {
-    "replica-matmul": run_replica_matmul,
-    "replica-dataset": run_replica_dataset,
-    "all-reduce": run_all_reduce,
-}
-"""Each job's runner on JAX, by the job's name (``jobs.replicas.run_on_jax``)."""

@@ -7,9 +7,12 @@ they are, as ``tpudash.accel.description.Runtime.framework`` does.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
+from jobs import registry
 from jobs.base import FrameworkNotSupported, JobSpec, Param
 from tpudash.accel.description import LogicalDeviceInfo, Runtime, RuntimeDescription
 from tpudash.engine.runner import Runner
@@ -77,3 +80,17 @@ def test_a_jax_runtimes_description_crosses_to_the_dashboard_with_its_device_row
     data = description.to_dict()
     data["devices"][0]["hbm_channels"] = 4
     assert Runtime.from_description(data).description.devices == [device]
+
+
+def test_every_job_tpudash_ships_names_a_jax_runner_that_loads_without_a_framework():
+    """Each job's JAX runner is named as an entry point, found, and its module imports neither JAX nor TensorFlow."""
+    code = (
+        "import sys, json; from jobs import registry; "
+        "runners = {name: spec.runner_for('jax').__module__ for name, spec in registry().items()}; "
+        "print(json.dumps([runners, sorted(m for m in ('jax', 'tensorflow', 'keras') if m in sys.modules)]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    runners, frameworks_loaded = json.loads(done.stdout)
+    assert set(runners) == set(registry())
+    assert all(module.startswith("jobs.on_jax.") for module in runners.values()), runners
+    assert frameworks_loaded == []
