@@ -207,10 +207,12 @@ class TensorFlowTraining:
         self.loop, self.loop_warning = training_loop(params["loop"], self.cluster)
         # TensorFlow's rule: only the chief writes summaries (another worker's would duplicate them).
         self.writes_summaries = self.cluster is None or self.cluster.get("worker") == 0
-        self.tensorboard_why = ""
 
     def source(self, params: dict) -> str:
         return params["source"]
+
+    def scalars(self, tensorboard_dir: Path) -> Any:
+        return None  # TensorFlow's own tf.summary writers
 
     def determinism(self, enabled: bool):
         return op_determinism(enabled)
@@ -240,8 +242,8 @@ def run_training(ctx: Any, params: dict, framework: Any) -> dict:
     """The train job on either framework: data, plan, model, reports, advice and summary, one way.
 
     ``framework`` is its side (``TensorFlowTraining``, ``jobs.on_jax.train.JaxTraining``): ``replicas``,
-    ``cluster``, ``loop``/``loop_warning``, ``writes_summaries``/``tensorboard_why``, ``tf_data``,
-    ``source``, ``determinism``, ``build_scope``, ``advice_inputs`` and ``train``.
+    ``cluster``, ``loop``/``loop_warning``, ``writes_summaries``, ``scalars``, ``tf_data``, ``source``,
+    ``determinism``, ``build_scope``, ``advice_inputs`` and ``train``.
     """
     import keras
 
@@ -314,8 +316,6 @@ def run_training(ctx: Any, params: dict, framework: Any) -> dict:
         if writes_summaries:
             tensorboard_dir.mkdir(parents=True, exist_ok=True)
             ctx.emit(Artifact(kind="tensorboard", path=str(tensorboard_dir)))
-        elif framework.tensorboard_why:
-            ctx.log(framework.tensorboard_why)
         is_chief = cluster is None or cluster.get("worker") == 0
         profile_range = parse_profile_steps(params["profile_steps"])
         profiler = getattr(ctx, "profiler", None)
@@ -325,7 +325,14 @@ def run_training(ctx: Any, params: dict, framework: Any) -> dict:
             profile = ProfileWindow(ctx, profile_range, tensorboard_dir, profiler, framework=framework.framework)
         elif profile_range and is_chief:
             profile = ProfileWindow(ctx, profile_range, tensorboard_dir, framework=framework.framework)
-        reporter = TrainingReporter(ctx, plan, tensorboard_dir if writes_summaries else None, profile, stage)
+        reporter = TrainingReporter(
+            ctx,
+            plan,
+            tensorboard_dir if writes_summaries else None,
+            profile,
+            stage,
+            scalars=framework.scalars(tensorboard_dir) if writes_summaries else None,
+        )
         advisor = getattr(ctx, "advisor", None) if is_chief else None  # one advice.json per run: the chief's
         if advisor is not None:
             inputs = framework.advice_inputs(splits, plan, params["seed"])

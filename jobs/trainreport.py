@@ -48,16 +48,21 @@ class TrainingReporter:
         tensorboard_dir: Path | None,
         profile: ProfileWindow | None,
         stage: StageAnnouncer | None = None,
+        scalars: Any = None,
     ):
-        """``tensorboard_dir`` None: no TensorBoard scalars (a worker that is not the chief, a run on JAX)."""
+        """``tensorboard_dir`` None: no TensorBoard scalars (a worker that is not the chief).
+
+        ``scalars``: who writes them there (``jobs.tfevents.EventFileScalars`` on JAX); None: ``tf.summary``.
+        """
         self.ctx = ctx
+        self.scalars = scalars
         self.stage = stage or StageAnnouncer(ctx.emit)
         self.plan = plan
         self.profile = profile
         self.tensorboard_dir = tensorboard_dir
         self.writers: dict[str, Any] = {}
         self.scalar_metadata: Any = None
-        if tensorboard_dir is not None:
+        if tensorboard_dir is not None and scalars is None:
             import tensorflow as tf
             from tensorflow.core.framework import summary_pb2
 
@@ -158,6 +163,9 @@ class TrainingReporter:
         core ``tf.summary.write`` with the scalars plugin's metadata writes
         the same event that TensorBoard's Scalars tab reads.
         """
+        if self.scalars is not None:
+            self.scalars.write(split, tag, value, step)
+            return
         if split not in self.writers:
             return
         import tensorflow as tf
@@ -171,6 +179,8 @@ class TrainingReporter:
         return sum(steady) / len(steady) if steady else None
 
     def close(self) -> None:
+        if self.scalars is not None:
+            self.scalars.close()
         for writer in self.writers.values():
             writer.flush()
             writer.close()

@@ -19,11 +19,12 @@ every epoch, whole global batches scaled to [0, 1] as they are read);
 padded and masked), and splits each batch's per-example figures by the rows
 each device held, for the same ``val loss per replica`` values.
 
-What has no JAX counterpart here is said, never skipped silently: the custom
-loop of TensorFlow's "Use TPUs" guide (``loop=custom`` trains with ``fit``,
-with a warning), TensorBoard scalars (written by TensorFlow), op determinism
-(TensorFlow's switch), and the advice's tf.data pipeline rules and FLOPs count
-(the advice says "not checked: …"). JAX is imported inside functions only.
+TensorBoard's epoch scalars are written without TensorFlow
+(``jobs.tfevents``). What has no JAX counterpart here is said, never skipped
+silently: the custom loop of TensorFlow's "Use TPUs" guide (``loop=custom``
+trains with ``fit``, with a warning), op determinism (TensorFlow's switch),
+and the advice's tf.data pipeline rules and FLOPs count (the advice says
+"not checked: …"). JAX is imported inside functions only.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import contextlib
 from typing import Any
 
 from jobs import datasets as data
+from jobs.tfevents import EventFileScalars
 from jobs.trainloops import compile_for_fit, fit_and_report
 from jobs.trainplan import TrainingPlan
 from jobs.trainreport import STAGE_EVALUATING, replica_means, report_per_replica
@@ -40,10 +42,6 @@ from jobs.trainworkers import check_workers
 CUSTOM_LOOP_ON_JAX = (
     'loop=custom is the custom loop of TensorFlow\'s "Use TPUs" guide (tf.distribute), which JAX has not: '
     "Keras fit trains instead under keras.distribution.DataParallel, with the same reports"
-)
-NO_TENSORBOARD = (
-    "no TensorBoard scalars on JAX: TensorFlow writes them, and this session runs without it; "
-    "the run's events hold the same figures"
 )
 NO_TF_DATA = "the input is NumPy batches (a keras.utils.PyDataset), not a tf.data pipeline, which these rules read"
 DETERMINISM_ON_JAX = (
@@ -73,8 +71,10 @@ class JaxTraining:
         self.distribution = keras.distribution.DataParallel(device_mesh=device_mesh)
         self.loop = "fit"
         self.loop_warning = CUSTOM_LOOP_ON_JAX if params["loop"] == "custom" else None
-        self.writes_summaries = False
-        self.tensorboard_why = NO_TENSORBOARD
+        self.writes_summaries = True
+
+    def scalars(self, tensorboard_dir):
+        return EventFileScalars(tensorboard_dir)  # TensorFlow's tf.summary is not here
 
     def source(self, params: dict) -> str:
         return data.source_here(params["source"], data.DATASETS[params["dataset"]], self.ctx.log)
