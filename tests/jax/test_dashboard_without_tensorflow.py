@@ -113,15 +113,19 @@ async def test_without_tensorflow_the_engine_runs_on_jax_devices_lists_its_8_dev
         assert "JAX  0.10.2 · the engine runs jobs on it" in host_block
         assert "TensorFlow is not installed" not in host_block  # no problem: the jobs run on JAX
 
-        await pilot.press("m")  # not refused with TensorFlow's install line
-        await pilot.pause()
-        assert not any("no TensorFlow" in message for _, _, message in app.notices)
-
         live = app.session.launch_by_name("test-devices")
         assert live is not None
         await asyncio.wait_for(live.settled.wait(), UNTIL_TIMEOUT)
         assert live.model.status == "done"
         assert live.model.summary == {"framework": "jax", "devices": 8}
+
+        await pilot.press("d", "m")  # matmul on every JAX device: not refused with TensorFlow's install line
+        await until(pilot, lambda: app.device_check is not None)
+        assert not any("no TensorFlow" in message for _, _, message in app.notices)
+        assert app.device_check["job"] == "matmul" and app.device_check["status"] == "done"
+        await pilot.press("d")
+        table = app.screen.query_one("#device-table", DataTable)
+        assert [str(table.get_row_at(row)[-1]).split(" ")[:2] for row in range(8)] == [["✓", "pass"]] * 8
     assert "tensorflow" not in sys.modules and "jax" not in sys.modules
 
 

@@ -85,3 +85,24 @@ def test_the_engine_on_jax_describes_eight_cpu_devices_and_releases_the_host(tmp
     assert lock.acquire(None) is None  # released: the next engine takes it
     lock.release()
     assert "tensorflow" not in sys.modules
+
+
+def test_tpudash_devices_on_jax_lists_each_jax_device_with_its_platform_and_kind():
+    import json
+
+    shown = subprocess.run(
+        [sys.executable, "-m", "tpudash", "devices", "--framework", "jax", "--json"],
+        cwd=PROJECT,
+        capture_output=True,
+        text=True,
+        timeout=WAIT_SECONDS,
+        env=dict(os.environ, TPUDASH_NATIVE_STDERR="terminal"),
+    )
+    assert shown.returncode == 0, shown.stderr
+    description = json.loads(shown.stdout)
+    assert (description["framework"], description["kind"], description["num_replicas"]) == ("jax", "CPU", 8)
+    assert [
+        (device["name"], device["platform"], device["device_kind"], device["process_index"])
+        for device in description["devices"]
+    ] == [(f"CPU:{index}", "cpu", "cpu", 0) for index in range(8)]
+    assert description["host_check"]["jax_found"] and not description["host_check"]["tensorflow_found"]

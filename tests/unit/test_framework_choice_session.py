@@ -134,3 +134,20 @@ def test_a_busy_engine_is_not_switched(make_session, view, engines):
     assert session.busy
     assert session.use_framework("jax") == "a run holds the engine: cancel it or wait, then switch"
     assert session.settings.framework == "auto" and len(engines) == 1
+
+
+def test_the_palette_offers_each_framework_the_session_is_not_set_to_and_switches_through_the_app(make_session):
+    from tpudash.tui.palette import framework_commands
+
+    switched = []
+    app = type("PaletteStandIn", (), {})()
+    app.session = make_session(framework="jax")
+    app.action_use_framework = switched.append
+    commands = framework_commands(app)
+    assert [name for name, _, _ in commands] == [
+        "Framework: run jobs on the automatic choice (re-initialise)",
+        "Framework: run jobs on TensorFlow (re-initialise)",
+    ]
+    assert all(help_text.startswith("now jax; ") for _, _, help_text in commands)
+    commands[1][1]()
+    assert switched == ["tensorflow"]

@@ -240,10 +240,10 @@ def checked_framework(spec: JobSpec, settings: Settings) -> None:
     from jobs.base import FrameworkNotSupported
     from tpudash.config import resolve_framework
 
-    try:
-        spec.runner_for(resolve_framework(settings.framework))
-    except FrameworkNotSupported as error:
-        raise BadInput(f"{error} (--framework tensorflow runs it where TensorFlow is installed)") from None
+    framework = resolve_framework(settings.framework)
+    if framework not in spec.frameworks():
+        error = FrameworkNotSupported(spec.name, framework, spec.not_on_jax if framework == "jax" else "")
+        raise BadInput(f"{error} (--framework tensorflow runs it where TensorFlow is installed)")
 
 
 def checked_run_name(name: str | None) -> str | None:

@@ -5,7 +5,7 @@ file, a notebook cell) it exits 2 at once and points to the headless commands.
 ``devices``, ``jobs``, ``run``, ``runs``, ``watch``, ``telemetry``,
 ``export`` and ``copy`` work headless for notebooks, scripts and CI; every
 command that takes a runs directory also takes a store URL (gs://, s3://). Global flags
-(``--tpu``, ``--cpu-devices``, ``--data-dir``, ``--runs-dir``,
+(``--tpu``, ``--cpu-devices``, ``--framework``, ``--data-dir``, ``--runs-dir``,
 ``--tpu-metrics``, ``--telemetry-interval``, and the dashboard's
 ``--release-after`` and ``--cancel-grace``) are accepted before or after
 the subcommand, and each also comes from a TPUDASH_* variable.

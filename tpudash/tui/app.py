@@ -11,9 +11,11 @@ The first frame appears before anything heavy is imported: screens load when
 their mode is first shown; the host check (chips, installed TensorFlow build,
 the TPU's holder; no TensorFlow) runs after the first frame and the Devices
 screen shows it long before the engine answers. The Devices screen's need
-for the engine waits for that check: without TensorFlow no engine starts,
-the app stays usable (Devices, Jobs, History, help) and refuses launches
-with the install line; beside another process that holds the TPU (a JAX
+for the engine waits for that check: the engine runs on the framework the
+settings resolve to (TensorFlow where installed, else JAX; ``--framework``
+and the palette choose), and without it no engine starts, the app stays
+usable (Devices, Jobs, History, help) and refuses launches with the
+install line(s); beside another process that holds the TPU (a JAX
 script, a notebook) no engine starts either, and a launch asks to run on
 the CPU instead (``tpudash.tui.hostgate``). While the TUI runs, file descriptor 2 goes to the session log
 (``tpudash.tui.hostio``), which the engine's stderr (TensorFlow's C++ logs) joins.

@@ -316,18 +316,17 @@ class DashboardSession:
         return str(runtime.framework) if runtime is not None else self.gate.framework
 
     def not_on_framework(self, spec: JobSpec) -> str | None:
-        """Why ``spec`` cannot run on this session's framework (``not on JAX: …``); None when it can."""
-        from jobs.base import FrameworkNotSupported
+        """Why ``spec`` cannot run on this session's framework (``not on JAX: …``); None when it can.
 
+        Asked of ``frameworks()``, never ``runner_for``: that would import the runner here, in the dashboard.
+        """
         framework = self.framework
-        try:
-            spec.runner_for(framework)
-        except FrameworkNotSupported:
-            from tpudash.config import FRAMEWORK_NAMES
+        if framework in spec.frameworks():
+            return None
+        from tpudash.config import FRAMEWORK_NAMES
 
-            why = spec.not_on_jax if framework == "jax" else ""
-            return f"not on {FRAMEWORK_NAMES.get(framework, framework)}: {why or 'it has no runner there'}"
-        return None
+        why = spec.not_on_jax if framework == "jax" else ""
+        return f"not on {FRAMEWORK_NAMES.get(framework, framework)}: {why or 'it has no runner there'}"
 
     def launch_by_name(self, name: str, overrides: Mapping[str, Any] | None = None) -> LiveRun | None:
         """Resolve a job's params from ``overrides`` (checked against the runtime too), then ``launch``."""
