@@ -35,7 +35,6 @@ from jobs import datasets as data
 from jobs.base import JobSpec, Param, ParamError
 from jobs.events import Metric, Progress, Table
 from jobs.hostmemory import available_host_bytes, format_gib
-from jobs.on_jax.dtensor_mlp import run_dtensor_mlp_jax
 
 PARAMS = (
     Param("dataset", "str", "mnist", "images to classify (flattened into the input layer)", choices=data.DATASET_NAMES),
@@ -536,7 +535,7 @@ SPECS = (
         ),
         params=PARAMS,
         run=run_dtensor_mlp,
-        run_jax=run_dtensor_mlp_jax,
+        run_jax="jobs.on_jax.dtensor_mlp:run_dtensor_mlp_jax",
         check_runtime=check_runtime,
     ),
 )

@@ -73,7 +73,6 @@ from jobs import datasets as data
 from jobs.base import JobSpec, Param, ParamError
 from jobs.events import Artifact, Progress, StageAnnouncer
 from jobs.models import MODEL_NAMES, MODELS, build_model, parameter_count, summary_table
-from jobs.on_jax.train import run_train_jax
 from jobs.trainloops import train_with_custom_loop, train_with_fit
 from jobs.trainplan import (
     LOOPS,
@@ -396,7 +395,7 @@ SPECS = (
         ),
         params=PARAMS,
         run=run_train,
-        run_jax=run_train_jax,
+        run_jax="jobs.on_jax.train:run_train_jax",
         key="t",
         check_runtime=check_runtime,
         name_params=("dataset", "model"),

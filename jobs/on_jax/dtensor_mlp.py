@@ -25,7 +25,7 @@ import math
 from typing import Any
 
 from jobs import datasets as data
-from jobs import dtensor_mlp as shared  # a module, not its names: jobs.dtensor_mlp imports this one as it loads
+from jobs.dtensor_mlp import EpochReports, device_table, held_text, layer_table, load_data
 
 BATCH_AXIS = "batch"
 MODEL_AXIS = "model"
@@ -50,7 +50,7 @@ def run_dtensor_mlp_jax(ctx: Any, params: dict) -> dict:
     batch_axis, model_axis = mesh_shape(len(devices))
     mesh = Mesh(np.array(devices).reshape(batch_axis, model_axis), (BATCH_AXIS, MODEL_AXIS))
     mesh_text = f"{BATCH_AXIS}={batch_axis},{MODEL_AXIS}={model_axis}"
-    splits, sizes, train_steps, _ = shared.load_data(ctx, params, tf_data=False)
+    splits, sizes, train_steps, _ = load_data(ctx, params, tf_data=False)
     batch_size = params["batch_size"]
 
     def split_columns(width: int) -> bool:
@@ -72,18 +72,18 @@ def run_dtensor_mlp_jax(ctx: Any, params: dict) -> dict:
         for fan_out in sizes[1:]
     ]
     held = [
-        shared.held_text(kernel.addressable_shards[0].data.shape, bias.addressable_shards[0].data.shape)
+        held_text(kernel.addressable_shards[0].data.shape, bias.addressable_shards[0].data.shape)
         for kernel, bias in weights
     ]
     ctx.emit(
-        shared.layer_table(
+        layer_table(
             f"JAX NamedSharding MLP on {splits.label}: {parameter_count:,} params, mesh {mesh_text}",
             sizes,
             layout_texts,
             held,
         )
     )
-    ctx.emit(shared.device_table(mesh_text, device_rows(mesh, weights, batch_size // batch_axis)))
+    ctx.emit(device_table(mesh_text, device_rows(mesh, weights, batch_size // batch_axis)))
     ctx.log(
         f"JAX NamedSharding: mesh [('{BATCH_AXIS}', {batch_axis}), ('{MODEL_AXIS}', {model_axis})] over "
         f"{len(devices)} {ctx.runtime.kind} devices; each batch of {batch_size} split into {batch_axis} shards of "
@@ -99,7 +99,7 @@ def run_dtensor_mlp_jax(ctx: Any, params: dict) -> dict:
         x = data.scaled_images(images[chosen]).reshape(len(chosen), -1)
         return jax.device_put(x, inputs[0]), jax.device_put(labels[chosen].astype(np.int32), inputs[1])
 
-    reports = shared.EpochReports(ctx, params["epochs"], train_steps)
+    reports = EpochReports(ctx, params["epochs"], train_steps)
     for epoch in range(1, params["epochs"] + 1):
         reports.begin_epoch()
         order = np.random.default_rng([params["seed"], epoch]).permutation(len(train_labels))

@@ -34,6 +34,7 @@ from typing import Any
 
 from jobs import datasets as data
 from jobs.tfevents import EventFileScalars
+from jobs.train import run_training
 from jobs.trainloops import compile_for_fit, fit_and_report
 from jobs.trainplan import TrainingPlan
 from jobs.trainreport import STAGE_EVALUATING, replica_means, report_per_replica
@@ -102,8 +103,6 @@ class JaxTraining:
 
 def run_train_jax(ctx: Any, params: dict) -> dict:
     """The ``train`` job's JAX runner (``JobSpec.run_jax``)."""
-    from jobs.train import run_training
-
     return run_training(ctx, params, JaxTraining(ctx, params))
 
 
