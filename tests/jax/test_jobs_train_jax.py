@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -124,6 +125,18 @@ def test_cancel_mid_epoch_stops_within_one_step_and_keeps_the_metrics(run_job, s
     assert not result.metrics("loss", "val") and not result.metrics("loss", "test")
     stored = [event for _, event in store.load(result.run.run_id).events if isinstance(event, Metric)]
     assert [(metric.name, metric.step) for metric in stored] == [("batch_loss", 1), ("batch_accuracy", 1)]
+
+
+def test_profile_steps_in_the_engine_are_captured_by_jax_profiler_where_xprof_looks(run_job):
+    # Run by the engine's runner, the run's profile responder captures the window with JAX's profiler (not TensorFlow's).
+    result = run_job("train", epochs=1, profile_steps="2-3", **SMALL)
+    assert result.status == "done", result.finished.error
+    assert "tensorflow" not in sys.modules
+    [profile] = [event for event in result.of_type(Artifact) if event.kind == "profile"]
+    traces = list(Path(profile.path).glob("*.xplane.pb"))
+    assert traces and all(trace.stat().st_size > 0 for trace in traces)
+    assert Path(profile.path).is_relative_to(result.run.run_dir / "profile" / "plugins" / "profile")
+    assert not [line for line in result.logs() if "cannot profile" in line]
 
 
 def test_profile_steps_outside_tpudash_trace_with_jax_profiler(tmp_path):

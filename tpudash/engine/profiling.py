@@ -36,19 +36,22 @@ def start_profiler(
     local_root: Path | None,
     started_at: float,
     say: Callable[[str, str], None] | None = None,
+    framework: str = "tensorflow",
 ) -> Any:
     """The run's responder, started (``profiles_steps``), or a refuser of its requests; None if neither starts.
+
+    ``framework``: what the run's job runs on (the runtime's), whose profiler captures its steps.
 
     ``say(level, text)``: the run's log, where the responder says what it captured or why not
     (from its own thread). A failure here never stops the run: profiling is an extra, logged and left out.
     """
     try:
         if not profiles_steps:
-            return StepsRefuser(files, worker=worker, started_at=started_at).start()
+            return StepsRefuser(files, worker=worker, started_at=started_at, framework=framework).start()
         from tpudash.profiles.capture import ProfileResponder
 
         return ProfileResponder(
-            files, framework="tensorflow", worker=worker, local_root=local_root, started_at=started_at, log=say
+            files, framework=framework, worker=worker, local_root=local_root, started_at=started_at, log=say
         ).start()
     except Exception:  # noqa: BLE001 - a run is never lost because its profiler could not start
         log.exception("the run's profile responder did not start; its profile requests go unanswered")
@@ -97,8 +100,10 @@ class StepsRefuser:
         started_at: float | None = None,
         reason: str = NO_STEPS_REASON,
         poll_seconds: float = POLL_SECONDS,
+        framework: str = "tensorflow",
     ):
         self.files = files
+        self.framework = framework
         self.worker = worker
         self.started_at = time.time() if started_at is None else started_at
         self.reason = reason
@@ -134,7 +139,7 @@ class StepsRefuser:
                     last_step=None,
                     host=socket.gethostname(),
                     worker=self.worker,
-                    framework="tensorflow",
+                    framework=self.framework,
                     answered_at=time.time(),
                     capture_seconds=None,
                 ),

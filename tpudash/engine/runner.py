@@ -267,7 +267,7 @@ class Runner:
                 run, recorder, RunStarted(run.run_id, run.job, to_jsonable(run.params), description, time.time())
             )
             if self.store is not None:
-                profiler = self._profiler_for(run, worker, recorder)
+                profiler = self._profiler_for(run, worker, recorder, getattr(runtime, "framework", "tensorflow"))
             context = JobContext(
                 runtime=runtime,
                 emit=lambda event: self._dispatch(run, recorder, event),
@@ -317,8 +317,11 @@ class Runner:
         run.state, run.error, run.traceback = status, error, trace
         self._fan_out(run, finished)
 
-    def _profiler_for(self, run: QueuedRun, worker: WorkerIdentity | None, recorder: Recorder | None) -> Any:
-        """The run's profile responder (``tpudash.engine.profiling``), started; None if it could not start."""
+    def _profiler_for(
+        self, run: QueuedRun, worker: WorkerIdentity | None, recorder: Recorder | None, framework: str
+    ) -> Any:
+        """The run's profile responder (``tpudash.engine.profiling``) for ``framework``'s profiler, started; None if
+        it could not start."""
         assert self.store is not None
 
         def say(level: str, text: str) -> None:  # the responder's thread: the recorder and the sinks take locks
@@ -331,6 +334,7 @@ class Runner:
             local_root=run.run_dir,
             started_at=run.started or time.time(),
             say=say,
+            framework=framework,
         )
 
     def _close_profiler(self, run: QueuedRun, recorder: Recorder | None, profiler: Any) -> list[str]:
