@@ -32,6 +32,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, LoadingIndicator, Static
 
 from screens.base import DashScreen
+from tpudash.config import FRAMEWORK_NAMES
 from tpudash.format import format_bytes, format_seconds, telemetry_view
 from tpudash.tui.hostgate import RUNTIME_HELD_STATUS, TPU_HELD_STATUS_PREFIX
 
@@ -170,7 +171,7 @@ class DevicesScreen(DashScreen):
         panel.update(telemetry_view(stamped[1], history, settings.tpu_metrics))
 
     def _show_engine(self, status: str) -> None:
-        """Which process holds TensorFlow, and what to do when none does."""
+        """Which process holds the framework (TensorFlow, or JAX), and what to do when none does."""
         pid = self.dashboard.session.engine_pid
         line = self.query_one("#engine-line", Static)
         if status.startswith("released"):
@@ -196,7 +197,11 @@ class DevicesScreen(DashScreen):
             text = Text.assemble(
                 ("engine ", "bold"),
                 (status, "cyan"),
-                (f" — pid {pid} owns TensorFlow and the accelerator; E releases it", "dim"),
+                (
+                    f" — pid {pid} owns {FRAMEWORK_NAMES[self.dashboard.session.framework]} and the accelerator; "
+                    "E releases it",
+                    "dim",
+                ),
             )
         else:
             text = Text("")
@@ -258,6 +263,8 @@ class DevicesScreen(DashScreen):
             if not self.dashboard.runtime_error:
                 loading.display = True
                 summary.update(Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"))
+            elif self.dashboard.framework_missing:
+                self._show_device_check(None)  # the error came while the last runtime was still shown
             return
         loading.display = False
         description = runtime.description

@@ -126,6 +126,16 @@ async def test_without_tensorflow_the_engine_runs_on_jax_devices_lists_its_8_dev
         await pilot.press("d")
         table = app.screen.query_one("#device-table", DataTable)
         assert [str(table.get_row_at(row)[-1]).split(" ")[:2] for row in range(8)] == [["✓", "pass"]] * 8
+
+        app.action_use_framework("tensorflow")  # the palette's switch: there is no TensorFlow here
+        await pilot.pause()
+        assert app.runtime_status == "no TensorFlow" and app.settings.framework == "tensorflow"
+        assert app.session.lane.engine is None  # the JAX engine was released
+        summary = rendered(app.screen.query_one("#runtime-summary", Static))
+        assert "no TensorFlow: jobs cannot run until it is installed" in summary
+        assert 'pip install "tensorflow>=2.20,<2.22"' in summary
+        title = rendered(app.screen.query_one("#device-check-title", Static))
+        assert "none: the engine lists them, and cannot start here" in title
     assert "tensorflow" not in sys.modules and "jax" not in sys.modules
 
 
