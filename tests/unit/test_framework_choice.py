@@ -193,3 +193,24 @@ def test_tpudash_run_refuses_a_job_with_no_runner_on_the_framework_before_starti
 def test_a_jax_runtime_crosses_to_the_dashboard_and_says_its_framework():
     runtime = Runtime.from_description(jax_description().to_dict())
     assert runtime.framework == "jax" and runtime.description.devices[3].platform == "cpu"
+
+
+def test_asked_for_jax_where_it_is_missing_the_engine_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(jaxdetect.importlib.util, "find_spec", finds("tensorflow"))
+    with pytest.raises(
+        jaxdetect.JaxMissing, match=r'^JAX is not installed; jobs on JAX need it: pip install "jax\[tpu\]"'
+    ):
+        jaxdetect.detect_jax_runtime(Settings(framework="jax"), host=host())
+
+
+def test_headless_tpudash_run_on_jax_says_in_one_line_why_jax_cannot_start(monkeypatch):
+    from tpudash.engine import headless
+
+    def cannot_start(settings):
+        raise RuntimeError("Unable to initialize backend 'tpu'")
+
+    monkeypatch.setattr(jaxdetect, "detect_jax_runtime", cannot_start)
+    monkeypatch.setattr(headless, "_jax_runtime", None)
+    monkeypatch.setenv("TPUDASH_NATIVE_STDERR", "terminal")
+    with pytest.raises(headless.RuntimeUnavailable, match=r"^JAX could not start: RuntimeError: Unable to initialize"):
+        headless.detect_runtime(Settings(framework="jax"), restartable=False)
