@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tpudash.advice.flops import step_flops_jax
+from tpudash.advice.flops import step_flops_jax, step_flops_keras_jax
 from tpudash.advice.mfu import Mfu, PeakFlops, measured_peak_flops, mfu
 
 BATCH, INPUTS, HIDDEN, OUTPUTS = 128, 256, 512, 10
@@ -127,3 +127,36 @@ def test_an_unknown_peak_leaves_the_mlp_mfu_unknown():
     step, params, x, y = mlp_step()
     result = Mfu.of(step_flops_jax(step, params, x, y), 100.0, PeakFlops(None, "no published peak for 'cpu'"))
     assert result.mfu is None and "no published peak for 'cpu'" in result.why
+
+
+def keras_mlp():
+    import keras
+
+    return keras.Sequential(
+        [keras.Input((INPUTS,)), keras.layers.Dense(HIDDEN, activation="relu"), keras.layers.Dense(OUTPUTS)]
+    )
+
+
+def test_a_keras_models_step_on_jax_counts_exactly_its_matrix_products():
+    count = step_flops_keras_jax(keras_mlp(), BATCH)
+    assert count.flops == matmul_flops_by_hand(BATCH), count.source
+    assert "lowered by JAX" in count.source and f"batch {BATCH}" in count.source
+
+
+def test_a_keras_model_under_data_parallel_counts_the_global_batch():
+    import keras
+
+    devices = keras.distribution.list_devices()
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+    try:
+        count = step_flops_keras_jax(keras_mlp(), BATCH * len(devices))
+    finally:
+        keras.distribution.set_distribution(None)
+    assert len(devices) == 8 and count.flops == matmul_flops_by_hand(BATCH * 8)
+
+
+def test_a_keras_model_without_known_inputs_says_why_it_was_not_counted():
+    import keras
+
+    count = step_flops_keras_jax(keras.Sequential([keras.layers.Dense(4)]), BATCH)
+    assert count.flops is None and count.source.startswith("no batch could be made for the model: ")

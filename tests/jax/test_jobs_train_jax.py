@@ -8,6 +8,7 @@ few seconds of compiling on 2 cores.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -159,3 +160,21 @@ def test_profile_steps_outside_tpudash_trace_with_jax_profiler(tmp_path):
     assert window.trace_dir is not None and list(window.trace_dir.glob("*.xplane.pb"))
     assert [artifact.path for artifact in artifacts] == [str(window.trace_dir)]
     assert any(line.startswith("profiler trace of steps 2-3") for line in logs)
+
+
+def test_the_engines_train_job_on_jax_keeps_its_advice_and_mfu_against_the_matmul_check(run_job, store):
+    from tpudash.advice.report import read_report
+
+    # The CPU's peak is what the newest matmul check on this host measured (there is no datasheet for a CPU).
+    assert run_job("matmul", m=256, k=256, n=256, repeats=2).status == "done"
+    result = run_job("train", epochs=2, **SMALL)
+    assert result.status == "done", result.finished.error
+    meta = json.loads((result.run.run_dir / "run.json").read_text())
+    assert meta["runtime"]["backend"] == "jax" and meta["runtime"]["mfu_peak"]["flops_per_second"] > 0
+    mfu = meta["summary"]["mfu"]
+    assert mfu["flops_per_step"] > 0 and "lowered by JAX" in mfu["flops_source"], mfu
+    assert 0 < mfu["mfu"] < 1, mfu
+    report = read_report(store.files(result.run.run_id))
+    assert report is not None and report.framework == "jax"
+    small = report.rule("small-batch")
+    assert small.state == "fires" and small.detail["batch_per_core"] == 8

@@ -18,6 +18,8 @@
   ``ProfileOptionBuilder.float_operation()``) is used: TensorFlow's
   registered per-op formulas, which for a convolution's gradients assume
   the input's spatial size (an over-count for 'valid' convolutions).
+- Keras on JAX: the same step lowered by JAX (``jax.jit(...).lower(...)``,
+  never compiled or run) to HLO, counted by ``hlo_matmul_flops`` as above.
 - Otherwise the count is None and ``source`` says why.
 
 TensorFlow and JAX are imported inside the functions that need them.
@@ -67,6 +69,49 @@ def step_flops_jax(fn: Callable, *args: Any, **kwargs: Any) -> FlopsCount:
     else:
         source = "XLA cost analysis of the compiled step"
     return FlopsCount(per_device * devices, source, seconds)
+
+
+def step_flops_keras_jax(model: Any, batch_size: int) -> FlopsCount:
+    """FLOPs of a Keras model's forward and backward pass on one batch of ``batch_size``, under JAX.
+
+    What ``step_flops_keras_tf`` counts, the same way: the gradients of the
+    mean square of the outputs through ``model.stateless_call`` in training
+    mode, lowered (never run, never compiled) to XLA's HLO, whose dot and
+    convolution FLOPs that reach the step's outputs are counted by
+    ``hlo_matmul_flops`` (global shapes: the whole batch over every device).
+    """
+    started = time.perf_counter()
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        inputs = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in _input_shapes(model, batch_size)]
+        trainable = [variable.value for variable in model.trainable_variables]
+        non_trainable = [variable.value for variable in model.non_trainable_variables]
+    except Exception as error:  # noqa: BLE001 - a model whose inputs cannot be made: said, never raised
+        return FlopsCount(None, f"no batch could be made for the model: {type(error).__name__}: {error}")
+
+    def stand_in_loss(trainable: list, non_trainable: list, *batch: Any) -> Any:
+        outputs, _ = model.stateless_call(
+            trainable, non_trainable, batch if len(batch) > 1 else batch[0], training=True
+        )
+        return sum(jnp.mean(jnp.square(out.astype(jnp.float32))) for out in jax.tree_util.tree_leaves(outputs))
+
+    try:
+        hlo = jax.jit(jax.grad(stand_in_loss)).lower(trainable, non_trainable, *inputs).as_text(dialect="hlo")
+        flops = hlo_matmul_flops(hlo)
+    except Exception as error:  # noqa: BLE001 - counting must never stop the user's training
+        return FlopsCount(
+            None,
+            f"JAX could not lower the step: {type(error).__name__}: {str(error)[:200]}",
+            time.perf_counter() - started,
+        )
+    return FlopsCount(
+        float(flops),
+        f"XLA's HLO of the step (forward and backward, batch {batch_size}, lowered by JAX): its dot and convolution "
+        "FLOPs that reach the step's outputs (elementwise ops and the optimizer's update not counted)",
+        time.perf_counter() - started,
+    )
 
 
 def cost_analysis_flops(analysis: Any) -> float | None:
@@ -149,18 +194,23 @@ def step_flops_keras_tf(model: Any, batch_size: int) -> FlopsCount:
 
 def _example_batch(tf: Any, model: Any, batch_size: int) -> list:
     """Zeros shaped like the model's inputs with ``batch_size`` in front."""
+    return [tf.zeros(list(shape), dtype=dtype) for shape, dtype in _input_shapes(model, batch_size)]
+
+
+def _input_shapes(model: Any, batch_size: int) -> list[tuple[tuple[int, ...], str]]:
+    """(shape with ``batch_size`` in front, dtype) of each of the model's inputs; ValueError says what is missing."""
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, not {batch_size!r}")
     specs = getattr(model, "inputs", None)
     if not specs:
         raise ValueError("the model has no known inputs (build it on an Input first)")
-    batch = []
+    shapes = []
     for spec in specs:
         shape = list(spec.shape)[1:]
         if any(dimension is None for dimension in shape):
             raise ValueError(f"input {getattr(spec, 'name', '?')} has an undefined dimension: {tuple(spec.shape)}")
-        batch.append(tf.zeros([batch_size, *shape], dtype=getattr(spec, "dtype", None) or "float32"))
-    return batch
+        shapes.append(((batch_size, *shape), str(getattr(spec, "dtype", None) or "float32")))
+    return shapes
 
 
 def _graph_float_ops(tf: Any, forward_backward: Callable, inputs: list) -> int:
@@ -177,7 +227,6 @@ _INSTRUCTION = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>\(.*?\)|[a-z]\w*\[[^\]]*\](?:\{[^}]*\})?)\s+"
     r"(?P<op>[\w\-]+)\((?P<rest>.*)$"
 )
-_OPERAND_NAME = re.compile(r"%([\w.\-]+)")
 _MATRIX_OP = re.compile(r"\s(?:dot|convolution)\(")
 _ARRAY = re.compile(r"[a-z]\w*\[(?P<dims>[^\]]*)\]")
 
@@ -242,7 +291,8 @@ def _dead_in_entry(hlo_text: str) -> set[str]:
             continue
         name = match.group("name")
         operand_text, _ = _until_closed(match.group("rest"))
-        operands[name] = _OPERAND_NAME.findall(operand_text)
+        # ``%x`` (TensorFlow's HLO text) or a bare ``x`` (JAX's), after an inline shape in older text.
+        operands[name] = [part.split()[-1].lstrip("%") for part in _split_operands(operand_text)]
         if line.lstrip().startswith("ROOT"):
             root = name
     if root is None:

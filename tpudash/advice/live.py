@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tpudash.advice.flops import FlopsCount, step_flops_keras_tf
+from tpudash.advice.flops import FlopsCount, step_flops_keras_jax, step_flops_keras_tf
 from tpudash.advice.mfu import Mfu, PeakFlops, measured_peak_flops, tpu_chips, tpu_peak_flops
 from tpudash.advice.pipeline import PIPELINE_RULES, advise_pipeline
 from tpudash.advice.report import MAX_COMPILE_MARKS, AdviceReport, CompileMark, write_report
@@ -30,6 +30,11 @@ from tpudash.advice.rules import Advice, mixed_precision, not_checked, padding, 
 # How many of the newest matmul checks are read for a CPU or GPU run's peak: a run's start never reads a
 # whole runs directory.
 MATMUL_CHECKS_READ = 5
+# How a Keras model's step is counted, by the framework it runs on (the run's runtime's ``backend``).
+KERAS_FLOPS: dict[str, Callable[[Any, int], FlopsCount]] = {
+    "tensorflow": step_flops_keras_tf,
+    "jax": step_flops_keras_jax,
+}
 # The FLOPs count runs at this niceness (Linux: per thread): it takes only the CPU the training leaves.
 COUNTING_NICENESS = 19
 # At the run's end the count, if still running, has the CPU to itself: its summary waits this long for it.
@@ -175,7 +180,7 @@ class RunAdvisor:
             else not_checked("recompiles", f"{self.framework or 'this framework'} does not report traces here")
         )
         self._found = {a.rule: a for a in found}
-        if count_flops and model is not None and global_batch and self.framework == "tensorflow":
+        if count_flops and model is not None and global_batch and self.framework in KERAS_FLOPS:
             # Not a daemon: a process leaving while TensorFlow lowers the step on this thread could abort in
             # TensorFlow's C++; exit waits for the count instead (well under a second once training is over).
             self._counting = threading.Thread(
@@ -184,9 +189,9 @@ class RunAdvisor:
             self._counting.start()
         elif self._flops is not None:
             pass  # counted by the caller (``set_flops``)
-        elif self.framework != "tensorflow":
+        elif self.framework not in KERAS_FLOPS:
             self._flops = FlopsCount(
-                None, f"FLOPs per step are counted for Keras on TensorFlow here, not {self.framework}"
+                None, f"FLOPs per step are counted for Keras on TensorFlow or JAX here, not {self.framework}"
             )
         else:
             self._flops = FlopsCount(None, "no model or batch size seen" if count_flops else "not counted (asked)")
@@ -199,7 +204,7 @@ class RunAdvisor:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COUNTING_NICENESS)
         except (OSError, AttributeError):
             pass
-        self._flops = step_flops_keras_tf(model, global_batch)
+        self._flops = KERAS_FLOPS[self.framework](model, global_batch)
 
     # -- every epoch's end ----------------------------------------------------------------------
     def epoch_end(self, epoch: int, step: int, steps_per_second: float | None = None) -> AdviceReport:
