@@ -15,6 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# pytest-xdist's workers run with COLUMNS=80 and LINES=24 set (for their own reports); a terminal's size
+# comes from its terminal, and a test that means a width sets it: the processes tests start inherit neither.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for variable in ("COLUMNS", "LINES"):
+        os.environ.pop(variable, None)
 # Never let a test reach for the network or a developer's real run history.
 os.environ.setdefault("TFDS_DISABLE_GCS", "1")
 # Test machines have no TPU chip: under the TPU build, a test that imports

@@ -78,3 +78,18 @@ def test_every_module_opens_with_a_docstring():
             if not ast.get_docstring(tree) and path.stat().st_size > 0:
                 missing.append(str(path.relative_to(REPO_ROOT)))
     assert missing == []
+
+
+def test_every_package_in_the_tree_is_installed():
+    """pyproject's package list covers every package (a directory with ``__init__.py``): an installed tpudash that
+    misses one fails where the checkout works (``jobs.on_jax`` once did)."""
+    import fnmatch
+
+    include = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    packages = [
+        ".".join(init.parent.relative_to(REPO_ROOT).parts)
+        for root in ("tpudash", "screens", "jobs")
+        for init in sorted((REPO_ROOT / root).rglob("__init__.py"))
+    ]
+    left_out = [name for name in packages if not any(fnmatch.fnmatchcase(name, p) for p in include["include"])]
+    assert "jobs.on_jax" in packages and left_out == []
