@@ -96,6 +96,9 @@ def store_outages_forgotten():
     """No test sees another's store outage (a process-wide record: ``tpudash.runs.storeclient``) or store timeout."""
     from tpudash.runs import storeclient
 
+    # Before as well as after: a store test's writer thread still retrying when its test ended may record an
+    # outage after that test's forget, and a dashboard's clocks stand still while its store is away.
+    storeclient.forget_outages()
     yield
     storeclient.forget_outages()
     storeclient.set_store_timeout(None)
