@@ -160,3 +160,19 @@ def test_a_keras_model_without_known_inputs_says_why_it_was_not_counted():
 
     count = step_flops_keras_jax(keras.Sequential([keras.layers.Dense(4)]), BATCH)
     assert count.flops is None and count.source.startswith("no batch could be made for the model: ")
+
+
+def test_the_cifar_cnn_on_jax_counts_what_tensorflow_counts_for_it_the_hand_count():
+    # The train job's CIFAR CNN under DataParallel over the 8 devices, as the JAX engine builds it: the same
+    # FLOPs per step as on TensorFlow (tests/unit/test_advice_mfu.py), so MFU means the same on both.
+    import keras
+
+    from jobs.models import build_model
+    from tests.unit.test_advice_mfu import cifar_cnn_train_flops_by_hand
+
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=keras.distribution.list_devices()))
+    try:
+        count = step_flops_keras_jax(build_model("cifar-cnn", (32, 32, 3), 10), 64)
+    finally:
+        keras.distribution.set_distribution(None)
+    assert count.flops == cifar_cnn_train_flops_by_hand(64) == 1_898_790_912
