@@ -79,14 +79,20 @@ def test_a_tpu_held_by_another_process_names_it_and_jobs_run_on_the_cpu_default(
     assert devices.returncode == 0, devices.stderr
     description = json.loads(devices.stdout)
     assert (description["kind"], description["num_replicas"]) == ("CPU", 8)
-    assert f"the TPU is held by pid {notebook.pid} ({sys.executable} -c lock = open(" in description["reasons"]["TPU"]
-    assert description["host_check"]["holders"][0]["pid"] == notebook.pid
+    # libtpu's lock file is the host's: a test on another worker may hold it too (a TensorFlow process of the TPU
+    # build), and then either holder is named first. Alone, the notebook is the one named.
+    holders = description["host_check"]["holders"]
+    assert notebook.pid in [holder["pid"] for holder in holders]
+    if len(holders) == 1:
+        assert (
+            f"the TPU is held by pid {notebook.pid} ({sys.executable} -c lock = open(" in description["reasons"]["TPU"]
+        )
+    assert "the TPU is held by" in description["reasons"]["TPU"]
     assert run.returncode == 0, run.stderr
     assert explicit.returncode == 2
-    assert (
-        f"held by pid {notebook.pid}" in explicit.stderr
-        and "--tpu none runs jobs on the CPU default" in explicit.stderr
-    )
+    assert "held by" in explicit.stderr and "--tpu none runs jobs on the CPU default" in explicit.stderr
+    if len(holders) == 1:
+        assert f"held by pid {notebook.pid}" in explicit.stderr
 
 
 @pytest.mark.skipif(
