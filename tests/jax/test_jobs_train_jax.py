@@ -178,3 +178,12 @@ def test_the_engines_train_job_on_jax_keeps_its_advice_and_mfu_against_the_matmu
     assert report is not None and report.framework == "jax"
     small = report.rule("small-batch")
     assert small.state == "fires" and small.detail["batch_per_core"] == 8
+
+
+def test_several_workers_on_jax_are_refused_saying_why_before_anything_starts(run_job, store):
+    # Workers are TensorFlow's (TF_CONFIG); on JAX one process drives every device of the host.
+    result = run_job("train", epochs=1, workers=2, **SMALL)
+    assert result.status == "failed"
+    assert result.finished.error.startswith("ParamError: workers: 2 worker processes train under TensorFlow's")
+    assert "allowed on JAX: 1" in result.finished.error
+    assert store.list_runs() == []

@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.base import LAUNCHED_FROM_COMMAND_LINE, JobCancelled, JobContext, JobSpec
+from jobs.base import LAUNCHED_FROM_COMMAND_LINE, JobCancelled, JobContext, JobSpec, ParamError
 from jobs.events import Artifact, Event, Log, RunFinished, RunStarted, to_jsonable
 from tpudash.advice.live import RunAdvisor, peak_json, run_peak
+from tpudash.config import resolve_framework
 from tpudash.engine.profiling import captured, close_profiler, start_profiler
 from tpudash.runs.layout import new_run_id
 from tpudash.runs.recorder import cannot_write
@@ -227,6 +228,7 @@ class Runner:
         try:
             worker = find_worker()  # before the runtime: a run to launch on workers needs none here
             if worker is None and requested_workers(run.params) > 1:
+                refuse_workers_on_jax(requested_workers(run.params), getattr(self.settings, "framework", "auto"))
                 self._run_launched(run)
                 return
             runtime = self._runtime_provider()
@@ -431,6 +433,21 @@ class Runner:
                     log.exception(
                         "sink %r failed on %s; later failures of it in this run are not logged", sink, event.type
                     )
+
+
+def refuse_workers_on_jax(workers: int, framework_choice: str) -> None:
+    """ParamError when ``workers`` > 1 would run on JAX: the workers are TensorFlow's (TF_CONFIG, MultiWorkerMirroredStrategy).
+
+    On JAX one process drives every device of its host; a job across hosts is
+    ``jax.distributed``, one process per host, started by the user (tpudash watches it: Many hosts).
+    """
+    if resolve_framework(framework_choice) == "jax":
+        raise ParamError(
+            "workers",
+            f"{workers} worker processes train under TensorFlow's MultiWorkerMirroredStrategy (TF_CONFIG); on JAX one "
+            "process drives every device of this host, and a job across hosts is jax.distributed, one process per "
+            "host that you start; allowed on JAX: 1",
+        )
 
 
 def requested_workers(params: dict) -> int:
