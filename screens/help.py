@@ -80,8 +80,9 @@ class HelpScreen(DashScreen):
             ("What tpudash keeps\n", "bold"),
             f"Every run is a directory in {runs_dir}: its events (flushed as they are emitted; in a bucket, "
             "a segment every 2 seconds) and run.json (status, params, final metrics).\n",
-            "Jobs run in the engine, a process of their own that owns TensorFlow and the accelerator; "
-            "this dashboard never imports TensorFlow. The engine starts on first need and stays warm between jobs; "
+            "Jobs run in the engine, a process of their own that owns TensorFlow (or JAX, where the session has "
+            "no TensorFlow, or --framework jax) and the accelerator; this dashboard imports neither. The engine "
+            "starts on first need and stays warm between jobs; "
             "E (or the palette) releases it, so a notebook can take the TPU. If it dies (a signal, out of memory, "
             "a native crash) the dashboard stays up, the run is recorded as failed with the signal, and the next "
             "launch starts a new engine.\n",
@@ -99,5 +100,5 @@ class HelpScreen(DashScreen):
             "(telemetry.jsonl). A missing value says why.\n",
             "Hosts (n): every host where `tpudash agent --runs-dir` points at this runs directory or bucket "
             "writes a heartbeat and its latest sample under hosts/ in it; the agent needs no inbound port.\n",
-            f"TensorFlow's native log for this session (the engine's stderr): {log}\n",
+            f"The engine's native log for this session (its stderr: TensorFlow's or XLA's C++ logs): {log}\n",
         )
