@@ -11,7 +11,9 @@ page overwrites a variable and builds 784→700→10→10 by mistake), with Xavi
 uniform weights from stateless seeds, zero biases and the example's hand-written
 Adam. One change: the example's Adam keeps its step count in a Python float,
 which ``tf.function`` freezes at trace time, so its bias correction never
-advances; here the count is a replicated DVariable.
+advances; here the count is a replicated DVariable. And the update uses the new
+moments as computed, not read back from their DVariables, which inside the train
+step's ``tf.function`` gave the previous step's moments.
 
 Data come from jobs.datasets (tfds or synthetic), the example's defaults: the first
 5000 training and test examples, global batch 128, 3 epochs. Reports
@@ -374,14 +376,7 @@ def run_dtensor_mlp(ctx: Any, params: dict) -> dict:
     )
     batch_layouts = (dtensor.Layout(["batch", dtensor.UNSHARDED], mesh), dtensor.Layout(["batch"], mesh))
 
-    @tf.function
-    def train_step(x_batch, y_batch):
-        with tf.GradientTape() as tape:
-            logits = model(x_batch)
-            batch_loss = cross_entropy_loss(tf, logits, y_batch)
-        gradients = tape.gradient(batch_loss, model.trainable_variables)
-        optimizer.apply_gradients(gradients)
-        return batch_loss, accuracy(tf, logits, y_batch)
+    train_step = training_step(tf, model, optimizer)
 
     @tf.function
     def test_step(x_batch, y_batch):
@@ -475,12 +470,33 @@ class Adam:
         import tensorflow as tf
 
         for index, (d_var, var) in enumerate(zip(grads, self.model_vars)):
-            self.v_dvar[index].assign(self.beta_1 * self.v_dvar[index] + (1 - self.beta_1) * d_var)
-            self.s_dvar[index].assign(self.beta_2 * self.s_dvar[index] + (1 - self.beta_2) * tf.square(d_var))
-            v_corrected = self.v_dvar[index] / (1 - self.beta_1**self.t)
-            s_corrected = self.s_dvar[index] / (1 - self.beta_2**self.t)
+            # The new moments feed the update as tensors, not read back from their DVariables: in
+            # the train step's tf.function (gradients and update in one) DTensor does not order a
+            # read after the assignment, so the read saw the previous step's moments (zero at the
+            # first step: no update at all), and the layers learnt late and slowly.
+            v_new = self.beta_1 * self.v_dvar[index] + (1 - self.beta_1) * d_var
+            s_new = self.beta_2 * self.s_dvar[index] + (1 - self.beta_2) * tf.square(d_var)
+            self.v_dvar[index].assign(v_new)
+            self.s_dvar[index].assign(s_new)
+            v_corrected = v_new / (1 - self.beta_1**self.t)
+            s_corrected = s_new / (1 - self.beta_2**self.t)
             var.assign_sub(self.learning_rate * (v_corrected / (tf.sqrt(s_corrected) + self.epsilon)))
         self.t.assign_add(1.0)
+
+
+def training_step(tf, model: MLP, optimizer: Adam):
+    """The job's ``tf.function`` train step, as the example writes it: loss and accuracy of a packed batch, then Adam."""
+
+    @tf.function
+    def train_step(x_batch, y_batch):
+        with tf.GradientTape() as tape:
+            logits = model(x_batch)
+            batch_loss = cross_entropy_loss(tf, logits, y_batch)
+        gradients = tape.gradient(batch_loss, model.trainable_variables)
+        optimizer.apply_gradients(gradients)
+        return batch_loss, accuracy(tf, logits, y_batch)
+
+    return train_step
 
 
 def cross_entropy_loss(tf, logits, labels):
