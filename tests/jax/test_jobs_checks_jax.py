@@ -53,17 +53,9 @@ def test_every_replica_multiplies_the_use_tpus_guides_a_and_b(run_job):
 
 
 def test_replica_matmul_with_random_inputs_matches_numpy_on_every_replica(run_job):
-    import numpy as np
+    from tests.unit.test_replicas import run_random_replica_matmul
 
-    result = run_job("replica-matmul", source="random", m=5, k=7, n=4, seed=3)
-    assert result.status == "done"
-    generator = np.random.default_rng(3)
-    a = generator.standard_normal((5, 7), dtype=np.float32)
-    b = generator.standard_normal((7, 4), dtype=np.float32)
-    [product] = result.replica_values("product")
-    assert len(product.values) == 8
-    for matrix in product.values:
-        np.testing.assert_allclose(matrix, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-6)
+    run_random_replica_matmul(run_job)
 
 
 def test_range_16_is_doubled_one_value_per_replica(run_job):

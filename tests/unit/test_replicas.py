@@ -43,7 +43,8 @@ def test_replica_matmul_defaults_give_the_use_tpus_guides_product_on_every_repli
     assert "every replica agrees with the reference: [[22, 28], [49, 64]]" in result.logs()
 
 
-def test_replica_matmul_with_random_inputs_matches_numpy_on_every_replica(run_job):
+def run_random_replica_matmul(run_job):
+    """replica-matmul on seeded random 5×7 and 7×4 inputs; every replica's product checked against NumPy's."""
     result = run_job("replica-matmul", source="random", m=5, k=7, n=4, seed=3)
     assert result.status == "done"
     generator = np.random.default_rng(3)
@@ -53,6 +54,11 @@ def test_replica_matmul_with_random_inputs_matches_numpy_on_every_replica(run_jo
     assert len(product.values) == 8
     for matrix in product.values:
         np.testing.assert_allclose(matrix, a.astype(np.float64) @ b.astype(np.float64), rtol=1e-5, atol=1e-6)
+    return result
+
+
+def test_replica_matmul_with_random_inputs_matches_numpy_on_every_replica(run_job):
+    result = run_random_replica_matmul(run_job)
     assert result.summary["agree"] is True
 
 
