@@ -70,16 +70,9 @@ def test_range_16_is_doubled_one_value_per_replica(run_job):
 
 
 def test_a_short_last_batch_is_split_over_the_replicas_as_tensorflow_splits_it(run_job):
-    result = run_job("replica-dataset", n=20, per_replica=2, fn="square")
-    assert result.status == "done"
-    assert result.summary["global_batch"] == 16 and result.summary["steps"] == 2
-    [first] = result.replica_values("outputs step 0")
-    assert first.values[0] == [0, 1] and first.values[7] == [14**2, 15**2]
-    # TensorFlow's experimental_distribute_dataset gives the last 4 elements one each to the first 4 replicas.
-    [last_inputs] = result.replica_values("inputs step 1")
-    [last_outputs] = result.replica_values("outputs step 1")
-    assert last_inputs.values == [[16], [17], [18], [19], [], [], [], []]
-    assert last_outputs.values == [[256], [289], [324], [361], [], [], [], []]
+    from tests.unit.test_replicas import run_short_last_batch
+
+    run_short_last_batch(run_job)
 
 
 def test_all_reduce_gives_the_closed_form_on_every_replica(run_job):

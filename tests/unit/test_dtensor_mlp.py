@@ -61,14 +61,21 @@ def test_reads_mnist_through_tfds(run_job):
     assert result.summary["layers"] == [784, 32, 10]
 
 
-def test_cancel_stops_between_batches(run_job):
+def run_cancelled_at_the_third_batch(run_job, **params):
+    """dtensor-mlp cancelled when its third batch reports: it stops there, the batches so far kept."""
+
     def cancel_at_third_batch(run, event):
         if getattr(event, "name", None) == "batch_loss" and event.step == 3:
             run.cancel_event.set()
 
-    result = run_job("dtensor-mlp", on_event=cancel_at_third_batch, epochs=2, **SMALL)
+    result = run_job("dtensor-mlp", on_event=cancel_at_third_batch, epochs=2, **params)
     assert result.status == "cancelled"
     assert [metric.step for metric in result.metrics("batch_loss")] == [1, 2, 3]
+    return result
+
+
+def test_cancel_stops_between_batches(run_job):
+    run_cancelled_at_the_third_batch(run_job, **SMALL)
 
 
 def test_a_training_step_on_the_mesh_moves_every_weight_as_plain_tensorflow_does(runtime):
