@@ -104,6 +104,26 @@ def store_outages_forgotten():
     storeclient.set_store_timeout(None)
 
 
+@pytest.fixture
+def libtpu_turn(tmp_path_factory):
+    """Tests whose processes may load libtpu (or hold its lock file) take turns across pytest-xdist's workers.
+
+    libtpu admits one process per host through one lock file: a probe of another
+    worker's test would be named as "the TPU is held by", not this test's own
+    failure. The lock is a file in the session's temporary root, which every
+    worker shares; the wait is for the other test to end, not a time.
+    """
+    import fcntl
+
+    turn_path = tmp_path_factory.getbasetemp().parent / "libtpu-turn.lock"
+    with open(turn_path, "a") as turn:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(turn, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def runtime():
     """The process-wide 8-device CPU runtime."""

@@ -20,10 +20,14 @@ from tests.unit.test_cli import USER_UNSET, run_cli
 from tests.unit.test_cli_host import fake_host
 from tpudash.accel import hostcheck
 
-pytestmark = pytest.mark.skipif(
-    hostcheck.installed_distributions().get("tensorflow-tpu") is None,
-    reason="needs the TPU build: pip install '.[tpu,test]'",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        hostcheck.installed_distributions().get("tensorflow-tpu") is None,
+        reason="needs the TPU build: pip install '.[tpu,test]'",
+    ),
+    # libtpu starts here for real, and its lock is the host's (tests/conftest.py's libtpu_turn).
+    pytest.mark.usefixtures("libtpu_turn"),
+]
 
 
 def test_a_host_without_chips_gets_the_cpu_default_and_never_starts_libtpu():

@@ -11,6 +11,7 @@ import os
 import sys
 from dataclasses import asdict
 
+import pytest
 import tomllib
 from tpu_info import device as tpu_info_device
 
@@ -102,6 +103,7 @@ def test_holders_are_processes_with_a_tpu_device_or_libtpus_lockfile_open(tmp_pa
     ]
 
 
+@pytest.mark.usefixtures("libtpu_turn")  # it holds the host's real lock file: tests that look at it take turns
 def test_a_real_process_holding_libtpus_lockfile_is_found():
     import subprocess
 
