@@ -136,3 +136,24 @@ async def test_a_build_whose_data_went_stale_is_dropped_for_the_newest(gate):
         assert x_axis[-1] == "1000"
         assert all(label in plot.render().plain for label in x_axis)
         assert gate.most_at_once == 1 and len(gate.threads) == 2
+
+
+async def test_a_plot_on_show_is_painted_once_per_update_when_its_build_lands(gate):
+    # Painting a plot turns its whole text into strips (milliseconds of the UI thread): a plot that repainted its
+    # old text on new data as well, every second while a job trains, took a third of the dashboard's UI time.
+    app = PlotApp()
+    async with app.run_test(size=(100, 30)) as pilot:
+        plot = await started(pilot, gate)
+        painted: list[int] = []
+        render = plot.render
+        plot.render = lambda: painted.append(plot.data_version) or render()  # type: ignore[method-assign]
+        plot.set_lines([PlotLine("train", steps_series(24))])
+        await entered(gate.entered[0])
+        await pilot.pause()
+        assert painted == [], "the plot painted its old text again while the new one was being built"
+
+        gate.release[0].set()
+        await plot.drawn()
+        await pilot.pause()
+        assert painted == [plot.data_version]
+        assert float(plot.axis_ticks["x"][-1]) >= 24  # the new data is what was painted

@@ -157,9 +157,17 @@ class BudgetedPlot(PlotextPlot):
         return max(self.size.width - 10, 20)
 
     def redraw(self) -> None:
-        """Replot the current data and schedule a repaint (which asks for a build)."""
+        """Replot the current data and have it built; the plot repaints once, when the build lands.
+
+        A plot on show asks for its build here rather than through a repaint: a repaint now would only draw
+        the old text again (a few milliseconds of the UI thread per plot, every second while a job trains).
+        A plot not on show repaints when shown, and asks for its build then.
+        """
         self._replot_at_size()
-        self.refresh()
+        if self.is_on_screen:
+            self._ensure_built()
+        else:
+            self.refresh()
 
     def _replot_at_size(self) -> None:
         self._drawn_size = (self.size.width, self.size.height)
