@@ -5,7 +5,7 @@ process of its own (``tests/benchmarks/overhead_sides.py`` says what each
 side runs and how it is read): plain Keras ``fit``, headless
 ``tpudash run train``, and the TUI with the job in its engine process.
 With ``TPUDASH_OVERHEAD_BASE`` set to another tree (a ``git worktree`` of an
-older commit), that tree's headless side runs too, in the same rounds.
+older commit), that tree's headless and dashboard sides run too, in the same rounds.
 
 Many short rounds, every side once per round in a shuffled order, so the
 load other processes put on a shared two-core machine (which drifts over
@@ -32,7 +32,7 @@ Environment (all optional): ``TPUDASH_OVERHEAD_ROUNDS`` (default 8, quick 1),
 ``TPUDASH_OVERHEAD_SETUPS`` (``light,cnn``), ``TPUDASH_OVERHEAD_SIDES``
 (``headless,tui``; ``headless-pipe`` adds the headless run into a pipe, without its live display), ``TPUDASH_OVERHEAD_HEAD`` (the tree measured as this
 one, default this checkout), ``TPUDASH_OVERHEAD_BASE`` (a tree compared
-with it, headless). Run it alone with
+with it, each side chosen). Run it alone with
 ``python -m tests.benchmarks --only overhead [--quick]``.
 """
 
@@ -97,6 +97,8 @@ def arms(sides: list[str], head: Path, base: Path | None) -> dict[str, tuple[str
         chosen["headless-pipe"] = ("headless-pipe", head)
     if "tui" in sides:
         chosen["tui"] = ("tui", head)
+        if base is not None:
+            chosen["tui@base"] = ("tui", base)
     return chosen
 
 
@@ -156,6 +158,7 @@ LABELS = {
     "headless@base": "tpudash run train (headless), base tree",
     "headless-pipe": "tpudash run train (headless) into a pipe, no live display",
     "tui": "TUI under Pilot, job in the engine process",
+    "tui@base": "TUI under Pilot, job in the engine process, base tree",
 }
 
 
@@ -191,8 +194,9 @@ def results_for(setup_name: str, setup: TrainingSetup, runs: dict[str, list], ro
             f"{load_text}"
         )
         samples: dict = {"runs": {"plain": runs["plain"], name: runs[name]}, "spreads": spreads}
-        if name == "headless@base" and "headless" in runs:
-            against_base = compare(runs, "headless", against="headless@base")
+        head_name = name.removesuffix("@base")
+        if name.endswith("@base") and head_name in runs:
+            against_base = compare(runs, head_name, against=name)
             notes += f"; this tree / base tree: marginal epoch {against_base['marginal_epoch'].text()}, CPU per step {against_base['cpu_per_step'].text()}"
             samples["head_vs_base"] = against_base
         # CPU per step read as a speed (plain / side): on a loaded machine wall time swings with the
