@@ -13,6 +13,7 @@ import uuid
 
 import pytest
 from textual.app import App, ComposeResult
+from textual.screen import Screen
 from textual.widgets import Static, TabbedContent
 
 from jobs.events import Metric, RunFinished
@@ -49,7 +50,8 @@ MARKS = (
 
 def report(run_id: str, found: list[Advice], **kwargs) -> AdviceReport:
     kwargs.setdefault("framework", "tensorflow")
-    return AdviceReport.of(run_id, found, updated=1_795_000_000.0, **kwargs)
+    kwargs.setdefault("updated", 1_795_000_000.0)
+    return AdviceReport.of(run_id, found, **kwargs)
 
 
 class AdviceApp(App):
@@ -184,6 +186,46 @@ async def test_the_header_shows_mfu_beside_examples_per_second_from_the_runs_met
             # advice.json's MFU, when it has one, is the newest word
             write_report(store.files(run_id), report(run_id, [CACHE], mfu=MFU))
             await settle(pilot, lambda: header_line(app, "rate") == "1185 examples/s · MFU 22.9 %")
+    finally:
+        recorder.close()
+
+
+async def test_a_live_runs_rate_and_its_advice_read_again_unchanged_never_lay_the_screen_out(
+    tmp_path, fast_reads, monkeypatch
+):
+    # A live run's advice.json is read every two seconds (its writer replaces it once an epoch) and its rate
+    # changes every epoch: laying the screen out for either repaints every widget on it, CPU taken from the
+    # training beside the dashboard.
+    store, run_id, recorder = live_run(tmp_path)
+    files = store.files(run_id)
+    write_report(files, report(run_id, [PADDING, CACHE], mfu=MFU))
+    model = RunModel(run_id=run_id, job="fit", status="running")
+    model.apply(Metric("examples_per_second", 1185.0, 30, epoch=0))
+    reads: list[float] = []
+    read = AdviceFeed.read
+    monkeypatch.setattr(AdviceFeed, "read", lambda feed: reads.append(1.0) or read(feed))
+    layouts: list[Screen] = []
+    lay_out = Screen._refresh_layout
+    monkeypatch.setattr(
+        Screen, "_refresh_layout", lambda screen, *a, **k: layouts.append(screen) or lay_out(screen, *a, **k)
+    )
+    app = AdviceApp(model)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            app.query_one(RunView).follow_advice(files, live=True)
+            await settle(pilot, lambda: header_line(app, "rate") == "1185 examples/s · MFU 22.9 %")
+            await settle(pilot, lambda: "padding" in body(app))
+            await pilot.pause()
+            shown = body(app)
+            layouts.clear()
+
+            model.apply(Metric("examples_per_second", 1250.0, 60, epoch=1))
+            read_before = len(reads)
+            await settle(pilot, lambda: len(reads) >= read_before + 2 and "1250" in (header_line(app, "rate") or ""))
+            await pilot.pause()
+            assert header_line(app, "rate") == "1250 examples/s · MFU 22.9 %"
+            assert body(app) == shown
+            assert layouts == []
     finally:
         recorder.close()
 

@@ -97,6 +97,7 @@ class AdviceTab(VerticalScroll):
         self.read = False
         """advice.json was read at least once for the run shown (no file is "none" only then)."""
         self._drawn: tuple | None = None
+        self._text: Text | None = None
 
     def compose(self) -> ComposeResult:
         yield Static(Text(READING, style="dim"), id="advice-body")
@@ -125,6 +126,9 @@ class AdviceTab(VerticalScroll):
             text = no_advice_text()
         else:
             text = Text(READING, style="dim")
+        if text == self._text:
+            return  # a live run's report is read anew every few seconds, mostly to say the same: no relayout for it
+        self._text = text
         self.query_one("#advice-body", Static).update(text)
 
 

@@ -195,7 +195,7 @@ class RunHeader(Vertical):
             return
         self._rate_shown = text
         line = self.query_one("#run-rate", Static)
-        line.update(text or "")
+        line.update(text or "", layout=False)  # one line whatever it says (its CSS): no relayout of the screen
         line.display = text is not None
 
     def _sync_hint(self) -> None:
