@@ -64,10 +64,13 @@ GCS_CLIENT_OPTIONS: dict[str, Any] = {"token": "anon", "requests_timeout": 10}
 GCS_ATTEMPTS = 1
 # s3fs: botocore's attempts (total_max_attempts: all attempts; its "max_attempts"
 # counts retries only; default 3 attempts in standard mode, 5 in legacy),
-# connect and read timeouts (s).
+# connect and read timeouts (s). A stopped store refuses at once whatever the
+# connect timeout; 1 s was too short for a burst of 40 connections to a store
+# in a test process that shares two busy cores with another worker (CI saw a
+# loopback connect time out).
 S3_CLIENT_OPTIONS: dict[str, Any] = {
     "config_kwargs": {
-        "connect_timeout": 1,
+        "connect_timeout": 5,
         "read_timeout": 10,
         "retries": {"total_max_attempts": 1, "mode": "standard"},
     },
