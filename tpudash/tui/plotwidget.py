@@ -161,10 +161,10 @@ class BudgetedPlot(PlotextPlot):
 
         A plot on show asks for its build here rather than through a repaint: a repaint now would only draw
         the old text again (a few milliseconds of the UI thread per plot, every second while a job trains).
-        A plot not on show repaints when shown, and asks for its build then.
+        A plot not on show (another screen's, a hidden tab's) repaints when shown, and asks for its build then.
         """
         self._replot_at_size()
-        if self.is_on_screen:
+        if self.is_on_screen and self.screen.is_current:  # a suspended screen keeps its last layout's map
             self._ensure_built()
         else:
             self.refresh()
