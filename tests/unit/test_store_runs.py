@@ -156,6 +156,35 @@ def test_a_store_that_goes_away_and_comes_back_gets_every_event_once_and_the_log
     assert not list(recorder.run_dir.glob("events/*.jsonl"))  # nothing left behind once uploaded
 
 
+def test_a_wait_for_the_upload_returns_only_once_the_outages_end_is_said(bucket, flaky, monkeypatch):
+    # The last held segment is up, and before the outage's end is said another thread wakes the waiter (new
+    # events, a seal): the wait must not return in between, or "the store answered again" is not in the run yet.
+    said: list[str] = []
+    run_id, recorder = start_run(bucket, seal_seconds=0.05, notify=said.append)
+    recorder.record(Metric("loss", 1.0, 0))
+    assert recorder.events.wait_uploaded(DEADLINE_SECONDS)
+    flaky.down = True
+    recorder.record(Metric("loss", 1.0, 1))
+    assert recorder.events.wait_for_outage(DEADLINE_SECONDS)
+    writer = recorder.events
+    waiter_returned = threading.Event()
+    came_back = type(writer)._came_back
+
+    def woken_before_said(self) -> None:
+        with self._lock:
+            self._changed.notify_all()  # a wake-up for another reason, before the end is said
+        waiter_returned.wait(2.0)  # bounded: with the fix the waiter is still waiting, and this times out
+        came_back(self)
+
+    monkeypatch.setattr(type(writer), "_came_back", woken_before_said)
+    writer._retry_delay = 0.05
+    flaky.down = False
+    assert writer.wait_uploaded(DEADLINE_SECONDS)
+    waiter_returned.set()
+    assert "the store answered again after" in said[-1]
+    recorder.record(RunFinished("done", {}))
+
+
 def test_a_finish_with_the_store_away_keeps_the_run_on_disk_and_says_in_one_line_how_to_upload_it(
     bucket, flaky, tmp_path
 ):

@@ -103,6 +103,8 @@ class SegmentWriter:
         self.unreachable_since: float | None = None
         self.last_error: str | None = None
         self._held_in_outage = 0
+        self._coming_back = False
+        """The last held segment is up and the outage's end is being said: waiters wait for it."""
         self._outage_on_disk = False
         self._retry_delay = RETRY_SECONDS
         self._stopping = False
@@ -135,7 +137,7 @@ class SegmentWriter:
 
     def _queue_emptied_by(self, deadline: float) -> bool:
         """With the lock held: wait until every closed segment is uploaded, or the deadline; whether they were."""
-        while self._queue:
+        while self._queue or self._coming_back:
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -236,12 +238,18 @@ class SegmentWriter:
             outage_over = self.unreachable_since is not None and not self._queue
             if self.unreachable_since is not None:
                 self._held_in_outage += segment.lines
+            # Until the outage's end is said, nobody waiting hears the queue is empty (a wake-up for
+            # another reason would otherwise find it so): its log line is then in the run.
+            self._coming_back = outage_over
         self._retry_delay = RETRY_SECONDS
         self._forget_spilled(relative)
-        if outage_over:
-            self._came_back()  # before waiters hear the queue is empty: its log line is then in the run
-        with self._lock:
-            self._changed.notify_all()
+        try:
+            if outage_over:
+                self._came_back()
+        finally:
+            with self._lock:
+                self._coming_back = False
+                self._changed.notify_all()
 
     def _forget_spilled(self, relative: str) -> None:
         if self.keeping_all:
