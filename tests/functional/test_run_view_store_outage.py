@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
+from types import SimpleNamespace
 
 from jobs.events import RunStarted, Stage
 from tests.functional.runview_harness import RunViewApp
@@ -67,3 +68,24 @@ async def test_an_ended_run_says_nothing_of_its_store():
     model.status, model.finished = "done", time.time() - 90
     async with RunViewApp(model).run_test(size=(100, 24)) as pilot:
         assert "store unreachable" not in await screen_text(pilot)
+
+
+class DashboardOf(RunViewApp):
+    """The run view in an app whose settings name its runs directory, as the dashboard's do."""
+
+    def __init__(self, model: RunModel, runs_dir: object) -> None:
+        super().__init__(model)
+        self.settings = SimpleNamespace(runs_dir=runs_dir)
+
+
+async def test_only_the_dashboards_own_runs_store_stops_its_clocks(tmp_path):
+    # A process may have talked to another store (a copy to a bucket, a test before this one): its outage is not
+    # the outage of the runs this dashboard shows.
+    away_since = time.time() - 600
+    storeclient.mark_unreachable("gs://another-bucket/runs/x", away_since, "no answer within 8 s")
+    for runs_dir, stands_still in ((tmp_path / "runs", False), ("gs://another-bucket/runs", True)):
+        async with DashboardOf(preparing_run(away_since - 42), runs_dir).run_test(size=(100, 24)) as pilot:
+            text = await screen_text(pilot)
+            title = next(row for row in text.splitlines() if RUN_ID in row)
+            assert ("store unreachable" in text) is stands_still, runs_dir
+            assert ("00:42" in title) is stands_still and ("10:4" in title) is not stands_still, title

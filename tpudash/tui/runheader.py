@@ -21,6 +21,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.widget import Widget
 from textual.widgets import Static
 
 from jobs import registry
@@ -56,24 +57,30 @@ def last_message(model: RunModel) -> str | None:
     return None if message is None or message == line else message
 
 
-def store_away(model: RunModel) -> Outage | None:
+def store_away(model: RunModel, runs_dir: object = None) -> Outage | None:
     """The outage of a running run's store, with the events held on this host (by a writer in this process, or
     spilled by one in another, such as the engine); None for an ended run or a store that answers.
 
-    A dashboard reads one runs directory, so this process's outage is its runs' store's.
+    ``runs_dir``: the dashboard's runs directory (its settings'), whose store is its runs' store; None: any store
+    this process uses (a dashboard reads one runs directory). A local directory has no store to be away.
     """
     if model.finished_state:
         return None
-    away = outage()
+    away = outage(None if runs_dir is None else str(runs_dir))
     if away is None or away.held or not model.run_id:
         return away
     return Outage(away.store, away.since, away.reason, spilled_events(local_run_dir(None, model.run_id)))
 
 
-def shown_now(model: RunModel) -> float | None:
+def shown_now(model: RunModel, runs_dir: object = None) -> float | None:
     """The time the run's clocks show: None (now), or while its store is away the moment it stopped answering."""
-    away = store_away(model)
+    away = store_away(model, runs_dir)
     return None if away is None else away.since
+
+
+def dashboard_runs_dir(widget: Widget) -> object:
+    """The runs directory of the app showing ``widget`` (its settings'), or None in an app without settings."""
+    return getattr(getattr(widget.app, "settings", None), "runs_dir", None)
 
 
 class RunHeader(Vertical):
@@ -131,7 +138,7 @@ class RunHeader(Vertical):
                 self._last_title = self.shown_state = "empty"
                 self._store_shown = None
             return
-        away = store_away(model)
+        away = store_away(model, dashboard_runs_dir(self))
         self._sync_store(away)
         self._sync_rate(model)
         self._sync_hint()

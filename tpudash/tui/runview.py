@@ -32,7 +32,7 @@ from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
 from tpudash.tui.profiletab import PROFILE_PANE, FollowsProfiles, ProfileTab
 from tpudash.tui.replicatable import fill_replica_table, replica_note
-from tpudash.tui.runheader import RunHeader, clipped, shown_now
+from tpudash.tui.runheader import RunHeader, clipped, dashboard_runs_dir, shown_now
 from tpudash.tui.workers import FollowsWorkers, WorkersFeed
 
 # A plot flatter than this shows little but its axes: plots then go side by side, even at
@@ -293,7 +293,7 @@ class RunView(FollowsWorkers, FollowsProfiles, FollowsAdvice, Vertical):
             row.show(state, model.finished_state)
 
     def _sync_stage(self, model: RunModel) -> None:
-        text = model.stage_line(shown_now(model))  # stands still while the run's store is away
+        text = model.stage_line(shown_now(model, dashboard_runs_dir(self)))  # stands still while the store is away
         if text == self._stage_shown:
             return
         self._stage_shown = text
