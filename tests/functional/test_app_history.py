@@ -12,6 +12,7 @@ from screens.overlay import OverlayScreen
 from screens.run_detail import RunDetailScreen
 from tests.crafted_runs import CRAFTED, GOOD, craft_runs
 from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, until
+from tpudash.tui.dialogs import ConfirmScreen
 
 
 def history_rows(screen: HistoryScreen) -> list[list]:
@@ -236,3 +237,23 @@ async def test_a_relisting_of_many_runs_updates_the_rows_that_changed_and_refill
         await until(pilot, lambda: table.row_count == 301)
         assert history_rows(screen)[0][2] == "fit-300" and len(rows_added) == 301  # newest first: a refill
         assert screen.highlighted_run_id == run(294).run_id
+
+
+async def test_a_run_or_question_closed_before_it_has_drawn_raises_nothing(make_app, isolated_runs_dir):
+    # Keys typed ahead (enter then escape in History; q then n) close a screen while it is still
+    # mounting; it must not reach for widgets Textual has already taken down.
+    craft_runs(isolated_runs_dir)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        for _ in range(5):
+            app.push_screen(RunDetailScreen(GOOD))
+            app.pop_screen()
+            app.push_screen(ConfirmScreen("Quit?"))
+            app.pop_screen()
+            await pilot.pause()
+        detail = RunDetailScreen(GOOD)
+        await app.push_screen(detail)
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: detail.loaded and detail.view.plot_for("loss") is not None)
+        assert app.is_running

@@ -15,7 +15,12 @@ from textual.widgets import Label, OptionList, Select, TabbedContent, TabPane
 
 from screens.base import DashScreen
 from tpudash.tui.runview import RunTabs
-from tpudash.tui.seams import TEXTUAL_MOVE_PAGE, UndelayedRevisits, guard_option_list_page_keys
+from tpudash.tui.seams import (
+    TEXTUAL_MOVE_PAGE,
+    UndelayedRevisits,
+    guard_option_list_page_keys,
+    taken_down_before_mounted,
+)
 
 
 def test_textual_still_fails_on_a_page_key_before_layout():
@@ -195,3 +200,32 @@ async def test_an_open_select_list_has_the_select_as_parent():
         await pilot.pause()
         assert isinstance(app.focused, OptionList)
         assert isinstance(app.focused.parent, Select)
+
+
+class MountRecordingScreen(Screen):
+    """Records, as it mounts, whether it is already being taken down."""
+
+    def compose(self) -> ComposeResult:
+        yield Label("mounting this child lets the pop run before the screen's own on_mount")
+
+    def on_mount(self) -> None:
+        self.taken_down = taken_down_before_mounted(self)
+
+
+class PlainApp(App):
+    pass
+
+
+async def test_a_screen_closed_while_it_mounts_knows_it_is_being_taken_down():
+    """Its children may already be gone by then (tests/functional/test_app_history.py shows it in the app)."""
+    app = PlainApp()
+    async with app.run_test() as pilot:
+        closed_at_once = MountRecordingScreen()
+        app.push_screen(closed_at_once)
+        app.pop_screen()
+        await pilot.pause()
+        kept = MountRecordingScreen()
+        await app.push_screen(kept)
+        await pilot.pause()
+    assert closed_at_once.taken_down is True  # False: Textual no longer flags it; look again at the seam
+    assert kept.taken_down is False

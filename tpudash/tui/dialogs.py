@@ -14,6 +14,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
+from tpudash.tui.seams import taken_down_before_mounted
+
 
 class ConfirmScreen(ModalScreen[bool]):
     """Ask a question; dismisses with True for yes (``y``), False for no (``n``/escape); enter: the focused one."""
@@ -61,6 +63,8 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button(f"{self.no_label} (n)", variant="default" if self.default_yes else "primary", id="no")
 
     def on_mount(self) -> None:
+        if taken_down_before_mounted(self):
+            return  # asked and answered (or escaped) before it mounted: its buttons are gone already
         self.query_one("#yes" if self.default_yes else "#no", Button).focus()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

@@ -19,6 +19,10 @@ breaking the dashboard quietly. Written against Textual 8.2.
   count is behind the app's): 0.1–0.5 s on the first press of a key. Built
   ahead, in idle time, the screen is styled as it mounts and its count set,
   so the first press only switches, as a re-visit does.
+- ``taken_down_before_mounted``: a screen closed while it still mounts (keys
+  typed ahead: enter then escape) has its children removed before its own and
+  its widgets' ``on_mount`` run, and Textual says so only through the private
+  ``_pruning`` flag. Found by the random-key soak.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from textual import events
+from textual.dom import DOMNode
 from textual.widget import AwaitMount
 from textual.widgets import OptionList
 
@@ -43,6 +48,11 @@ else:
 _GUARDED = "_tpudash_page_keys_guarded"
 TEXTUAL_MOVE_PAGE = OptionList._move_page
 """Textual's own page move, kept so a test can tell when a release no longer needs the guard."""
+
+
+def taken_down_before_mounted(node: DOMNode) -> bool:
+    """Is ``node`` being removed already, as its ``on_mount`` runs? Then its children are gone: draw nothing."""
+    return bool(node._pruning)
 
 
 def guard_option_list_page_keys() -> None:
