@@ -9,6 +9,8 @@ look at.
 
 from __future__ import annotations
 
+import asyncio
+
 from textual.app import App, ComposeResult
 from textual.screen import Screen
 from textual.widgets import Label, OptionList, Select, TabbedContent, TabPane
@@ -229,3 +231,40 @@ async def test_a_screen_closed_while_it_mounts_knows_it_is_being_taken_down():
         await pilot.pause()
     assert closed_at_once.taken_down is True  # False: Textual no longer flags it; look again at the seam
     assert kept.taken_down is False
+
+
+class HeldMountScreen(Screen):
+    """Its mount waits for ``release``: the build of its mode is under way until then."""
+
+    release = asyncio.Event()
+
+    async def on_mount(self) -> None:
+        await self.release.wait()
+
+
+class QuittingFirstScreen(Screen):
+    """Closed first as the app quits: cuts the build short then, as quitting cancels the app's workers."""
+
+    building: asyncio.Future | None = None
+
+    def on_unmount(self) -> None:
+        assert self.building is not None
+        self.building.cancel()
+        HeldMountScreen.release.set()  # so the held screen can close in turn
+
+
+class HeldModeApp(UndelayedRevisits, App):
+    MODES = {"first": QuittingFirstScreen, "held": HeldMountScreen}
+    DEFAULT_MODE = "first"
+
+
+async def test_quitting_while_a_mode_is_built_ahead_closes_cleanly():
+    """Textual closes every mode's stack as it quits; a build cut short then must leave that dict alone."""
+    HeldMountScreen.release = asyncio.Event()
+    app = HeldModeApp()
+    async with app.run_test() as pilot:
+        building = asyncio.ensure_future(app.compose_mode_ahead("held"))
+        app.screen.building = building
+        await pilot.pause()
+        assert app.mode_composed("held") and not building.done()
+    assert building.cancelled()

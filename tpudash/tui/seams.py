@@ -148,7 +148,10 @@ class UndelayedRevisits(_MixedIntoApp):
                 self._load_screen_css(screen)
                 await AwaitMount(screen, self._register(self, screen))
             except BaseException:
-                del self._screen_stacks[mode]
+                # Cut short by quitting (its worker cancelled), Textual is closing every stack in a loop
+                # over this dict: the screen is closed with the others, and the dict must not change.
+                if self.is_running:
+                    del self._screen_stacks[mode]
                 raise
             # Styled as it mounted, with the stylesheet as it is now: nothing to refresh.
             screen._css_update_count = self._css_update_count
