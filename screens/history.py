@@ -292,7 +292,10 @@ class HistoryScreen(ExportsRuns):
             self.open_run(event.row_key.value)
 
     def open_run(self, run_id: str) -> None:
-        self.app.push_screen(RunDetailScreen(run_id))
+        # A row's selection arrives as a message: a key typed after enter (d) may have shown another screen
+        # by then, and the run would open over that one instead.
+        if self.is_current:
+            self.app.push_screen(RunDetailScreen(run_id))
 
     def action_toggle_mark(self) -> None:
         run_id = self.highlighted_run_id

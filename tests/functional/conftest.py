@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import unicodedata
 
 import pytest
+from textual import events
+from textual.keys import REPLACED_KEYS, _character_to_key, _get_unicode_name_from_key
 
 from jobs import registry
 from jobs.base import JobSpec, Param
@@ -154,3 +157,22 @@ async def type_into(pilot, widget, text: str) -> None:
 def shown_live(app):
     """The session run the Run view shows."""
     return app.session.live_runs.get(app.shown_run_id)
+
+
+def key_event(key: str) -> events.Key:
+    """The Key event ``Pilot.press`` would send for ``key``."""
+    if len(key) == 1 and not key.isalnum():
+        key = _character_to_key(key)
+    try:
+        character = unicodedata.lookup(_get_unicode_name_from_key(REPLACED_KEYS.get(key, key)))
+    except KeyError:
+        character = key if len(key) == 1 else None
+    return events.Key(key, character)
+
+
+def type_ahead(app, *keys: str) -> None:
+    """Queue key events for the app without waiting for any of them to be handled: keys typed ahead."""
+    for key in keys:
+        event = key_event(key)
+        event.set_sender(app)
+        app.post_message(event)

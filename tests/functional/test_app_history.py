@@ -7,11 +7,12 @@ import threading
 
 from textual.widgets import DataTable, Static
 
+from screens.devices import DevicesScreen
 from screens.history import HistoryScreen
 from screens.overlay import OverlayScreen
 from screens.run_detail import RunDetailScreen
 from tests.crafted_runs import CRAFTED, GOOD, craft_runs
-from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, until
+from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, type_ahead, until
 from tpudash.tui.dialogs import ConfirmScreen
 
 
@@ -257,3 +258,37 @@ async def test_a_run_or_question_closed_before_it_has_drawn_raises_nothing(make_
         await app.workers.wait_for_complete()
         await until(pilot, lambda: detail.loaded and detail.view.plot_for("loss") is not None)
         assert app.is_running
+
+
+async def test_a_run_opened_then_left_at_once_leaves_the_next_screen_in_charge(make_app, isolated_runs_dir):
+    # Typed ahead: enter on a run, then d. The row's selection is a message History handles after the app
+    # has already switched to Devices; the run must not open on top of Devices, where d could not leave it.
+    craft_runs(isolated_runs_dir)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await open_history(pilot, len(CRAFTED) + 1)
+        type_ahead(app, "enter", "d")
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert isinstance(app.screen, DevicesScreen)
+        await pilot.press("h")
+        assert isinstance(app.screen, HistoryScreen)
+
+
+async def test_a_screens_key_closes_a_run_opened_over_that_screen(make_app, isolated_runs_dir):
+    # w opens another writer's live run over the screen it was pressed on; enter opens one over History.
+    # The screen's own key leads back to it, as backspace does.
+    craft_runs(isolated_runs_dir)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        await app.push_screen(RunDetailScreen(GOOD))
+        await pilot.press("d")
+        assert isinstance(app.screen, DevicesScreen) and len(app.screen_stack) == 1
+        history = await open_history(pilot, len(CRAFTED) + 1)
+        await pilot.press("enter")
+        assert isinstance(app.screen, RunDetailScreen)
+        await pilot.press("h")
+        assert app.screen is history and len(app.screen_stack) == 1

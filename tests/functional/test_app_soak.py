@@ -38,14 +38,11 @@ import logging
 import os
 import random
 import string
-import unicodedata
 
 import pytest
-from textual import events
 from textual.app import App
 from textual.binding import Binding
 from textual.command import CommandList, CommandPalette
-from textual.keys import REPLACED_KEYS, _character_to_key, _get_unicode_name_from_key
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Input
 from textual.widgets._select import SelectOverlay
@@ -53,7 +50,7 @@ from textual.widgets._select import SelectOverlay
 from jobs.events import Metric
 from screens.devices import DevicesScreen
 from screens.jobs import JobsScreen
-from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, shown_live, until
+from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, shown_live, type_ahead, until
 from tpudash.runs.store import RunStore
 from tpudash.tui.app import TICK_SECONDS, TpudashApp
 from tpudash.tui.dialogs import ConfirmScreen
@@ -141,25 +138,6 @@ def soak_key_set() -> list[str]:
     return sorted({key for key, action in pairs if action not in QUIT_ACTIONS} | NAVIGATION_KEYS)
 
 
-def key_event(key: str) -> events.Key:
-    """The Key event ``Pilot.press`` would send for ``key``."""
-    if len(key) == 1 and not key.isalnum():
-        key = _character_to_key(key)
-    try:
-        character = unicodedata.lookup(_get_unicode_name_from_key(REPLACED_KEYS.get(key, key)))
-    except KeyError:
-        character = key if len(key) == 1 else None
-    return events.Key(key, character)
-
-
-def soak_post(app, *keys: str) -> None:
-    """Queue key events for the app without waiting for any of them to be handled."""
-    for key in keys:
-        event = key_event(key)
-        event.set_sender(app)
-        app.post_message(event)
-
-
 # -- the jobs ---------------------------------------------------------------------------
 
 
@@ -238,7 +216,7 @@ class KeySoak:
     def post(self, *keys: str) -> None:
         where = f"{type(self.app.screen).__name__}/{type(self.app.focused).__name__}"
         self.last_keys.append(f"{where}: {' '.join(keys)}")
-        soak_post(self.app, *keys)
+        type_ahead(self.app, *keys)
         self.keys_sent += len(keys)
 
     async def press(self, *keys: str, drain: bool = False) -> None:
@@ -268,7 +246,11 @@ class KeySoak:
             if predicate():
                 return
             await self.settle()
-        raise AssertionError(f"condition not met within {UNTIL_TIMEOUT} s")
+        stack = " > ".join(type(screen).__name__ for screen in self.app.screen_stack)
+        raise AssertionError(
+            f"condition not met within {UNTIL_TIMEOUT} s; screens {stack}, focus {type(self.app.focused).__name__}; "
+            f"the last keys sent: {' | '.join(self.last_keys)}"
+        )
 
     def assert_alive(self) -> None:
         assert self.app._exception is None, (
@@ -519,20 +501,20 @@ async def test_enter_typed_right_after_moving_to_another_job_opens_that_form_and
         # shown, like a user typing ahead of a busy screen.
         form_shown = asyncio.Event()
         screen.watch(screen.query_one("#forms", ContentSwitcher), "current", lambda _: form_shown.set(), init=False)
-        soak_post(app, "down")
+        type_ahead(app, "down")
         await asyncio.wait_for(form_shown.wait(), UNTIL_TIMEOUT)
         next_form = screen.current_form
         assert next_form is not first_form
-        soak_post(app, "enter")
+        type_ahead(app, "enter")
         await pilot.pause()
         assert app._exception is None, f"enter on the half-built {next_form.spec.name} form: {app._exception!r}"
         assert [message for _, severity, message in app.notices if severity == "error"] == []
         await until(pilot, lambda: app.focused is next_form.fields[0].input)
         assert not app.session.live_runs
         # Its first field is a dropdown, where enter opens the list; tab reaches Launch.
-        soak_post(app, "tab")
+        type_ahead(app, "tab")
         await until(pilot, lambda: app.focused is next_form.query_one("Button.launch"))
-        soak_post(app, "enter")
+        type_ahead(app, "enter")
         await until(pilot, lambda: shown_live(app) is not None)
         await run_settled(pilot, shown_live(app))
         assert shown_live(app).model.job == next_form.spec.name

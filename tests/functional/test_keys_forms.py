@@ -9,8 +9,9 @@ from textual._xterm_parser import XTermParser
 from textual.widgets import OptionList, Select, Switch
 
 from jobs import datasets
+from screens.history import HistoryScreen
 from screens.jobs import JobsScreen
-from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, until
+from tests.functional.conftest import SIZE, run_settled, runtime_ready, shown_live, type_ahead, until
 from tests.functional.test_app_80x24 import screen_rows
 from tpudash.tui.bars import KeyBar
 from tpudash.tui.dialogs import ConfirmScreen
@@ -193,3 +194,18 @@ def test_every_screens_own_keys_fit_the_room_the_keys_line_keeps_for_them():
                 )
                 widest[binding.key] = max(widest.get(binding.key, 0), width)
         assert sum(widest.values()) <= KeyBar.SCREEN_KEYS_ROOM, (class_name, widest)
+
+
+async def test_a_screens_key_typed_right_after_a_launch_key_wins(make_app, job_gate):
+    # A launch shows the Run view once the run is on its way; d typed before that must not be overruled.
+    job_gate.release.set()
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        type_ahead(app, "g", "h")
+        await until(pilot, lambda: app.session.live_runs and isinstance(app.screen, HistoryScreen))
+        await run_settled(pilot, shown_live(app))
+        await pilot.pause()
+        assert isinstance(app.screen, HistoryScreen)
+        await pilot.press("g")
+        assert app.current_mode == "run"  # a launch alone still shows its run

@@ -148,6 +148,8 @@ class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, Dashboar
         self.modules_at_first_frame: list[str] = []
         """What the process had imported at its first frame (kept with ``TPUDASH_EXIT_AFTER_FIRST_FRAME``)."""
         self._previous_mode = self.DEFAULT_MODE
+        self._screens_asked = 0
+        """How many times a screen was asked for (a key, the palette): a deferred Run view yields to a later ask."""
 
     # -- lifecycle ------------------------------------------------------------------
     def on_load(self) -> None:
@@ -201,7 +203,14 @@ class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, Dashboar
         self.host_io.release()
 
     def show_run_view(self) -> None:
-        self.call_later(self.action_show, "run")
+        """Show the Run view next, unless a screen is asked for first (a key typed ahead of a launch wins)."""
+        asked = self._screens_asked
+
+        async def show_unless_asked_since() -> None:
+            if self._screens_asked == asked:
+                await self.action_show("run")
+
+        self.call_later(show_unless_asked_since)
 
     def ask(self, question: str, *, yes: str, no: str, answered: Callable[[bool], None]) -> None:
         """A modal question with ``yes`` focused (enter, or y); ``answered`` gets the choice (escape: no)."""
@@ -211,6 +220,8 @@ class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, Dashboar
 
     # -- actions --------------------------------------------------------------------
     async def action_show(self, mode: str) -> None:
+        """Show ``mode``'s own screen: switched to, or, already there, with any run opened over it closed."""
+        self._screens_asked += 1
         if mode not in MODE_SCREENS or self.exiting:
             return
         if self.screen.is_modal:
@@ -222,6 +233,10 @@ class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, Dashboar
         if self.current_mode != mode:
             self._previous_mode = self.current_mode
             await self.switch_mode_undelayed(mode, MODE_SCREENS[mode][0])
+            return
+        # A run opened over this mode's screen (w, enter in History): the mode's key leads back to the screen itself.
+        while len(self.screen_stack) > 1 and not self.screen.is_modal:
+            await self.pop_screen()
 
     async def action_back(self) -> None:
         await self.action_show(self._previous_mode if self._previous_mode != self.current_mode else "devices")
