@@ -176,3 +176,15 @@ def type_ahead(app, *keys: str) -> None:
         event = key_event(key)
         event.set_sender(app)
         app.post_message(event)
+
+
+async def press_to_quit(pilot, key: str, timeout: float = UNTIL_TIMEOUT) -> None:
+    """Press a key that ends the app (q with nothing to ask about, y to the quit question); wait until it stopped.
+
+    Not ``pilot.press``: that waits for Textual's animations to complete, and a tab's underline that starts
+    moving as the app closes (Tabs moves it on the screen's last idle, after the animator has stopped) never
+    completes, so the press would wait forever.
+    """
+    app = pilot.app
+    type_ahead(app, key)
+    await until(pilot, lambda: not app.is_running, timeout)

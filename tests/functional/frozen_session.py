@@ -15,6 +15,7 @@ import json
 import sys
 
 from tests.benchmarks.bench_hosts import make_app
+from tests.functional.conftest import press_to_quit
 
 
 async def main(runs_dir: str) -> dict:
@@ -22,7 +23,7 @@ async def main(runs_dir: str) -> dict:
     async with app.run_test(size=(80, 24)) as pilot:
         await asyncio.wait_for(app.settled_in.wait(), 60)
         settled = gc.get_freeze_count()
-        await pilot.press("q")
+        await press_to_quit(pilot, "q")
     return {"frozen_once_settled": settled, "frozen_after_the_end": gc.get_freeze_count()}
 
 

@@ -14,7 +14,7 @@ from textual.widgets import RichLog
 from jobs.base import JobSpec
 from screens.jobs import JobsScreen
 from screens.run_detail import RunDetailScreen
-from tests.functional.conftest import RUN_TIMEOUT, SIZE, run_settled, runtime_ready, shown_live, until
+from tests.functional.conftest import RUN_TIMEOUT, SIZE, press_to_quit, run_settled, runtime_ready, shown_live, until
 from tpudash.runs.store import RunStore
 from tpudash.tui.bars import KeyBar, SessionBar
 from tpudash.tui.dialogs import ConfirmScreen
@@ -36,8 +36,8 @@ async def test_quit_during_a_run_asks_then_records_the_run_as_cancelled(make_app
         assert live.model.status == "running" and app.is_running
 
         await pilot.press("q")
-        await pilot.press("y")
-        await app.quit_worker.wait()
+        await press_to_quit(pilot, "y")
+        assert app.quit_worker.is_finished
     assert app.return_code == 0
     info = RunStore(isolated_runs_dir).info(isolated_runs_dir / live.run_id)
     assert info.status == "cancelled"
@@ -47,9 +47,7 @@ async def test_quit_during_a_run_asks_then_records_the_run_as_cancelled(make_app
 async def test_quit_without_a_job_exits_at_once(make_app):
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("q")
-        await pilot.pause()
-        assert not app.is_running
+        await press_to_quit(pilot, "q")
     assert app.return_code == 0
 
 

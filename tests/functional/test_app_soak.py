@@ -50,7 +50,16 @@ from textual.widgets._select import SelectOverlay
 from jobs.events import Metric
 from screens.devices import DevicesScreen
 from screens.jobs import JobsScreen
-from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, shown_live, type_ahead, until
+from tests.functional.conftest import (
+    SIZE,
+    UNTIL_TIMEOUT,
+    press_to_quit,
+    run_settled,
+    runtime_ready,
+    shown_live,
+    type_ahead,
+    until,
+)
 from tpudash.runs.store import RunStore
 from tpudash.tui.app import TICK_SECONDS, TpudashApp
 from tpudash.tui.dialogs import ConfirmScreen
@@ -437,9 +446,8 @@ async def _soak_then_check(make_app, soak_specs, runs_dir, caplog, seed: int) ->
         last = soak.held_test_run()
         await soak.press("q", drain=True)
         await soak.until(lambda: isinstance(app.screen, ConfirmScreen))
-        await pilot.press("y")
-        assert app.quit_worker is not None
-        await asyncio.wait_for(app.quit_worker.wait(), TICK_TIMEOUT)
+        await press_to_quit(pilot, "y", TICK_TIMEOUT)
+        assert app.quit_worker is not None and app.quit_worker.is_finished
     assert app._exception is None and app.return_code == 0
 
     errors = [message for _, severity, message in app.notices if severity == "error"]

@@ -15,7 +15,7 @@ import pytest
 from jobs import registry
 from tests.engine_jobs import SPECS as TEST_ENGINE_JOBS
 from tests.engine_main import ENGINE_MAIN
-from tests.functional.conftest import SIZE, runtime_ready, until
+from tests.functional.conftest import SIZE, press_to_quit, runtime_ready, until
 from tpudash.engine.handle import EngineProcess
 from tpudash.runs.store import RunStore
 from tpudash.tui.app import TpudashApp
@@ -52,8 +52,7 @@ async def test_quit_while_training_records_the_run_as_cancelled_and_ends_the_eng
         await until(pilot, lambda: "step" in training.model.progress, timeout=180)
         await pilot.press("q")
         assert "train is running" in app.screen.question
-        await pilot.press("y")
-        await until(pilot, lambda: app.exiting, timeout=ENGINE_EXIT_TIMEOUT)
+        await press_to_quit(pilot, "y", timeout=ENGINE_EXIT_TIMEOUT)
     # Released by the quit itself, before the app began to close its screens: not left to the app's unmount.
     assert exiting_when_released[:1] == [False]
     assert app.return_code == 0
