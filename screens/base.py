@@ -16,13 +16,14 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from tpudash.tui.bars import KeyBar, SessionBar
+from tpudash.tui.seams import KeptLayout
 
 if TYPE_CHECKING:
     from tpudash.tui.app import TpudashApp
 
 
-class DashScreen(Screen):
-    """A screen with the session bar and the keys line around its body."""
+class DashScreen(KeptLayout, Screen):
+    """A screen with the session bar and the keys line around its body; shown again, it keeps its layout."""
 
     BINDINGS = [
         # Textual's own tab moves the focus only once the key has passed

@@ -25,16 +25,22 @@ TensorFlow, or that it was released or crashed and what happens next.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, cast
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.visual import visualize
 from textual.widgets import DataTable, LoadingIndicator, Static
 
 from screens.base import DashScreen
 from tpudash.config import FRAMEWORK_NAMES
 from tpudash.format import format_bytes, format_seconds, telemetry_view
 from tpudash.tui.hostgate import RUNTIME_HELD_STATUS, TPU_HELD_STATUS_PREFIX
+
+if TYPE_CHECKING:
+    from textual.css.styles import RulesMap
 
 DEVICE_COLUMNS = ("index", "name", "type", "job", "replica", "task", "memory", "last check")
 JAX_DEVICE_COLUMNS = ("index", "name", "platform", "kind", "process", "coords", "memory", "last check")
@@ -167,8 +173,25 @@ class DevicesScreen(DashScreen):
             return
         if stamped is None:
             return
+        if not self.is_current:
+            self._telemetry_behind = stamped  # drawn when shown again: a hidden screen neither draws nor lays out
+            return
+        self._telemetry_behind = None
         history = [sample for stamp, sample in self.dashboard.session.telemetry.history if stamp < stamped[0]]
-        panel.update(telemetry_view(stamped[1], history, settings.tpu_metrics))
+        view = telemetry_view(stamped[1], history, settings.tpu_metrics)
+        # The panel's height follows its content (auto): the screen is laid out again only when that
+        # height changes, not every second as the figures do (a layout of the whole screen costs a key's frame).
+        width, rules = panel.content_size.width, cast("RulesMap", panel.styles)  # Textual measures it so too
+        height = visualize(panel, view).get_height(rules, width) if width else None
+        panel.update(view, layout=height != panel.content_size.height)
+
+    _telemetry_behind: tuple | None = None
+    """The newest telemetry, when it came while this screen was hidden."""
+
+    def on_screen_resume(self, event: events.ScreenResume) -> None:
+        # (DashScreen's handler runs too: Textual calls each class's own.)
+        if self._telemetry_behind is not None:
+            self._show_telemetry(self._telemetry_behind)
 
     def _show_engine(self, status: str) -> None:
         """Which process holds the framework (TensorFlow, or JAX), and what to do when none does."""

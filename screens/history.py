@@ -136,6 +136,7 @@ class HistoryScreen(ExportsRuns):
         self._listing: Worker | None = None
         self._list_again = False
         """A reload was asked for while a listing ran: one more follows it."""
+        self._title_shown: Text | None = None
 
     def compose_body(self) -> ComposeResult:
         yield Static("", id="history-title")
@@ -246,13 +247,14 @@ class HistoryScreen(ExportsRuns):
                 table.move_cursor(row=table.get_row_index(cursor_key))
         self._shown = rows
         where = self.dashboard.session.store.where
-        self.query_one("#history-title", Static).update(
-            Text.assemble(
-                (f"{len(self.runs)} run{'' if len(self.runs) == 1 else 's'}", "bold"),
-                f" in {where}   ",
-                ("enter open · space mark · o overlay two · e export CSV", "dim"),
-            )
+        heading = Text.assemble(
+            (f"{len(self.runs)} run{'' if len(self.runs) == 1 else 's'}", "bold"),
+            f" in {where}   ",
+            ("enter open · space mark · o overlay two · e export CSV", "dim"),
         )
+        if heading != self._title_shown:  # the same words again would lay the screen out at every visit
+            self._title_shown = heading
+            self.query_one("#history-title", Static).update(heading)
 
     def _update_changed_cells(self, table: DataTable, rows: dict[str, list], narrow: bool) -> bool:
         """Only the cells that changed, when the same runs are shown in the same order; whether that was enough.

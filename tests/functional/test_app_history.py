@@ -240,6 +240,46 @@ async def test_a_relisting_of_many_runs_updates_the_rows_that_changed_and_refill
         assert screen.highlighted_run_id == run(294).run_id
 
 
+async def test_history_shown_again_with_the_same_runs_is_not_laid_out_and_counts_a_new_run(make_app, monkeypatch):
+    """Each visit lists the runs again; the same title again laid the whole screen out, a key's frame of time."""
+    from textual.screen import Screen
+
+    from tpudash.runs.store import RunInfo
+
+    def runs(count: int) -> list[RunInfo]:
+        return [
+            RunInfo(run_id=f"20261128-0100{index:02d}-fit-{index:06x}", path="/nowhere", job="fit", status="done")
+            for index in range(count)
+        ]
+
+    layouts: list[str] = []
+    lay_out = Screen._refresh_layout
+    monkeypatch.setattr(
+        Screen,
+        "_refresh_layout",
+        lambda screen, *a, **k: layouts.append(type(screen).__name__) or lay_out(screen, *a, **k),
+    )
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        listing = runs(3)
+        app.session.store.list_runs = lambda: listing
+        screen = await open_history(pilot, 3)
+        title = screen.query_one("#history-title", Static)
+        assert str(title.content).startswith("3 runs in ")
+        await pilot.press("d")
+        await pilot.pause()
+        layouts.clear()
+        await pilot.press("h")
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        assert "HistoryScreen" not in layouts
+
+        listing = runs(4)
+        await pilot.press("d", "h")
+        await until(pilot, lambda: screen.query_one("#history-table", DataTable).row_count == 4)
+        assert str(title.content).startswith("4 runs in ")
+
+
 async def test_a_run_or_question_closed_before_it_has_drawn_raises_nothing(make_app, isolated_runs_dir):
     # Keys typed ahead (enter then escape in History; q then n) close a screen while it is still
     # mounting; it must not reach for widgets Textual has already taken down.

@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import pytest
 from rich.console import Console
+from textual.screen import Screen
 from textual.widgets import Static
 
 from screens.run_detail import RunDetailScreen
@@ -172,3 +173,58 @@ async def test_a_tpudash_job_records_telemetry_and_its_run_view_plots_it(make_ap
         await run_settled(pilot, live)
     recorded, _ = read_events(store.root / live.run_id / TELEMETRY_FILE)
     assert recorded and [chip["duty_cycle_pct"] for chip in recorded[0][1].chips] == list(DUTY.values())
+
+
+def chip_row(app, chip: str) -> str:
+    """Chip ``chip``'s row in the Devices screen's telemetry panel, as drawn."""
+    screen = app.get_screen_stack("devices")[0]
+    text = rendered(screen.query_one("#telemetry", Static))
+    return next((line for line in text.splitlines() if line.split()[:1] == [chip]), "")
+
+
+async def test_devices_telemetry_lays_the_screen_out_only_when_its_height_changes_and_waits_while_hidden(
+    make_app, fake, monkeypatch
+):
+    # Telemetry comes five times a second here (every second by default): laying the whole screen out for
+    # each sample costs the key pressed meanwhile its frame, and a hidden screen laid itself out again on
+    # its next visit.
+    layouts: list[str] = []
+    lay_out = Screen._refresh_layout
+    monkeypatch.setattr(
+        Screen,
+        "_refresh_layout",
+        lambda screen, *a, **k: layouts.append(type(screen).__name__) or lay_out(screen, *a, **k),
+    )
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+
+        def samples() -> int:
+            return len(app.session.telemetry.history)
+
+        await until(pilot, lambda: samples() >= 3)  # the sparklines' column is there from the second on
+        await pilot.pause()
+        layouts.clear()
+        fake.set(duty=LOW_DUTY)
+        await until(pilot, lambda: "12%" in chip_row(app, "0"))
+        seen = samples()
+        await until(pilot, lambda: samples() >= seen + 3)
+        assert "DevicesScreen" not in layouts  # new figures, the same lines: repainted, not laid out
+
+        await pilot.press("j")
+        await pilot.pause()
+        layouts.clear()
+        fake.set(duty=DUTY)
+        seen = samples()
+        await until(pilot, lambda: samples() >= seen + 3)
+        assert "12%" in chip_row(app, "0")  # hidden: not drawn meanwhile
+        await pilot.press("d")
+        await pilot.pause()
+        assert "88%" in chip_row(app, "0")  # the newest sample, on the first frame back
+        assert "DevicesScreen" not in layouts
+
+        fake.stop()  # the TPU's table becomes one line saying why: the panel is shorter
+        await until(pilot, lambda: app.telemetry[1].unavailable.get("tpu"))
+        await pilot.pause()
+        assert "DevicesScreen" in layouts
+        panel = app.screen.query_one("#telemetry", Static)
+        assert panel.content_size.height == len(rendered(panel).rstrip("\n").splitlines())

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from textual.app import App, ComposeResult
+from textual.geometry import Size
 from textual.screen import Screen
 from textual.widgets import Label, OptionList, Select, TabbedContent, TabPane
 
@@ -19,6 +20,7 @@ from screens.base import DashScreen
 from tpudash.tui.runview import RunTabs
 from tpudash.tui.seams import (
     TEXTUAL_MOVE_PAGE,
+    KeptLayout,
     UndelayedRevisits,
     guard_option_list_page_keys,
     taken_down_before_mounted,
@@ -268,3 +270,78 @@ async def test_quitting_while_a_mode_is_built_ahead_closes_cleanly():
         await pilot.pause()
         assert app.mode_composed("held") and not building.done()
     assert building.cancelled()
+
+
+class LayoutCounting:
+    """Counts the screen's layouts; its label is as wide as its text (auto width)."""
+
+    def compose(self) -> ComposeResult:
+        yield Label("short", id="grows")
+
+    def _refresh_layout(self, size=None, scroll: bool = False) -> None:
+        self.layouts = getattr(self, "layouts", 0) + 1
+        super()._refresh_layout(size, scroll)  # type: ignore[misc]
+
+
+class PlainLayoutCountingScreen(LayoutCounting, Screen):
+    pass
+
+
+class KeptLayoutScreen(LayoutCounting, KeptLayout, Screen):
+    pass
+
+
+class LayoutModesApp(UndelayedRevisits, App):
+    MODES = {"plain": PlainLayoutCountingScreen, "kept": KeptLayoutScreen, "other": lambda: Screen()}
+    DEFAULT_MODE = "other"
+
+
+async def revisit(app: App, mode: str, pilot) -> int:
+    """Show ``mode`` again (from "other"); how many layouts its screen did meanwhile."""
+    screen = app.get_screen_stack(mode)[0]
+    before = getattr(screen, "layouts", 0)
+    await app.switch_mode_undelayed("other")
+    await app.switch_mode_undelayed(mode)
+    await pilot.pause()
+    return screen.layouts - before
+
+
+async def test_textual_still_lays_a_mode_out_again_on_every_visit():
+    """If this fails, switch_mode no longer lays out a screen shown again unchanged: KeptLayout can go."""
+    app = LayoutModesApp()
+    async with app.run_test(size=(60, 12)) as pilot:
+        await app.switch_mode_undelayed("plain")
+        await pilot.pause()
+        assert await revisit(app, "plain", pilot) >= 1
+
+
+async def test_a_screen_shown_again_unchanged_keeps_its_layout_and_is_painted():
+    app = LayoutModesApp()
+    async with app.run_test(size=(60, 12)) as pilot:
+        await app.switch_mode_undelayed("kept")
+        await pilot.pause()
+        assert await revisit(app, "kept", pilot) == 0
+        assert "short" in app.export_screenshot()  # the resume repainted it
+
+
+async def test_a_screen_changed_or_resized_while_hidden_is_laid_out_again_when_shown():
+    app = LayoutModesApp()
+    async with app.run_test(size=(60, 12)) as pilot:
+        await app.switch_mode_undelayed("kept")
+        await pilot.pause()
+        screen = app.screen
+        await app.switch_mode_undelayed("other")
+        screen.query_one("#grows", Label).update("a label much longer than before")  # asks for a layout
+        await pilot.pause()
+        await app.switch_mode_undelayed("kept")
+        await pilot.pause()
+        assert screen.layouts >= 2
+        assert screen.query_one("#grows", Label).region.width == len("a label much longer than before")
+        await app.switch_mode_undelayed("other")
+        await pilot.resize_terminal(80, 20)
+        await pilot.pause()
+        layouts = screen.layouts
+        await app.switch_mode_undelayed("kept")
+        await pilot.pause()
+        assert screen.layouts > layouts
+        assert screen.size == Size(80, 20)

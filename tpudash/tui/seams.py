@@ -19,6 +19,11 @@ breaking the dashboard quietly. Written against Textual 8.2.
   count is behind the app's): 0.1–0.5 s on the first press of a key. Built
   ahead, in idle time, the screen is styled as it mounts and its count set,
   so the first press only switches, as a re-visit does.
+- ``KeptLayout``: ``App.switch_mode`` lays a mode's screen out again on every
+  visit (``Screen._screen_resized``), even at the size it was laid out at
+  with nothing moved since: about half of a re-visit's UI-thread time. A
+  screen that asked for a layout while hidden says so (``_layout_required``),
+  and then, or at another size, Textual's own layout runs.
 - ``taken_down_before_mounted``: a screen closed while it still mounts (keys
   typed ahead: enter then escape) has its children removed before its own and
   its widgets' ``on_mount`` run, and Textual says so only through the private
@@ -33,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual import events
 from textual.dom import DOMNode
+from textual.geometry import Size
 from textual.widget import AwaitMount
 from textual.widgets import OptionList
 
@@ -40,10 +46,12 @@ from textual.widgets import OptionList
 # time it is a plain class placed before App in the app's bases.
 if TYPE_CHECKING:
     from textual.app import App
+    from textual.screen import Screen
 
     _MixedIntoApp = App[Any]
+    _MixedIntoScreen = Screen[Any]
 else:
-    _MixedIntoApp = object
+    _MixedIntoApp = _MixedIntoScreen = object
 
 _GUARDED = "_tpudash_page_keys_guarded"
 TEXTUAL_MOVE_PAGE = OptionList._move_page
@@ -53,6 +61,21 @@ TEXTUAL_MOVE_PAGE = OptionList._move_page
 def taken_down_before_mounted(node: DOMNode) -> bool:
     """Is ``node`` being removed already, as its ``on_mount`` runs? Then its children are gone: draw nothing."""
     return bool(node._pruning)
+
+
+class KeptLayout(_MixedIntoScreen):
+    """A Screen mixin: a mode's screen shown again at the size of its last layout, with no layout asked for
+    while it was hidden, keeps that layout; its resume repaints it as before.
+
+    Mix in before ``Screen``. Relies on ``App.switch_mode`` calling ``Screen._screen_resized`` before the
+    screen's resume, and on a widget's layout request to a hidden screen setting its ``_layout_required``
+    (the screen's update timer lays it out once it is shown, as it does for a request that comes later).
+    """
+
+    def _screen_resized(self, size: Size) -> None:
+        if size == self._size and not (self._layout_required or self._scroll_required or self._layout_widgets):
+            return  # nothing moved while hidden: the last layout stands
+        super()._screen_resized(size)
 
 
 def guard_option_list_page_keys() -> None:
