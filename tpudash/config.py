@@ -25,6 +25,8 @@ FRAMEWORK_CHOICES = ("auto", "tensorflow", "jax")
 """What runs the engine's jobs: ``auto`` is TensorFlow where it is installed, else JAX where it is (``resolve_framework``)."""
 FRAMEWORK_NAMES = {"tensorflow": "TensorFlow", "jax": "JAX"}
 ENV_PREFIX = "TPUDASH_"
+ENGINE_IDLE = "idle"
+"""``Settings.engine_nice``'s default: the engine runs under Linux's SCHED_IDLE policy (``tpudash.engine.server.lower_priority``)."""
 # Settings given in seconds: (lowest, highest) allowed.
 SECONDS_RANGES = {
     "tpu_timeout": (1.0, 3600.0),
@@ -62,8 +64,12 @@ class Settings:
         after this many idle seconds; 0 keeps it until quit or the release key.
     cancel_grace: seconds a cancelled job has to stop before the dashboard
         ends its engine and records the run as cancelled.
-    engine_nice: how much lower the engine's CPU priority is (0 to 19), so
-        the dashboard's keys win the CPU over training.
+    engine_nice: how the engine gives way on the CPU so the dashboard's keys
+        win it over training: ``idle`` (Linux's SCHED_IDLE policy: the kernel
+        runs the engine on every cycle nothing else wants and hands a core
+        to a woken dashboard at once; nice 19 where there is no such policy),
+        or a nice increment, 0 to 19 (a share of the CPU kept even against
+        other busy processes on a shared host).
     tpu_metrics: HOST:PORT of libtpu's metrics service on this host.
     telemetry_interval: seconds between telemetry samples (0: no sampling).
     store_timeout: seconds any one call to a store (gs://, s3://) may take
@@ -80,7 +86,7 @@ class Settings:
     tpu_timeout: float = 60.0
     release_after: float = 0.0
     cancel_grace: float = 2.0
-    engine_nice: int = 10
+    engine_nice: int | str = ENGINE_IDLE
     tpu_metrics: str = DEFAULT_TPU_METRICS_ADDRESS
     telemetry_interval: float = DEFAULT_TELEMETRY_INTERVAL_SECONDS
     store_timeout: float = DEFAULT_STORE_TIMEOUT
@@ -157,12 +163,17 @@ def settings_environment(settings: Settings, environ: dict[str, str]) -> dict[st
 
 def _convert(name: str, raw: object, source: str) -> object:
     if name == "engine_nice":
+        text = str(raw).strip().lower()
+        if text == ENGINE_IDLE:
+            return ENGINE_IDLE
         try:
-            increment = int(str(raw).strip(), 10)
+            increment = int(text, 10)
         except ValueError:
-            raise SettingsError(f"{source}: {raw!r} is not an integer; allowed: 0 to 19") from None
+            raise SettingsError(
+                f"{source}: {raw!r} is neither idle nor an integer; allowed: idle, or 0 to 19"
+            ) from None
         if not 0 <= increment <= 19:
-            raise SettingsError(f"{source}: {increment} is out of range; allowed: 0 to 19")
+            raise SettingsError(f"{source}: {increment} is out of range; allowed: idle, or 0 to 19")
         return increment
     if name == "cpu_devices":
         try:

@@ -5,7 +5,7 @@ get it: no TensorFlow in this process, the collector settled once the
 screens are built (``freeze_after_start``, as ``run_app`` makes it; see
 ``tpudash.tui.collector``), the train job (light model, synthetic MNIST, 8
 replicas, fit loop) in the engine process it starts (``python -m
-tpudash.engine``, nice 10).
+tpudash.engine``, under SCHED_IDLE: ``Settings.engine_nice``).
 
 What is measured, per press: from just before the key event is handed to
 the driver's message queue (``driver.send_message(events.Key(…))``, the
@@ -87,12 +87,24 @@ class CollectorPauses:
         return sum(max(0.0, min(end, e) - max(start, s)) for s, e in self.pauses[-50:])
 
 
+def run_queue_seconds() -> float:
+    """Seconds this thread has been ready to run but waiting for a core, so far (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/thread-self/schedstat") as schedstat:
+            return int(schedstat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class FrameClock:
     """Wraps ``app._display``: stamps the first frame drawn for a screen of the awaited class.
 
     With it, where a press's time went: the UI thread's CPU time over the press
     (the rest of the wall time is waiting for a core, or for the GIL) and the
-    garbage collections within it.
+    garbage collections within it, and of the waiting, the time the UI thread
+    was ready to run but had no core (the kernel's run-queue wait for the
+    thread, /proc/thread-self/schedstat): the rest it was blocked (the GIL, a
+    sleep).
     """
 
     def __init__(self, app):
@@ -101,8 +113,9 @@ class FrameClock:
         self.drawn = asyncio.Event()
         self.drawn_at = 0.0
         self.drawn_cpu = 0.0
-        self.last_cpu = self.last_collecting = 0.0
-        """The last press's UI-thread CPU seconds and seconds of garbage collection."""
+        self.drawn_queued = 0.0
+        self.last_cpu = self.last_collecting = self.last_queued = 0.0
+        """The last press's UI-thread CPU seconds, seconds of garbage collection, seconds ready without a core."""
         self.collector = CollectorPauses()
         original = app._display
 
@@ -111,6 +124,7 @@ class FrameClock:
             if renderable is not None and self.awaited and type(screen).__name__ == self.awaited:
                 self.drawn_at = time.perf_counter()
                 self.drawn_cpu = time.thread_time()
+                self.drawn_queued = run_queue_seconds()
                 self.awaited = None
                 self.drawn.set()
 
@@ -126,12 +140,13 @@ class FrameClock:
         self.drawn.clear()
         gc.callbacks.append(self.collector)
         try:
-            started, started_cpu = time.perf_counter(), time.thread_time()
+            started, started_cpu, started_queued = time.perf_counter(), time.thread_time(), run_queue_seconds()
             self.app._driver.send_message(key_event)
             await asyncio.wait_for(self.drawn.wait(), TIMEOUT)
         finally:
             gc.callbacks.remove(self.collector)
         self.last_cpu = self.drawn_cpu - started_cpu
+        self.last_queued = self.drawn_queued - started_queued
         self.last_collecting = self.collector.within(started, self.drawn_at)
         return self.drawn_at - started
 
@@ -199,7 +214,7 @@ async def first_visit(settings, key: str, overrides: dict | None) -> float:
             await clock.press("v")
             await app.next_tick()
         seconds = await clock.press(key)
-        FIRST_VISIT_SPENT[key, overrides is not None] = (clock.last_cpu, clock.last_collecting)
+        FIRST_VISIT_SPENT[key, overrides is not None] = (clock.last_cpu, clock.last_collecting, clock.last_queued)
         if live is not None and not await stop_training(app, live):
             raise RuntimeError(f"the train run ended ({live.model.status}) before the press of {key_label(key)}")
         engine = app.session.lane.engine
@@ -265,7 +280,7 @@ async def _presses(
         seconds = await clock.press(key)
         latencies.append(seconds)
         by_key[key].append(seconds)
-        spent.append((clock.last_cpu, clock.last_collecting))
+        spent.append((clock.last_cpu, clock.last_collecting, clock.last_queued))
         pressed += 1
         await app.next_tick()
         await app.next_tick()
@@ -324,7 +339,7 @@ def run(quick: bool) -> list[Result]:
     def cpu_listing(training: bool) -> str:
         return ", ".join(
             f"{key_label(key)} {cpu * 1000:.0f}/{collecting * 1000:.0f}"
-            for (key, loaded_side), (cpu, collecting) in FIRST_VISIT_SPENT.items()
+            for (key, loaded_side), (cpu, collecting, _queued) in FIRST_VISIT_SPENT.items()
             if loaded_side == training
         )
 
@@ -381,26 +396,31 @@ def run(quick: bool) -> list[Result]:
         Result(
             benchmark="key_latency",
             figure="AFTER (re-visits): the UI thread's CPU per press, p95, training",
-            value=percentile([cpu for cpu, _ in loaded_spent], 0.95) * 1000,
+            value=percentile([cpu for cpu, *_ in loaded_spent], 0.95) * 1000,
             unit="ms",
             baseline_name="engine idle",
-            baseline=percentile([cpu for cpu, _ in idle_spent], 0.95) * 1000,
-            samples={"loaded_cpu_and_collecting_seconds": loaded_spent, "idle_cpu_and_collecting_seconds": idle_spent},
+            baseline=percentile([cpu for cpu, *_ in idle_spent], 0.95) * 1000,
+            samples={
+                "loaded_cpu_collecting_queued_seconds": loaded_spent,
+                "idle_cpu_collecting_queued_seconds": idle_spent,
+            },
             notes=f"where a press's time went (same presses): training: {_spent(loaded, loaded_spent)}; "
             f"engine idle: {_spent(idle, idle_spent)}",
         ),
     ]
 
 
-def _spent(latencies: list[float], spent: list[tuple[float, float]]) -> str:
+def _spent(latencies: list[float], spent: list[tuple[float, float, float]]) -> str:
     """The UI thread's CPU, garbage collection, and the rest (waiting for a core or the GIL), p50 / p95 in ms."""
-    waiting = [max(0.0, seconds - cpu) for seconds, (cpu, _) in zip(latencies, spent)]
-    collecting = [seconds for _, seconds in spent]
+    waiting = [max(0.0, seconds - cpu) for seconds, (cpu, *_) in zip(latencies, spent)]
+    collecting = [seconds for _, seconds, _ in spent]
+    queued = [seconds for _, _, seconds in spent]
 
     def p50_p95(values: list[float]) -> str:
         return f"{median(values) * 1000:.1f} / {percentile(values, 0.95) * 1000:.1f}"
 
     return (
-        f"UI-thread CPU {p50_p95([cpu for cpu, _ in spent])}, of which collecting {p50_p95(collecting)} "
-        f"(max {max(collecting) * 1000:.1f}); waiting (wall − CPU) {p50_p95(waiting)}"
+        f"UI-thread CPU {p50_p95([cpu for cpu, *_ in spent])}, of which collecting {p50_p95(collecting)} "
+        f"(max {max(collecting) * 1000:.1f}); waiting (wall − CPU) {p50_p95(waiting)}, of which ready without a "
+        f"core (run queue) {p50_p95(queued)}"
     )

@@ -26,6 +26,12 @@ def test_flags_beat_environment_beats_defaults():
     assert (from_flags.cpu_devices, from_flags.runs_dir, from_flags.tpu) == (2, Path("/flag/runs"), "env-tpu")
 
 
+def test_the_engine_gives_way_idle_by_default_or_by_a_nice_value():
+    assert Settings.load({}, environ={}).engine_nice == "idle"
+    assert Settings.load({}, environ={"TPUDASH_ENGINE_NICE": " IDLE "}).engine_nice == "idle"
+    assert Settings.load({}, environ={"TPUDASH_ENGINE_NICE": "10"}).engine_nice == 10
+
+
 @pytest.mark.parametrize(
     ("flags", "environ", "message"),
     [
@@ -38,7 +44,12 @@ def test_flags_beat_environment_beats_defaults():
         ({"release_after": "-1"}, {}, "--release-after: -1 is out of range; allowed: 0 to 604800 seconds"),
         ({}, {"TPUDASH_RELEASE_AFTER": "soon"}, "TPUDASH_RELEASE_AFTER: 'soon' is not a number"),
         ({"cancel_grace": "0"}, {}, "--cancel-grace: 0 is out of range; allowed: 0.1 to 60 seconds"),
-        ({}, {"TPUDASH_ENGINE_NICE": "20"}, "TPUDASH_ENGINE_NICE: 20 is out of range; allowed: 0 to 19"),
+        ({}, {"TPUDASH_ENGINE_NICE": "20"}, "TPUDASH_ENGINE_NICE: 20 is out of range; allowed: idle, or 0 to 19"),
+        (
+            {},
+            {"TPUDASH_ENGINE_NICE": "low"},
+            "TPUDASH_ENGINE_NICE: 'low' is neither idle nor an integer; allowed: idle",
+        ),
     ],
 )
 def test_bad_settings_name_the_flag_or_variable(flags, environ, message):

@@ -191,6 +191,41 @@ def test_the_engine_loads_the_dashboards_settings_from_its_environment(tmp_path)
 # -- the pipe itself: the messages' encoding, ids, lines that are not messages ------------------------
 
 
+PRIORITY_PROBE = """
+import os, sys
+if sys.argv[2] == "no-sched-idle":
+    del os.SCHED_IDLE  # as on macOS
+from tpudash.engine.server import lower_priority
+setting = sys.argv[1]
+lower_priority(setting if setting == "idle" else int(setting))
+import threading
+seen = []
+thread = threading.Thread(target=lambda: seen.append((os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))))
+thread.start(); thread.join()
+print(os.sched_getscheduler(0) == os.SCHED_IDLE if hasattr(os, "SCHED_IDLE") else None, os.getpriority(os.PRIO_PROCESS, 0), seen[0] == (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("setting", "platform", "idle_policy", "nice"),
+    [
+        ("idle", "linux", "True", 0),
+        ("idle", "no-sched-idle", "None", 19),
+        ("5", "linux", "False", 5),
+        ("0", "linux", "False", 0),
+    ],
+)
+def test_the_engine_gives_way_on_the_cpu_and_its_threads_inherit_it(setting, platform, idle_policy, nice):
+    import subprocess
+    import sys
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    shown = subprocess.run(
+        [sys.executable, "-c", PRIORITY_PROBE, setting, platform], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert shown == [idle_policy, str(min(19, base + nice)), "True"]
+
+
 def test_every_message_crosses_the_pipe_as_it_was_sent():
     for message, kinds in (
         (Launch("r1", "path", {"steps": "7"}), COMMANDS),

@@ -28,6 +28,7 @@ from typing import IO, Any
 
 from tpudash.accel.startup import TensorFlowMissing
 from tpudash.childproc import ID_FIELD, decode_line, encode_line
+from tpudash.config import ENGINE_IDLE
 from tpudash.engine.hostlock import EngineLock, LockHolder
 from tpudash.engine.protocol import (
     COMMANDS,
@@ -278,8 +279,26 @@ def serve(commands: IO[str], replies: IO[str], make_server: Callable[[ReplySende
         server.stop()
 
 
-def lower_priority(increment: int) -> None:
-    """Let the dashboard's keys win the CPU over training (``Settings.engine_nice``)."""
+def lower_priority(setting: int | str) -> None:
+    """Let the dashboard's keys win the CPU over training (``Settings.engine_nice``: ``idle``, or a nice increment).
+
+    Called before the framework starts its threads, which inherit it. Under
+    ``idle`` (SCHED_IDLE) the kernel preempts the engine at once for any
+    thread that wakes, the dashboard's on a key, and gives it every cycle
+    left. A nice increment only lowers the engine's share: on Linux's EEVDF
+    scheduler a key still waited 25 ms at p95 for a core under nice 10 or 19
+    while training kept both cores busy (BENCHMARKS.md, issue 37).
+    """
+    if setting == ENGINE_IDLE:
+        policy = getattr(os, "SCHED_IDLE", None)  # Linux's; macOS has none
+        if policy is not None:
+            try:
+                os.sched_setscheduler(0, policy, os.sched_param(0))
+                return
+            except OSError:
+                pass
+        setting = 19  # the least a nice value gives way
+    increment = int(setting)
     if increment > 0:
         try:
             os.nice(increment)
