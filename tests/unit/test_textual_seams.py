@@ -345,3 +345,35 @@ async def test_a_screen_changed_or_resized_while_hidden_is_laid_out_again_when_s
         await pilot.pause()
         assert screen.layouts > layouts
         assert screen.size == Size(80, 20)
+
+
+class GrowingScreen(LayoutCounting, KeptLayout, Screen):
+    """Answers its first size by mounting another label: a second layout, while it is still hidden."""
+
+    def on_resize(self) -> None:
+        if not self.query("#grown"):
+            self.mount(Label("grown on its first size", id="grown"))
+
+
+class AheadApp(UndelayedRevisits, App):
+    MODES = {"other": lambda: Screen(), "growing": GrowingScreen}
+    DEFAULT_MODE = "other"
+
+
+async def test_a_mode_built_ahead_is_laid_out_ahead_and_its_first_visit_only_paints_it():
+    app = AheadApp()
+    async with app.run_test(size=(60, 12)) as pilot:
+        await app.compose_mode_ahead("growing")
+        screen = app.get_screen_stack("growing")[0]
+        for _ in range(50):  # bounded: each pause lets the screen handle what its last layout caused
+            if screen.query("#grown") and not screen._layout_required and getattr(screen, "layouts", 0) >= 2:
+                break
+            await pilot.pause()
+        grown = screen.query_one("#grown", Label)
+        assert grown.region.width == len("grown on its first size")  # laid out while hidden, its answer too
+        layouts = screen.layouts
+        await app.switch_mode_undelayed("growing")
+        await pilot.pause()
+        assert screen.layouts == layouts
+        shown = app.export_screenshot()
+        assert "short" in shown and "grown" in shown  # (the screenshot spaces words with &#160;)

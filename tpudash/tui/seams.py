@@ -17,8 +17,8 @@ breaking the dashboard quietly. Written against Textual 8.2.
   its first ``switch_mode`` (import, compose, mount, style), then re-parses the
   whole stylesheet from scratch twice (``refresh_css``: a new screen's CSS
   count is behind the app's): 0.1–0.5 s on the first press of a key. Built
-  ahead, in idle time, the screen is styled as it mounts and its count set,
-  so the first press only switches, as a re-visit does.
+  ahead, in idle time, the screen is styled as it mounts, its count set and
+  its layout done, so the first press only switches, as a re-visit does.
 - ``KeptLayout``: ``App.switch_mode`` lays a mode's screen out again on every
   visit (``Screen._screen_resized``), even at the size it was laid out at
   with nothing moved since: about half of a re-visit's UI-thread time. A
@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from textual import events
 from textual.dom import DOMNode
 from textual.geometry import Size
+from textual.screen import Screen
 from textual.widget import AwaitMount
 from textual.widgets import OptionList
 
@@ -46,7 +47,6 @@ from textual.widgets import OptionList
 # time it is a plain class placed before App in the app's bases.
 if TYPE_CHECKING:
     from textual.app import App
-    from textual.screen import Screen
 
     _MixedIntoApp = App[Any]
     _MixedIntoScreen = Screen[Any]
@@ -76,6 +76,24 @@ class KeptLayout(_MixedIntoScreen):
         if size == self._size and not (self._layout_required or self._scroll_required or self._layout_widgets):
             return  # nothing moved while hidden: the last layout stands
         super()._screen_resized(size)
+
+
+def lay_out_ahead(screen: Screen[Any], size: Size, rounds: int = 8) -> None:
+    """Lay a hidden screen out at ``size``, and again once the messages that caused are handled, while any asks.
+
+    Its widgets answer their first size (a form mounting its fields, a bar its text) by asking for
+    another layout: each round waits for those answers (``call_after_refresh`` on a hidden screen runs
+    once its messages are handled) and lays it out again, ``rounds`` times at most. Relies on
+    ``Screen._refresh_layout`` laying out a screen that is not current without drawing it, and on a
+    layout request to a hidden screen only setting ``_layout_required`` (cleared here: the layout done
+    covers it). Nothing is done once the screen is shown: its own update timer lays it out then.
+    """
+    if screen.is_current or not screen.is_attached or rounds <= 0:
+        return
+    if screen._size != size or screen._layout_required or screen._layout_widgets:
+        screen._layout_required = False
+        screen._refresh_layout(size)
+        screen.call_after_refresh(lay_out_ahead, screen, size, rounds - 1)
 
 
 def guard_option_list_page_keys() -> None:
@@ -181,6 +199,8 @@ class UndelayedRevisits(_MixedIntoApp):
             # Its size classes (the app's breakpoints) now, in idle time, rather than on the first switch;
             # a screen with a ``composed_ahead`` flag (screens.base.DashScreen) skips its first restyle.
             screen.post_message(events.Resize(self.size, self.size))
+            # Then laid out, as its first visit would: that visit (KeptLayout) only paints it.
+            screen.call_later(lay_out_ahead, screen, self.size)
             if hasattr(screen, "composed_ahead"):
                 screen.composed_ahead = True
             shown = self._modes_shown
