@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from textual.app import App, ComposeResult
+from textual.containers import Vertical
 from textual.geometry import Size
 from textual.screen import Screen
 from textual.widgets import Label, OptionList, Select, TabbedContent, TabPane
@@ -350,6 +351,10 @@ async def test_a_screen_changed_or_resized_while_hidden_is_laid_out_again_when_s
 class GrowingScreen(LayoutCounting, KeptLayout, Screen):
     """Answers its first size by mounting another label: a second layout, while it is still hidden."""
 
+    def compose(self) -> ComposeResult:
+        yield from super().compose()
+        yield Vertical(id="box")
+
     def on_resize(self) -> None:
         if not self.query("#grown"):
             self.mount(Label("grown on its first size", id="grown"))
@@ -371,9 +376,17 @@ async def test_a_mode_built_ahead_is_laid_out_ahead_and_its_first_visit_only_pai
             await pilot.pause()
         grown = screen.query_one("#grown", Label)
         assert grown.region.width == len("grown on its first size")  # laid out while hidden, its answer too
+        # Later still, before its first visit, it mounts more (a form's fields, a table's rows): laid out too.
+        await screen.query_one("#box", Vertical).mount(Label("mounted later", id="later"))
+        later = screen.query_one("#later", Label)
+        for _ in range(50):
+            if later.region.width:
+                break
+            await pilot.pause()
+        assert later.region.width == len("mounted later")
         layouts = screen.layouts
         await app.switch_mode_undelayed("growing")
         await pilot.pause()
         assert screen.layouts == layouts
         shown = app.export_screenshot()
-        assert "short" in shown and "grown" in shown  # (the screenshot spaces words with &#160;)
+        assert "short" in shown and "grown" in shown and "later" in shown  # (the screenshot spaces words with &#160;)

@@ -65,7 +65,8 @@ def taken_down_before_mounted(node: DOMNode) -> bool:
 
 class KeptLayout(_MixedIntoScreen):
     """A Screen mixin: a mode's screen shown again at the size of its last layout, with no layout asked for
-    while it was hidden, keeps that layout; its resume repaints it as before.
+    while it was hidden, keeps that layout; its resume repaints it as before. Built ahead and not shown yet,
+    it is laid out whenever it asks (``lay_out_ahead``), so its first visit is such a visit too.
 
     Mix in before ``Screen``. Relies on ``App.switch_mode`` calling ``Screen._screen_resized`` before the
     screen's resume, and on a widget's layout request to a hidden screen setting its ``_layout_required``
@@ -77,8 +78,15 @@ class KeptLayout(_MixedIntoScreen):
             return  # nothing moved while hidden: the last layout stands
         super()._screen_resized(size)
 
+    async def _on_layout(self, message: Any) -> None:
+        await super()._on_layout(message)
+        # Built ahead and not shown yet: keep its layout current (its widgets go on mounting after the
+        # first layout), so the first visit finds it laid out. A screen shown before waits for its visit.
+        if self.stack_updates == 0 and self._layout_required and not self.is_current and self.is_attached:
+            self.call_after_refresh(lay_out_ahead, self, self.app.size, 1)
 
-def lay_out_ahead(screen: Screen[Any], size: Size, rounds: int = 8) -> None:
+
+def lay_out_ahead(screen: Screen[Any], size: Size, rounds: int = 3) -> None:
     """Lay a hidden screen out at ``size``, and again once the messages that caused are handled, while any asks.
 
     Its widgets answer their first size (a form mounting its fields, a bar its text) by asking for
