@@ -13,7 +13,6 @@ import uuid
 
 import pytest
 from textual.app import App, ComposeResult
-from textual.screen import Screen
 from textual.widgets import Static, TabbedContent
 
 from jobs.events import Metric, RunFinished
@@ -191,7 +190,7 @@ async def test_the_header_shows_mfu_beside_examples_per_second_from_the_runs_met
 
 
 async def test_a_live_runs_rate_and_its_advice_read_again_unchanged_never_lay_the_screen_out(
-    tmp_path, fast_reads, monkeypatch
+    tmp_path, fast_reads, monkeypatch, screen_layouts
 ):
     # A live run's advice.json is read every two seconds (its writer replaces it once an epoch) and its rate
     # changes every epoch: laying the screen out for either repaints every widget on it, CPU taken from the
@@ -204,11 +203,7 @@ async def test_a_live_runs_rate_and_its_advice_read_again_unchanged_never_lay_th
     reads: list[float] = []
     read = AdviceFeed.read
     monkeypatch.setattr(AdviceFeed, "read", lambda feed: reads.append(1.0) or read(feed))
-    layouts: list[Screen] = []
-    lay_out = Screen._refresh_layout
-    monkeypatch.setattr(
-        Screen, "_refresh_layout", lambda screen, *a, **k: layouts.append(screen) or lay_out(screen, *a, **k)
-    )
+    layouts = screen_layouts
     app = AdviceApp(model)
     try:
         async with app.run_test(size=SIZE) as pilot:

@@ -240,10 +240,8 @@ async def test_a_relisting_of_many_runs_updates_the_rows_that_changed_and_refill
         assert screen.highlighted_run_id == run(294).run_id
 
 
-async def test_history_shown_again_with_the_same_runs_is_not_laid_out_and_counts_a_new_run(make_app, monkeypatch):
+async def test_history_shown_again_with_the_same_runs_is_not_laid_out_and_counts_a_new_run(make_app, screen_layouts):
     """Each visit lists the runs again; the same title again laid the whole screen out, a key's frame of time."""
-    from textual.screen import Screen
-
     from tpudash.runs.store import RunInfo
 
     def runs(count: int) -> list[RunInfo]:
@@ -252,13 +250,7 @@ async def test_history_shown_again_with_the_same_runs_is_not_laid_out_and_counts
             for index in range(count)
         ]
 
-    layouts: list[str] = []
-    lay_out = Screen._refresh_layout
-    monkeypatch.setattr(
-        Screen,
-        "_refresh_layout",
-        lambda screen, *a, **k: layouts.append(type(screen).__name__) or lay_out(screen, *a, **k),
-    )
+    layouts = screen_layouts
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
         listing = runs(3)

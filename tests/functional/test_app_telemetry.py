@@ -17,7 +17,6 @@ from dataclasses import replace
 
 import pytest
 from rich.console import Console
-from textual.screen import Screen
 from textual.widgets import Static
 
 from screens.run_detail import RunDetailScreen
@@ -183,18 +182,12 @@ def chip_row(app, chip: str) -> str:
 
 
 async def test_devices_telemetry_lays_the_screen_out_only_when_its_height_changes_and_waits_while_hidden(
-    make_app, fake, monkeypatch
+    make_app, fake, screen_layouts
 ):
     # Telemetry comes five times a second here (every second by default): laying the whole screen out for
     # each sample costs the key pressed meanwhile its frame, and a hidden screen laid itself out again on
     # its next visit.
-    layouts: list[str] = []
-    lay_out = Screen._refresh_layout
-    monkeypatch.setattr(
-        Screen,
-        "_refresh_layout",
-        lambda screen, *a, **k: layouts.append(type(screen).__name__) or lay_out(screen, *a, **k),
-    )
+    layouts = screen_layouts
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
 
