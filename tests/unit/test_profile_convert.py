@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.profiles_helpers import capture_dirs, make_captures
+from tests.profiles_helpers import INPUT_SLEEP_SECONDS, capture_dirs, make_captures
 from tpudash.profiles import convert, xprof_child
 from tpudash.profiles.convert import PROFILE_EXTRA_INSTALL, ProfileError, convert_capture, summarize_run_capture
 from tpudash.profiles.requests import CAPTURES_FOLDER, ProfileAnswer, write_answer
@@ -59,9 +59,12 @@ def test_a_fit_waiting_40_ms_per_batch_for_its_input_is_input_bound(captures: di
     assert summary.verdict == "input-bound"
     assert summary.input_percent is not None and summary.input_percent >= 50
     assert summary.steps >= 4 and summary.step_time_ms["avg"] is not None
-    # Each step waits its 40 ms for the input; the first one profiled may find a batch made while the step before
-    # it ran (one CI run's 5 steps averaged 31 ms), so the median is what holds.
-    assert statistics.median(step["total_ms"] for step in summary.per_step) >= 40
+    # A step waits for its batch's 40 ms sleep, less what the producer got done while Keras ran its own code
+    # between two steps (the step marker times the call only): on a loaded CI machine that gap reached 3.5 ms, and
+    # the first step profiled may find a batch made ahead (one run's 5 steps averaged 31 ms). Without the sleep,
+    # this model's step takes under 2 ms (1.2–1.9 ms measured), so three quarters of the sleep in the median step is the input's wait.
+    wait_ms = INPUT_SLEEP_SECONDS * 1000
+    assert statistics.median(step["total_ms"] for step in summary.per_step) >= 0.75 * wait_ms
     assert summary.hardware == "CPU_ONLY" and summary.framework == "tensorflow" and summary.hosts
     assert all(figure == {"percent": None, "note": "not measured on CPU"} for figure in summary.utilisation.values())
     assert "HIGHLY input-bound" in summary.input_conclusion
