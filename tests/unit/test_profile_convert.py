@@ -62,7 +62,8 @@ def test_a_fit_waiting_40_ms_per_batch_for_its_input_is_input_bound(captures: di
     # A step waits for its batch's 40 ms sleep, less what the producer got done while Keras ran its own code
     # between two steps (the step marker times the call only): on a loaded CI machine that gap reached 3.5 ms, and
     # the first step profiled may find a batch made ahead (one run's 5 steps averaged 31 ms). Without the sleep,
-    # this model's step takes under 2 ms (1.2–1.9 ms measured), so three quarters of the sleep in the median step is the input's wait.
+    # this model's step takes under 2 ms (1.2-1.9 ms measured), so three quarters of the sleep in the median step
+    # is the input's wait.
     wait_ms = INPUT_SLEEP_SECONDS * 1000
     assert statistics.median(step["total_ms"] for step in summary.per_step) >= 0.75 * wait_ms
     assert summary.hardware == "CPU_ONLY" and summary.framework == "tensorflow" and summary.hosts
