@@ -32,12 +32,13 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.visual import visualize
-from textual.widgets import DataTable, LoadingIndicator, Static
+from textual.widgets import DataTable, Static
 
 from screens.base import DashScreen
 from tpudash.config import FRAMEWORK_NAMES
 from tpudash.format import format_bytes, format_seconds, telemetry_view
 from tpudash.tui.hostgate import RUNTIME_HELD_STATUS, TPU_HELD_STATUS_PREFIX
+from tpudash.tui.quiet_widgets import Spinner
 
 if TYPE_CHECKING:
     from textual.css.styles import RulesMap
@@ -151,7 +152,7 @@ class DevicesScreen(DashScreen):
                 Text("connecting… (detecting the accelerator; TensorFlow is loading)", style="bold"),
                 id="runtime-summary",
             )
-            yield LoadingIndicator(id="runtime-loading")
+            yield Spinner(id="runtime-loading")
             yield Static("", id="device-check-title")
             yield DataTable(id="device-table", zebra_stripes=True, cursor_type="row")
 

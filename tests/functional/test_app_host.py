@@ -22,6 +22,7 @@ from tpudash.engine.__main__ import detect_runtime
 from tpudash.runs.layout import new_run_id
 from tpudash.runs.store import RunStore
 from tpudash.tui.bars import SessionBar
+from tpudash.tui.quiet_widgets import Spinner
 
 CPU_INSTALL_LINE = hostcheck.install_line("cpu")
 
@@ -85,9 +86,13 @@ async def test_devices_shows_the_host_block_before_the_runtime_is_ready(make_app
             assert "CPU build of TensorFlow is installed" in problem
             assert not app.runtime_settled.is_set() and app.runtime is None
             assert "connecting…" in str(screen.query_one("#runtime-summary", Static).content)
+            spinner = screen.query_one("#runtime-loading", Spinner)
+            await until(pilot, lambda: spinner.animating)
 
             tensorflow_may_answer.set()
             await runtime_ready(pilot)
+            # Hidden once the runtime answered, it stops redrawing: no timer left waking the UI thread for it.
+            await until(pilot, lambda: not spinner.display and not spinner.animating)
             # The runtime's own host scan replaces the app's: one host block, never two.
             assert screen_text(screen).count("TPU chips") == 1
             assert screen.query_one("#device-table", DataTable).row_count == 8

@@ -20,7 +20,7 @@ import math
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Label, ProgressBar, Static, TabbedContent, TabPane, Tabs
+from textual.widgets import DataTable, Label, Static, TabbedContent, TabPane, Tabs
 from textual.widgets.tabbed_content import ContentTab
 
 from tpudash.advice.report import AdviceReport
@@ -31,6 +31,7 @@ from tpudash.tui.advicetab import ADVICE_PANE, AdviceTab, FollowsAdvice
 from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
 from tpudash.tui.profiletab import PROFILE_PANE, FollowsProfiles, ProfileTab
+from tpudash.tui.quiet_widgets import BeatProgressBar
 from tpudash.tui.replicatable import fill_replica_table, replica_note
 from tpudash.tui.runheader import RunHeader, clipped, dashboard_runs_dir, shown_now
 from tpudash.tui.seams import taken_down_before_mounted
@@ -61,7 +62,7 @@ class ProgressRow(Horizontal):
     def __init__(self, unit: str):
         super().__init__()
         self.unit = unit
-        self.bar = ProgressBar(total=None, show_eta=False)
+        self.bar = BeatProgressBar()
         self.counts = Label("", classes="progress-eta")
         self._shown = ""
 

@@ -1,0 +1,72 @@
+"""Textual's animated widgets without the timers they keep while nothing they draw moves or can be seen.
+
+Each timer wakes the UI thread whether or not its widget is on show, and
+every wake-up is CPU taken from the training the dashboard watches:
+
+- ``Spinner``: Textual's ``LoadingIndicator`` redraws 16 times a second from
+  mount to removal, hidden or not. The Devices screen's (shown while the
+  runtime connects) kept doing so for the whole session, behind every other
+  screen, after the runtime had long answered: a sixth of the dashboard's
+  UI-thread time while a job trained. This one animates only while it is
+  displayed on the screen on show.
+- ``BeatProgressBar``: Textual's ``ProgressBar`` updates itself once a second
+  for its ETA countdown. tpudash shows no Textual ETA (it writes its own
+  beside the bar) and updates the bar on the display beat, so that timer only
+  repainted the same bar again.
+"""
+
+from __future__ import annotations
+
+from textual import events
+from textual.screen import Screen
+from textual.widgets import LoadingIndicator, ProgressBar
+
+SPINNER_FRAME_SECONDS = 1 / 16
+"""How often the spinner redraws while it is seen (Textual's own rate)."""
+
+
+class Spinner(LoadingIndicator):
+    """A loading indicator that animates while it is displayed on the current screen, and keeps no timer otherwise."""
+
+    def on_mount(self) -> None:
+        self.app.screen_change_signal.subscribe(self, self._screen_changed)
+        # Queued behind the mount handlers: LoadingIndicator's own starts the timer after this one runs.
+        self.call_later(self._animate_if_seen)
+
+    def on_show(self) -> None:
+        self._animate_if_seen()
+
+    def on_hide(self) -> None:
+        self._animate_if_seen()
+
+    def _screen_changed(self, _screen: Screen) -> None:
+        self._animate_if_seen()
+
+    @property
+    def animating(self) -> bool:
+        """Whether its timer runs."""
+        return self.auto_refresh is not None
+
+    def _animate_if_seen(self) -> None:
+        if not self.is_attached:
+            return
+        seen = self.display and self.screen.is_current and self.is_on_screen
+        wanted = SPINNER_FRAME_SECONDS if seen else None
+        if self.auto_refresh != wanted:
+            self.auto_refresh = wanted
+
+
+class BeatProgressBar(ProgressBar):
+    """A progress bar updated only by whoever owns it: no once-a-second timer for an ETA it does not show."""
+
+    def __init__(self, *, total: float | None = None, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(total=total, show_eta=False, id=id, classes=classes)
+
+    def _on_mount(self, event: events.Mount) -> None:
+        # ProgressBar.on_mount updates, starts ``set_interval(1, self.update)`` and resets its clock. Textual runs
+        # every class's mount handler unless one prevents the default, which skips Widget's too: that one runs
+        # here (super()), then ProgressBar's minus the interval (tests/unit/test_textual_seams.py pins both).
+        event.prevent_default()
+        super()._on_mount(event)
+        self.update()
+        self._clock.reset()
