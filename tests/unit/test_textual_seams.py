@@ -10,11 +10,14 @@ look at.
 from __future__ import annotations
 
 import asyncio
+import sys
 
+from textual import timer as textual_timer
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.geometry import Size
 from textual.screen import Screen
+from textual.strip import Strip
 from textual.widgets import Label, OptionList, Select, TabbedContent, TabPane
 
 from screens.base import DashScreen
@@ -348,16 +351,50 @@ async def test_a_screen_changed_or_resized_while_hidden_is_laid_out_again_when_s
         assert screen.size == Size(80, 20)
 
 
+class RenderCountingLabel(Label):
+    """Counts the lines it renders anew (a line kept in its cache is not rendered again)."""
+
+    lines_rendered = 0
+
+    def render_line(self, y: int) -> Strip:
+        self.lines_rendered += 1
+        return super().render_line(y)
+
+
 class GrowingScreen(LayoutCounting, KeptLayout, Screen):
     """Answers its first size by mounting another label: a second layout, while it is still hidden."""
 
     def compose(self) -> ComposeResult:
         yield from super().compose()
-        yield Vertical(id="box")
+        yield Vertical(RenderCountingLabel("drawn once", id="drawn"), id="box")
 
     def on_resize(self) -> None:
         if not self.query("#grown"):
             self.mount(Label("grown on its first size", id="grown"))
+
+
+class SleepsBeforeShown:
+    """The sleeps a screen's update timer asks for until the screen's first frame: patched over
+    ``textual.timer.sleep`` and ``App._display``."""
+
+    def __init__(self, app: App, screen: Screen) -> None:
+        self.screen = screen
+        self.seconds: list[float] = []
+        self.shown = False
+        self._sleep = textual_timer.sleep
+        display = app._display
+
+        def shown(on: Screen, renderable: object) -> None:
+            display(on, renderable)  # type: ignore[arg-type]
+            self.shown = self.shown or (on is screen and renderable is not None)
+
+        app._display = shown  # type: ignore[method-assign]
+
+    async def sleep(self, seconds: float) -> None:
+        caller = sys._getframe(1).f_locals.get("self")
+        if not self.shown and caller is self.screen._update_timer:
+            self.seconds.append(seconds)
+        await self._sleep(seconds)
 
 
 class AheadApp(UndelayedRevisits, App):
@@ -365,7 +402,7 @@ class AheadApp(UndelayedRevisits, App):
     DEFAULT_MODE = "other"
 
 
-async def test_a_mode_built_ahead_is_laid_out_ahead_and_its_first_visit_only_paints_it():
+async def test_a_mode_built_ahead_is_laid_out_and_painted_ahead_and_its_first_visit_only_shows_it(monkeypatch):
     app = AheadApp()
     async with app.run_test(size=(60, 12)) as pilot:
         await app.compose_mode_ahead("growing")
@@ -385,8 +422,22 @@ async def test_a_mode_built_ahead_is_laid_out_ahead_and_its_first_visit_only_pai
             await pilot.pause()
         assert later.region.width == len("mounted later")
         layouts = screen.layouts
+        # Painted ahead: its widgets' lines rendered while it is hidden, its update timer started, then ticked
+        # once (a hidden screen's tick pauses it, drawing nothing).
+        drawn = screen.query_one("#drawn", RenderCountingLabel)
+        for _ in range(50):
+            if drawn.lines_rendered and not screen._update_timer._active.is_set():
+                break
+            await pilot.pause()
+        rendered_ahead = drawn.lines_rendered
+        assert rendered_ahead >= 1
+        sleeps = SleepsBeforeShown(app, screen)
+        monkeypatch.setattr(textual_timer, "sleep", sleeps.sleep)
         await app.switch_mode_undelayed("growing")
         await pilot.pause()
         assert screen.layouts == layouts
         shown = app.export_screenshot()
         assert "short" in shown and "grown" in shown and "later" in shown  # (the screenshot spaces words with &#160;)
+        assert "drawn" in shown and drawn.lines_rendered == rendered_ahead  # painted from what was rendered ahead
+        # The first visit's paint is the timer's next tick, not one a whole frame (1/60 s) after its first start.
+        assert sleeps.shown and not [seconds for seconds in sleeps.seconds if seconds > 0.001], sleeps.seconds

@@ -17,8 +17,9 @@ breaking the dashboard quietly. Written against Textual 8.2.
   its first ``switch_mode`` (import, compose, mount, style), then re-parses the
   whole stylesheet from scratch twice (``refresh_css``: a new screen's CSS
   count is behind the app's): 0.1–0.5 s on the first press of a key. Built
-  ahead, in idle time, the screen is styled as it mounts, its count set and
-  its layout done, so the first press only switches, as a re-visit does.
+  ahead, in idle time, the screen is styled as it mounts, its count set, its
+  layout done and its widgets rendered (``paint_ahead``), its update timer
+  started, so the first press only switches, as a re-visit does.
 - ``KeptLayout``: ``App.switch_mode`` lays a mode's screen out again on every
   visit (``Screen._screen_resized``), even at the size it was laid out at
   with nothing moved since: about half of a re-visit's UI-thread time. A
@@ -102,6 +103,27 @@ def lay_out_ahead(screen: Screen[Any], size: Size, rounds: int = 3) -> None:
         screen._layout_required = False
         screen._refresh_layout(size)
         screen.call_after_refresh(lay_out_ahead, screen, size, rounds - 1)
+    else:
+        paint_ahead(screen)
+
+
+def paint_ahead(screen: Screen[Any]) -> None:
+    """Render a laid-out hidden screen's widgets once, so its first visit paints from their caches.
+
+    Each widget keeps the lines it rendered (``StylesCache``) until it changes; a screen's first paint
+    renders every one of them (the Jobs screen's: 40 ms of the UI thread on a loaded machine), a
+    re-visit's finds them kept. Rendered here in idle time, the first visit paints as a re-visit does.
+    Its update timer is started too: Textual makes a screen's on first use, and that one sleeps a whole
+    frame (1/60 s) before its first tick, so a first visit waited 17 ms to be painted. Started here, it
+    ticks once while the screen is hidden (drawing nothing) and then waits: the first visit's tick comes
+    at once, as a re-visit's does. Relies on ``Compositor._get_renders`` rendering each visible widget
+    without drawing anything, and on ``Screen._update_timer`` and ``Timer._run`` as in Textual 8.2.
+    """
+    if screen.is_current or not screen.is_attached:
+        return
+    for _ in screen._compositor._get_renders():
+        pass
+    screen._update_timer.resume()
 
 
 def guard_option_list_page_keys() -> None:
