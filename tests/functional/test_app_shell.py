@@ -252,3 +252,43 @@ async def test_confirming_quit_during_a_run_shows_at_once_that_it_is_stopping(ma
     finally:
         may_stop.set()
     assert app.return_code == 0
+
+
+async def test_no_collection_runs_between_a_screen_key_and_its_frame_and_it_runs_right_after(make_app):
+    # The collector is made eager (a young collection every 50 allocations), so a screen switch would collect
+    # many times over; none may run from the switch to the new screen's first frame, and it runs again after.
+    import gc
+
+    app = make_app()
+    seen: list[str] = []
+
+    def on_collection(phase: str, _info: dict) -> None:
+        if phase == "start":
+            seen.append("collection")
+
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        display, switch_mode = app._display, app.switch_mode
+
+        def drawn(screen, renderable) -> None:
+            display(screen, renderable)
+            if renderable is not None:
+                seen.append(f"frame of {type(screen).__name__}")
+
+        def switching(mode: str):
+            seen.append(f"switch to {mode}")
+            return switch_mode(mode)
+
+        app._display, app.switch_mode = drawn, switching
+        thresholds = gc.get_threshold()
+        gc.callbacks.append(on_collection)
+        gc.set_threshold(50, 10, 10)
+        try:
+            await pilot.press("j")
+            await until(pilot, lambda: "frame of JobsScreen" in seen and seen[-1] == "collection")
+        finally:
+            gc.set_threshold(*thresholds)
+            gc.callbacks.remove(on_collection)
+        switched, framed = seen.index("switch to jobs"), seen.index("frame of JobsScreen")
+        assert switched < framed and "collection" not in seen[switched:framed], seen[switched : framed + 1]
+        assert gc.isenabled()

@@ -38,3 +38,42 @@ def test_settling_freezes_the_heap_and_makes_full_collections_rare_and_release_g
     assert young <= 10_000, "a young collection so rare would walk a long nursery in one go"
     assert tuple(seen["after"]) == before
     assert seen["frozen_after"] == 0
+
+
+HOLD_AND_LET_GO = """
+import gc, json
+from tpudash.tui import collector
+seen = {}
+collector.hold()
+seen["held"] = gc.isenabled()
+collector.let_go(held_for=collector.HOLD_SECONDS_AT_MOST)  # the UI's tick, right after the key: too early
+seen["young_hold_kept"] = gc.isenabled()
+collector.let_go()  # the frame
+seen["after_the_frame"] = gc.isenabled()
+collector.let_go()
+seen["twice"] = gc.isenabled()
+gc.disable()  # someone else's (Textual pauses it while scrolling)
+collector.hold()
+collector.let_go()
+seen["theirs_kept"] = gc.isenabled()
+gc.enable()
+collector.hold()
+collector.release()  # the app ended before the frame
+seen["released"] = gc.isenabled()
+print(json.dumps(seen))
+"""
+
+
+def test_a_hold_stops_collections_until_let_go_and_never_enables_what_someone_else_disabled():
+    result = subprocess.run(
+        [sys.executable, "-c", HOLD_AND_LET_GO], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == {
+        "held": False,
+        "young_hold_kept": False,
+        "after_the_frame": True,
+        "twice": True,
+        "theirs_kept": False,
+        "released": True,
+    }

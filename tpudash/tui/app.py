@@ -47,7 +47,7 @@ from tpudash.tui.hostio import HostIO
 from tpudash.tui.modes import MODE_SCREENS, mode_screen_factories, run_detail_screen
 from tpudash.tui.palette import TpudashCommands
 from tpudash.tui.quitting import QuitFlow
-from tpudash.tui.seams import UndelayedRevisits, guard_option_list_page_keys
+from tpudash.tui.seams import CollectsAfterFrames, UndelayedRevisits, guard_option_list_page_keys
 from tpudash.tui.session import DashboardSession, EngineFactory
 from tpudash.tui.ticks import TICK_SECONDS, UITicks
 from tpudash.tui.view import DashboardView
@@ -62,7 +62,7 @@ FIRST_FRAME_ENV = "TPUDASH_EXIT_AFTER_FIRST_FRAME"
 
 
 # Each mixin one job (see the docstring); all before App, UndelayedRevisits last (the only order mypy accepts).
-class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, DashboardView):
+class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, CollectsAfterFrames, UndelayedRevisits, DashboardView):
     """tpudash: devices, jobs, live runs and history of a TensorFlow accelerator session."""
 
     CSS_PATH = "app.tcss"
@@ -232,6 +232,7 @@ class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, UndelayedRevisits, Dashboar
             self.session.engine_needed()
         if self.current_mode != mode:
             self._previous_mode = self.current_mode
+            self.hold_collections_until_switched()
             await self.switch_mode_undelayed(mode, MODE_SCREENS[mode][0])
             return
         # A run opened over this mode's screen (w, enter in History): the mode's key leads back to the screen itself.

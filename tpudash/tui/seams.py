@@ -25,6 +25,10 @@ breaking the dashboard quietly. Written against Textual 8.2.
   with nothing moved since: about half of a re-visit's UI-thread time. A
   screen that asked for a layout while hidden says so (``_layout_required``),
   and then, or at another size, Textual's own layout runs.
+- ``CollectsAfterFrames``: the frame a screen key waits for is the first
+  one of another screen that ``App._display`` hands the terminal after it;
+  the collection held back for that key (``tpudash.tui.collector.hold``)
+  runs then.
 - ``taken_down_before_mounted``: a screen closed while it still mounts (keys
   typed ahead: enter then escape) has its children removed before its own and
   its widgets' ``on_mount`` run, and Textual says so only through the private
@@ -43,6 +47,8 @@ from textual.geometry import Size
 from textual.screen import Screen
 from textual.widget import AwaitMount
 from textual.widgets import OptionList
+
+from tpudash.tui import collector
 
 # To the type checker the mixin is an App (it calls App's methods); at run
 # time it is a plain class placed before App in the app's bases.
@@ -144,6 +150,27 @@ def guard_option_list_page_keys() -> None:
 
     OptionList._move_page = move_page_once_laid_out  # type: ignore[method-assign]  # the seam: Textual patched
     setattr(OptionList, _GUARDED, True)
+
+
+class CollectsAfterFrames(_MixedIntoApp):
+    """An App mixin: no collection from a key that switches screens to the new screen's first frame.
+
+    Mix in before ``App``. Relies on ``App._display`` being handed every frame for the terminal (None when
+    nothing changed); the screen being left may still be handed one (a pending repaint) after the key.
+    """
+
+    _leaving: Screen[Any] | None = None
+
+    def hold_collections_until_switched(self) -> None:
+        """Hold collections back (``collector.hold``) until a frame of another screen than the one on show."""
+        self._leaving = self.screen
+        collector.hold()
+
+    def _display(self, screen: Screen[Any], renderable: Any) -> None:
+        super()._display(screen, renderable)
+        if renderable is not None and self._leaving is not None and screen is not self._leaving:
+            self._leaving = None
+            collector.let_go()
 
 
 class UndelayedRevisits(_MixedIntoApp):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from textual.app import ScreenStackError
 
+from tpudash.tui import collector
 from tpudash.tui.messages import DisplayTick
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class UITicks(_MixedIntoApp):
         self.set_interval(TICK_SECONDS, self._tick, name="tpudash tick")
 
     def _tick(self) -> None:
+        collector.let_go(held_for=collector.HOLD_SECONDS_AT_MOST)  # a key's hold whose frame never came
         self.session.tick()
         screen = self._sync_active_screen()
         ticked, self._tick_event = self._tick_event, asyncio.Event()
