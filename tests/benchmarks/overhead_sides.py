@@ -372,7 +372,9 @@ def run_tui(setup: TrainingSetup) -> tuple[list[float], list[float]]:
     runs_dir = Path(tempfile.mkdtemp(prefix="tpudash-bench-tui-"))
 
     async def drive() -> None:
-        app = TpudashApp(Settings(runs_dir=runs_dir))
+        app = TpudashApp(
+            Settings(runs_dir=runs_dir), freeze_after_start=True
+        )  # as run_app makes it: the collector settled
         async with app.run_test(size=(120, 40)) as pilot:
             await asyncio.wait_for(app.runtime_settled.wait(), 900)
             if app.runtime is None:
