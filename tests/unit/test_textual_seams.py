@@ -23,6 +23,7 @@ from textual.widgets import Label, OptionList, Select, TabbedContent, TabPane
 from screens.base import DashScreen
 from tpudash.tui.runview import RunTabs
 from tpudash.tui.seams import (
+    PAINT_AHEAD_QUIET_SECONDS,
     TEXTUAL_MOVE_PAGE,
     KeptLayout,
     UndelayedRevisits,
@@ -423,12 +424,12 @@ async def test_a_mode_built_ahead_is_laid_out_and_painted_ahead_and_its_first_vi
         assert later.region.width == len("mounted later")
         layouts = screen.layouts
         # Painted ahead: its widgets' lines rendered while it is hidden, its update timer started, then ticked
-        # once (a hidden screen's tick pauses it, drawing nothing).
+        # once (a hidden screen's tick pauses it, drawing nothing). Painted once it has been quiet a while.
         drawn = screen.query_one("#drawn", RenderCountingLabel)
-        for _ in range(50):
+        for _ in range(100):  # bounded: 5 s at most, for a quiet time of PAINT_AHEAD_QUIET_SECONDS
             if drawn.lines_rendered and not screen._update_timer._active.is_set():
                 break
-            await pilot.pause()
+            await pilot.pause(PAINT_AHEAD_QUIET_SECONDS / 5)
         rendered_ahead = drawn.lines_rendered
         assert rendered_ahead >= 1
         sleeps = SleepsBeforeShown(app, screen)
