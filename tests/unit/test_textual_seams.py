@@ -240,6 +240,27 @@ async def test_a_screen_closed_while_it_mounts_knows_it_is_being_taken_down():
     assert kept.taken_down is False
 
 
+class ShutdownRecordingApp(App):
+    """Records, as it starts closing its screens, whether a widget of the screen on show counts as taken down."""
+
+    def compose(self) -> ComposeResult:
+        yield Label("on show until the app shuts down")
+
+    async def _close_all(self) -> None:
+        self.taken_down_at_shutdown = taken_down_before_mounted(self.query_one(Label))
+        await super()._close_all()
+
+
+async def test_a_widget_still_mounting_as_the_app_shuts_down_knows_it_is_being_taken_down():
+    """A screen built ahead and still mounting when the app closes is closed without a prune: its widgets'
+    ``on_mount`` may run with their children gone (CI saw the run view's tabs gone as it hid one)."""
+    app = ShutdownRecordingApp()
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        assert taken_down_before_mounted(app.query_one(Label)) is False
+    assert app.taken_down_at_shutdown is True  # False: App._shutdown no longer clears is_running first
+
+
 class HeldMountScreen(Screen):
     """Its mount waits for ``release``: the build of its mode is under way until then."""
 

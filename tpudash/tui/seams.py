@@ -32,7 +32,9 @@ breaking the dashboard quietly. Written against Textual 8.2.
 - ``taken_down_before_mounted``: a screen closed while it still mounts (keys
   typed ahead: enter then escape) has its children removed before its own and
   its widgets' ``on_mount`` run, and Textual says so only through the private
-  ``_pruning`` flag. Found by the random-key soak.
+  ``_pruning`` flag. Found by the random-key soak. The same holds for a screen
+  still mounting as the app shuts down (``App._shutdown`` clears
+  ``is_running`` first; screens not running yet are closed without a prune).
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ TEXTUAL_MOVE_PAGE = OptionList._move_page
 
 
 def taken_down_before_mounted(node: DOMNode) -> bool:
-    """Is ``node`` being removed already, as its ``on_mount`` runs? Then its children are gone: draw nothing."""
-    return bool(node._pruning)
+    """Is ``node`` being removed already, as its ``on_mount`` runs? Then its children may be gone: draw nothing."""
+    return bool(node._pruning) or not node.app.is_running
 
 
 class KeptLayout(_MixedIntoScreen):
