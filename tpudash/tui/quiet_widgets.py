@@ -6,9 +6,9 @@ every wake-up is CPU taken from the training the dashboard watches:
 - ``Spinner``: Textual's ``LoadingIndicator`` redraws 16 times a second from
   mount to removal, hidden or not. The Devices screen's (shown while the
   runtime connects) kept doing so for the whole session, behind every other
-  screen, after the runtime had long answered: a sixth of the dashboard's
-  UI-thread time while a job trained. This one animates only while it is
-  displayed on the screen on show.
+  screen, after the runtime had long answered: 16 wake-ups a second of the
+  UI thread for nothing. This one animates only while it is displayed on the
+  screen on show.
 - ``BeatProgressBar``: Textual's ``ProgressBar`` updates itself once a second
   for its ETA countdown. tpudash shows no Textual ETA (it writes its own
   beside the bar) and updates the bar on the display beat, so that timer only
@@ -65,7 +65,7 @@ class BeatProgressBar(ProgressBar):
     def _on_mount(self, event: events.Mount) -> None:
         # ProgressBar.on_mount updates, starts ``set_interval(1, self.update)`` and resets its clock. Textual runs
         # every class's mount handler unless one prevents the default, which skips Widget's too: that one runs
-        # here (super()), then ProgressBar's minus the interval (tests/unit/test_textual_seams.py pins both).
+        # here (super()), then ProgressBar's minus the interval (tests/unit/test_quiet_widgets.py pins the interval).
         event.prevent_default()
         super()._on_mount(event)
         self.update()
