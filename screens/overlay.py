@@ -14,6 +14,7 @@ from screens.stored_runs import RunsLoaded, follow_run
 from tpudash.runs.model import MetricTrack, RunModel
 from tpudash.runs.series import DecimatedSeries
 from tpudash.tui.plots import MetricPlot, PlotLine
+from tpudash.tui.seams import being_taken_down
 
 
 def loss_series(model: RunModel) -> list[tuple[str, DecimatedSeries]]:
@@ -69,6 +70,8 @@ class OverlayScreen(DashScreen):
         yield MetricPlot("loss", id="overlay-plot")
 
     def on_mount(self) -> None:
+        if being_taken_down(self):
+            return  # opened and left at once: nothing to read for
         self.load()
 
     @work(thread=True, exit_on_error=False, group="history-load", description="Read two runs' events.jsonl")
@@ -76,6 +79,8 @@ class OverlayScreen(DashScreen):
         self.post_message(RunsLoaded([follow_run(self.dashboard.session.store, run_id) for run_id in self.run_ids]))
 
     def on_runs_loaded(self, message: RunsLoaded) -> None:
+        if being_taken_down(self):
+            return  # left while loading: its plot may never have mounted its parts
         title = self.query_one("#overlay-title", Static)
         self.models = [follower.model for follower in message.followers]
         colors = (("blue", "cyan"), ("red", "orange"))
@@ -100,7 +105,7 @@ class OverlayScreen(DashScreen):
         title.update(text)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
-        if event.state == WorkerState.ERROR:
+        if event.state == WorkerState.ERROR and not being_taken_down(self):
             title = self.query_one("#overlay-title", Static)
             title.update(Text(f"cannot open the runs: {event.worker.error}", style="bold red"))
 

@@ -22,6 +22,7 @@ from tpudash.runs.follow import SOURCE_WORDS, RunFollower
 from tpudash.runs.layout import SOURCE_JOB
 from tpudash.tui.messages import DisplayTick
 from tpudash.tui.runview import RunView
+from tpudash.tui.seams import being_taken_down
 
 
 class RunDetailScreen(ExportsRuns):
@@ -51,6 +52,8 @@ class RunDetailScreen(ExportsRuns):
         yield RunView(id="detail-view")
 
     def on_mount(self) -> None:
+        if being_taken_down(self):
+            return  # opened and left at once (enter then escape): nothing to read for
         self.load()
 
     @work(thread=True, exit_on_error=False, group="history-load", description="Read a run's events.jsonl")
@@ -58,6 +61,8 @@ class RunDetailScreen(ExportsRuns):
         self.post_message(RunsLoaded([follow_run(self.dashboard.session.store, self.run_id)]))
 
     def on_runs_loaded(self, message: RunsLoaded) -> None:
+        if being_taken_down(self):
+            return  # left while loading: the run view may never have mounted its parts
         self.follower = message.followers[0]
         self.view.show(self.follower.model)
         store = self.dashboard.session.store
@@ -69,8 +74,8 @@ class RunDetailScreen(ExportsRuns):
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         worker = event.worker
-        problems = self.query_one("#detail-problems", Static)
-        if event.state == WorkerState.ERROR:
+        if event.state == WorkerState.ERROR and not being_taken_down(self):
+            problems = self.query_one("#detail-problems", Static)
             problems.update(Text(f"cannot open {self.run_id}: {worker.error}", style="bold red"))
             problems.display = True
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import threading
+from pathlib import Path
 
 from textual.widgets import DataTable, Static
 
@@ -11,9 +14,11 @@ from screens.devices import DevicesScreen
 from screens.history import HistoryScreen
 from screens.overlay import OverlayScreen
 from screens.run_detail import RunDetailScreen
+from screens.stored_runs import RunsLoaded, follow_run
 from tests.crafted_runs import CRAFTED, GOOD, craft_runs
 from tests.functional.conftest import SIZE, UNTIL_TIMEOUT, run_settled, runtime_ready, type_ahead, until
 from tpudash.tui.dialogs import ConfirmScreen
+from tpudash.tui.runview import RunView
 
 
 def history_rows(screen: HistoryScreen) -> list[list]:
@@ -290,6 +295,73 @@ async def test_a_run_or_question_closed_before_it_has_drawn_raises_nothing(make_
         await app.workers.wait_for_complete()
         await until(pilot, lambda: detail.loaded and detail.view.plot_for("loss") is not None)
         assert app.is_running
+
+
+class RunViewComposedLate(RunView):
+    """A run view whose own composing waits for ``go``: a loaded machine runs the screen's close first."""
+
+    def __init__(self, started: asyncio.Event, go: asyncio.Event, **kwargs):
+        super().__init__(**kwargs)
+        self.started, self.go = started, go
+
+    async def _pre_process(self) -> bool:
+        self.started.set()
+        await self.go.wait()
+        return await super()._pre_process()
+
+
+class RunLoadedAtOnce(RunDetailScreen):
+    """The run detail with that run view, whose load lands at once (a small run read by an idle worker)."""
+
+    CSS_PATH = Path(inspect.getfile(RunDetailScreen)).with_name(str(RunDetailScreen.CSS_PATH))
+
+    def __init__(self, run_id: str):
+        super().__init__(run_id)
+        self.view_started, self.view_go = asyncio.Event(), asyncio.Event()
+
+    def compose_body(self):
+        for widget in super().compose_body():
+            yield (
+                RunViewComposedLate(self.view_started, self.view_go, id=widget.id)
+                if isinstance(widget, RunView)
+                else widget
+            )
+
+    def load(self) -> None:  # type: ignore[override]
+        self.post_message(RunsLoaded([follow_run(self.dashboard.session.store, self.run_id)]))
+
+
+async def test_a_run_left_while_its_view_still_composes_raises_nothing_when_its_load_lands(make_app, isolated_runs_dir):
+    # The order one CI run produced: escape closed the run while its run view was still to compose, so the
+    # view mounted with no parts, and the run's load landed in the screen's queue before the close did.
+    craft_runs(isolated_runs_dir)
+    app = make_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await runtime_ready(pilot)
+        prune = app._prune
+
+        def prune_then_compose(*nodes, parent=None):
+            pruned = prune(*nodes, parent=parent)
+            for node in nodes:
+                if isinstance(node, RunLoadedAtOnce):
+                    node.view_go.set()
+            return pruned
+
+        app._prune = prune_then_compose
+        detail = RunLoadedAtOnce(GOOD)
+        try:
+            app.push_screen(detail)
+            await asyncio.wait_for(detail.view_started.wait(), UNTIL_TIMEOUT)
+            await asyncio.wait_for(app.pop_screen(), UNTIL_TIMEOUT)
+            assert detail.view_go.is_set() and not detail.is_attached
+        finally:
+            detail.view_go.set()  # a failure above must not leave the app's shutdown waiting on the view
+        assert app.is_running and app._exception is None
+        # And the next run opened draws as ever.
+        again = RunDetailScreen(GOOD)
+        await app.push_screen(again)
+        await app.workers.wait_for_complete()
+        await until(pilot, lambda: again.loaded and again.view.plot_for("loss") is not None)
 
 
 async def test_a_run_opened_then_left_at_once_leaves_the_next_screen_in_charge(make_app, isolated_runs_dir):

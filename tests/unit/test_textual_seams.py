@@ -27,8 +27,8 @@ from tpudash.tui.seams import (
     TEXTUAL_MOVE_PAGE,
     KeptLayout,
     UndelayedRevisits,
+    being_taken_down,
     guard_option_list_page_keys,
-    taken_down_before_mounted,
 )
 
 
@@ -218,7 +218,7 @@ class MountRecordingScreen(Screen):
         yield Label("mounting this child lets the pop run before the screen's own on_mount")
 
     def on_mount(self) -> None:
-        self.taken_down = taken_down_before_mounted(self)
+        self.taken_down = being_taken_down(self)
 
 
 class PlainApp(App):
@@ -247,7 +247,7 @@ class ShutdownRecordingApp(App):
         yield Label("on show until the app shuts down")
 
     async def _close_all(self) -> None:
-        self.taken_down_at_shutdown = taken_down_before_mounted(self.query_one(Label))
+        self.taken_down_at_shutdown = being_taken_down(self.query_one(Label))
         await super()._close_all()
 
 
@@ -257,7 +257,7 @@ async def test_a_widget_still_mounting_as_the_app_shuts_down_knows_it_is_being_t
     app = ShutdownRecordingApp()
     async with app.run_test() as pilot:
         await pilot.pause()
-        assert taken_down_before_mounted(app.query_one(Label)) is False
+        assert being_taken_down(app.query_one(Label)) is False
     assert app.taken_down_at_shutdown is True  # False: App._shutdown no longer clears is_running first
 
 

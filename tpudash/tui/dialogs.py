@@ -14,7 +14,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
-from tpudash.tui.seams import taken_down_before_mounted
+from tpudash.tui.seams import being_taken_down
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -63,7 +63,7 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button(f"{self.no_label} (n)", variant="default" if self.default_yes else "primary", id="no")
 
     def on_mount(self) -> None:
-        if taken_down_before_mounted(self):
+        if being_taken_down(self):
             return  # asked and answered (or escaped) before it mounted: its buttons are gone already
         self.query_one("#yes" if self.default_yes else "#no", Button).focus()
 

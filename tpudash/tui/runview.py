@@ -34,7 +34,7 @@ from tpudash.tui.profiletab import PROFILE_PANE, FollowsProfiles, ProfileTab
 from tpudash.tui.quiet_widgets import BeatProgressBar
 from tpudash.tui.replicatable import fill_replica_table, replica_note
 from tpudash.tui.runheader import RunHeader, clipped, dashboard_runs_dir, shown_now
-from tpudash.tui.seams import taken_down_before_mounted
+from tpudash.tui.seams import being_taken_down
 from tpudash.tui.workers import FollowsWorkers, WorkersFeed
 
 # A plot flatter than this shows little but its axes: plots then go side by side, even at
@@ -185,7 +185,7 @@ class RunView(FollowsWorkers, FollowsProfiles, FollowsAdvice, Vertical):
                 yield ProfileTab(id="profile-tab")
 
     def on_mount(self) -> None:
-        if taken_down_before_mounted(self):
+        if being_taken_down(self):
             return  # a run opened and left at once: its tabs are gone already
         self.hide_profile_tab()
         self.query_one("#run-tabs", RunTabs).hide_tab(ADVICE_PANE)

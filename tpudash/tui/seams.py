@@ -29,12 +29,16 @@ breaking the dashboard quietly. Written against Textual 8.2.
   one of another screen that ``App._display`` hands the terminal after it;
   the collection held back for that key (``tpudash.tui.collector.hold``)
   runs then.
-- ``taken_down_before_mounted``: a screen closed while it still mounts (keys
+- ``being_taken_down``: a screen closed while it still mounts (keys
   typed ahead: enter then escape) has its children removed before its own and
   its widgets' ``on_mount`` run, and Textual says so only through the private
-  ``_pruning`` flag. Found by the random-key soak. The same holds for a screen
-  still mounting as the app shuts down (``App._shutdown`` clears
-  ``is_running`` first; screens not running yet are closed without a prune).
+  ``_pruning`` flag. Found by the random-key soak. A widget composed after
+  that point never gets its children (``Widget.mount`` mounts nothing while
+  pruning), yet its screen still handles what was queued before it closes:
+  a run's load that finished early (seen once in CI). The same holds for a
+  screen still mounting as the app shuts down (``App._shutdown`` clears
+  ``is_running`` first; screens not running yet are closed without a
+  prune).
 """
 
 from __future__ import annotations
@@ -68,8 +72,9 @@ TEXTUAL_MOVE_PAGE = OptionList._move_page
 """Textual's own page move, kept so a test can tell when a release no longer needs the guard."""
 
 
-def taken_down_before_mounted(node: DOMNode) -> bool:
-    """Is ``node`` being removed already, as its ``on_mount`` runs? Then its children may be gone: draw nothing."""
+def being_taken_down(node: DOMNode) -> bool:
+    """Is ``node`` being removed already, as its ``on_mount`` or a queued message runs? Then its children may be
+    gone or never mounted: draw nothing."""
     return bool(node._pruning) or not node.app.is_running
 
 
