@@ -4,7 +4,8 @@ Built on tpu-info's own generated servicer and messages, with loopback
 credentials as libtpu's, so tpudash's client talks to it exactly as to
 libtpu. ``FakeTpuMetrics(chips=4, cores_per_chip=1)`` serves per-chip duty
 cycle and per-core HBM; ``set`` changes the values, ``stop`` and ``start``
-take the service away and bring it back on the same port. Run as a script
+take the service away and bring it back on the same port; after
+``hold_answers`` a call stays in flight until ``stop``. Run as a script
 (``python -m tests.fake_tpu_metrics PORT``) it serves until killed, for a
 process under test that is not this one.
 """
@@ -32,6 +33,8 @@ class _Servicer(service.RuntimeMetricServiceServicer):
         with self.fake.lock:
             self.fake.requests.append(request.metric_name)
             values = self.fake.values.get(request.metric_name)
+        self.fake.call_arrived.set()
+        self.fake.answering.wait(timeout=60)  # held (hold_answers): the call stays in flight until stop()
         if values is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"metric {request.metric_name} not found")
         metrics = []
@@ -56,6 +59,9 @@ class FakeTpuMetrics:
         self.chips, self.cores_per_chip = chips, cores_per_chip
         self.port = port
         self._server = None
+        self.call_arrived = threading.Event()
+        self.answering = threading.Event()
+        self.answering.set()
         devices = range(chips * cores_per_chip)
         self.set(
             duty={chip: 0.0 for chip in range(chips)},
@@ -96,9 +102,16 @@ class FakeTpuMetrics:
         self._server = server
         return self
 
+    def hold_answers(self) -> None:
+        """Calls from now on wait, in flight, until ``stop()``: a service that goes away mid-call."""
+        self.call_arrived.clear()
+        self.answering.clear()
+
     def stop(self) -> None:
         if self._server is not None:
-            self._server.stop(grace=None).wait()
+            stopped = self._server.stop(grace=None)  # calls in flight are cancelled
+            self.answering.set()
+            stopped.wait()
             self._server = None
 
     def __enter__(self) -> FakeTpuMetrics:

@@ -31,6 +31,7 @@ from tests.terminal import run_on_a_terminal
 IMPORT_TIME_LINE = re.compile(rb"import time:\s*(\d+) \|\s*(\d+) \| ( *)(\S+)")
 FIRST_FRAME = re.compile(rb"first_frame_unix=([0-9.]+)")
 TENSORFLOW_IMPORTED = re.compile(rb"tensorflow_imported=(True|False|None)")
+MODULES_AT_FIRST_FRAME = re.compile(rb"modules_at_first_frame=(\S*)")
 TARGET_SECONDS = 0.25
 TARGET_RATIO = 0.25
 
@@ -73,11 +74,15 @@ def import_profile(python: str = sys.executable, cwd: str | None = None) -> list
     returncode, output = run_on_a_terminal([python, "-X", "importtime", "-m", "tpudash"], environment, 60, cwd=cwd)
     if FIRST_FRAME.search(output) is None:
         raise RuntimeError(f"tpudash printed no first-frame time under -X importtime (exit {returncode})")
-    # Only what was imported before the frame: the first-frame line is printed as the app exits.
-    before_frame = output[: output.index(b"first_frame_unix=")]
+    # Only what was imported before the frame. The first-frame line is printed as the app exits, after what
+    # the frame let go on (the engine's start, the screens built ahead): the modules loaded at the frame say.
+    before_exit = output[: output.index(b"first_frame_unix=")]
+    loaded = MODULES_AT_FIRST_FRAME.search(output)
+    at_frame = set(loaded.group(1).decode().split(",")) if loaded is not None else None
     return [
         (len(indent) // 2, int(own), int(cumulative), name.decode())
-        for own, cumulative, indent, name in IMPORT_TIME_LINE.findall(before_frame)
+        for own, cumulative, indent, name in IMPORT_TIME_LINE.findall(before_exit)
+        if at_frame is None or name.decode() in at_frame
     ]
 
 

@@ -100,6 +100,25 @@ def test_the_service_stopping_is_a_reason_and_sampling_resumes_when_it_returns(f
     sampler.close()
 
 
+def test_the_service_stopping_while_it_answers_says_so_in_plain_words(fake):
+    # A TensorFlow process that ends takes libtpu's service with it, a sample's call perhaps in flight:
+    # gRPC says "Cancelling all calls", which names no cause a user knows.
+    client = TpuMetricsClient(fake.address)
+    assert client.read()[1] is None
+    fake.hold_answers()
+    read: list = []
+    sampling = threading.Thread(target=lambda: read.append(client.read()))
+    sampling.start()
+    assert fake.call_arrived.wait(30)
+    fake.stop()
+    sampling.join(30)
+    chips, reason = read[0]
+    hint = "(libtpu serves it while a TensorFlow or JAX process holds the TPU)"
+    assert chips == [] and reason == f"no TPU metrics service at {fake.address}: it stopped while answering {hint}"
+    assert client.read()[1] == f"no TPU metrics service at {fake.address}: connection refused {hint}"
+    client.close()
+
+
 def test_no_chips_on_the_host_says_so_rather_than_connection_refused():
     with FakeTpuMetrics() as server:
         address = server.address

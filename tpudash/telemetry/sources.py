@@ -168,7 +168,11 @@ class TpuMetricsClient:
         if code == grpc.StatusCode.UNAVAILABLE:
             if self.chips_on_host == 0 and not self._answered:
                 return f"no TPU chips on this host (and no TPU metrics service at {self.address})"
-            cause = "connection refused" if "refused" in details.lower() else (details.split(";")[0] or "unavailable")
+            cause = details.split(";")[0] or "unavailable"
+            if "refused" in details.lower():
+                cause = "connection refused"
+            elif "cancelling all calls" in details.lower():  # gRPC's word for a server shut down mid-call
+                cause = "it stopped while answering"
             return f"no TPU metrics service at {self.address}: {cause} ({SERVICE_HINT})"
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return f"the TPU metrics service at {self.address} did not answer within {self.deadline:g} s"
