@@ -135,7 +135,9 @@ async def test_a_watched_run_gets_telemetry_on_its_time_axis_in_its_record_and_s
 
             recorded, problems = read_events(store.root / run_id / TELEMETRY_FILE)
             assert problems == [] and len(recorded) >= 5
-            assert [chip["hbm_used"] for chip in recorded[-1][1].chips] == list(USED.values())
+            # As above, the newest sample may be one that missed its deadline: the newest answered one holds the HBM.
+            answered = [sample for _, sample in recorded if sample.chips]
+            assert answered and [chip["hbm_used"] for chip in answered[-1].chips] == list(USED.values())
             assert recorded[-1][1].host["processes"]["writer"] > 0  # the writer's resident memory
 
             fake.stop()
