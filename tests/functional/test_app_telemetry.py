@@ -173,7 +173,8 @@ async def test_a_tpudash_job_records_telemetry_and_its_run_view_plots_it(make_ap
         job_gate.release.set()
         await run_settled(pilot, live)
     recorded, _ = read_events(store.root / live.run_id / TELEMETRY_FILE)
-    assert recorded and [chip["duty_cycle_pct"] for chip in recorded[0][1].chips] == list(DUTY.values())
+    answered = [sample for _, sample in recorded if sample.chips]  # a sample that missed its deadline has none
+    assert answered and [chip["duty_cycle_pct"] for chip in answered[0].chips] == list(DUTY.values())
 
 
 def chip_row(app, chip: str) -> str:
