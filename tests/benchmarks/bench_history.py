@@ -84,12 +84,12 @@ def redraw_seconds(plot) -> tuple[float, float]:
     """(wall, CPU) seconds of one redraw: the replot on the UI thread plus plotext's build (the dashboard
     runs that in a worker thread), both here so the figure is the whole cost; the CPU time is what it
     costs on a core of its own."""
-    from tpudash.tui.plots import RenderKey, build_text
+    from tpudash.tui.plots import RenderKey, build_rows
 
     started, cpu_started = time.perf_counter(), time.thread_time()
     plot.redraw()
     key = RenderKey(plot.data_version, plot.size.width, plot.size.height, plot._plotext_theme)
-    build_text(plot.plt, key, plot.app.console)
+    plot._cell_styles.strips(plot, build_rows(plot.plt, key))
     return time.perf_counter() - started, time.thread_time() - cpu_started
 
 

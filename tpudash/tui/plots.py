@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from tpudash.runs.series import DecimatedSeries, decimate_min_max, decimate_stride
 from tpudash.tui.plotlegend import DecoratedFigure, Decoration, LegendEntry, decorate, legend_corner, legend_entry
 from tpudash.tui.plotticks import MIN_TICK_STEP, TICK_DIGITS, format_tick, nice_ticks
-from tpudash.tui.plotwidget import BudgetedPlot, RenderKey, build_text, plots_drawn
+from tpudash.tui.plotwidget import BudgetedPlot, RenderKey, build_rows, plots_drawn
 
 __all__ = [  # the plots', and what screens, benchmarks and tests import from here
     "MIN_TICK_STEP",
@@ -33,7 +33,7 @@ __all__ = [  # the plots', and what screens, benchmarks and tests import from he
     "PlotLine",
     "RenderKey",
     "ReplicaBarPlot",
-    "build_text",
+    "build_rows",
     "decorate",
     "format_tick",
     "legend_corner",

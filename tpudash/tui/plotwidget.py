@@ -2,13 +2,15 @@
 
 Each plot (``tpudash.tui.plots``) subclasses ``BudgetedPlot`` and has one
 ``replot()`` that turns the current data into a figure (``self.plt``, a
-fresh plotext figure each time). plotext then builds the figure's text in
-pure Python (about 10 ms at 160×24, far more on a loaded machine): that
-happens in a thread, one build per plot at a time, and the result is
-swapped in on the UI thread, so keys never wait for a plot. A plot is built
-again only when its data, its size or the theme changed (the run view
-redraws on its display beat): a dashboard that steals a core from training
-would cost its user the very throughput they are watching.
+fresh plotext figure each time). plotext then draws the figure in pure
+Python (a few ms at 60×18, far more on a loaded machine): that happens in a
+thread, one build per plot at a time, and the drawing, read straight from
+plotext's matrix (``tpudash.tui.plotcells``), is swapped in on the UI
+thread as strips the widget hands out line by line, so keys never wait for
+a plot and a repaint costs next to nothing. A plot is built again only when
+its data, its size or the theme changed (the run view redraws on its
+display beat): a dashboard that steals a core from training would cost its
+user the very throughput they are watching.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from rich.console import Console
-from rich.text import Text
 from textual.content import Content
 from textual.dom import DOMNode
+from textual.geometry import Region
+from textual.strip import Strip
 from textual_plotext import PlotextPlot
 from textual_plotext.plot import Plot
 
+from tpudash.tui import plotcells
+from tpudash.tui.plotcells import CellStyles, PlotRows
 from tpudash.tui.plotlegend import DecoratedFigure, Decoration, legend_entry
 from tpudash.tui.plotticks import nice_ticks
 
@@ -39,22 +43,19 @@ class RenderKey:
     theme: str
 
 
-def build_text(figure: Plot, key: RenderKey, console: Console) -> Content:
-    """plotext's build of ``figure`` at ``key``'s size and theme, as Textual content: runs in a worker thread.
+def build_rows(figure: Plot, key: RenderKey) -> PlotRows:
+    """plotext's drawing of ``figure`` at ``key``'s size and theme, as rows of runs: runs in a worker thread.
 
     Only ``figure`` is written, and nothing else holds it: every replot draws on a fresh figure.
     """
-    figure.plotsize(key.width, key.height)
-    figure._set_size(key.width, key.height)  # as PlotextPlot.render does: plotsize alone leaves resizes wrong
-    figure.theme(key.theme)
-    return Content.from_rich_text(Text.from_ansi(figure.build()), console=console)
+    return plotcells.build_rows(figure, key.width, key.height, key.theme)
 
 
 class BudgetedPlot(PlotextPlot):
     """A PlotextPlot whose text is built in a worker thread, swapped in when it lands, and cached.
 
-    ``render()`` never builds: it returns the text last built (or nothing yet) and, when that is not
-    of the current data at the current size, asks for a build. One build per plot is in flight at a
+    A repaint never builds: it hands out the strips last built (or blank lines yet) and, when they are
+    not of the current data at the current size, asks for a build. One build per plot is in flight at a
     time; one that comes back stale (newer data, another size) is dropped and the newest asked for.
     """
 
@@ -82,17 +83,33 @@ class BudgetedPlot(PlotextPlot):
         """How many times plotext built this plot's text."""
         self.shown: RenderKey | None = None
         """What the text on screen was built from."""
-        self._shown_text: Content | None = None
+        self._shown_rows: PlotRows | None = None
+        self._shown_strips: list[Strip] = []
+        self._cell_styles = CellStyles()
         self._in_flight: RenderKey | None = None
         self._landed = asyncio.Event()
         self.axis_ticks: dict[str, list[str]] = {}
         """The tick labels the last replot gave each axis ("x", "y")."""
 
-    def render(self):
+    def render_lines(self, crop: Region) -> list[Strip]:
         self._ensure_built()
-        if self._too_small or self._shown_text is None:
-            return Content("")  # until the first build lands; after, each newer one replaces the last
-        return self._shown_text
+        if self._shown_rows is not None and self._cell_styles.look != self.visual_style:
+            self._shown_strips = self._cell_styles.strips(self, self._shown_rows)  # restyled: the theme changed
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        """Line ``y`` of the plot last built (blank until the first build lands, or while too small)."""
+        width = self.size.width
+        if self._too_small or not 0 <= y < len(self._shown_strips):
+            return Strip.blank(width, self.visual_style.rich_style)
+        return self._shown_strips[y].adjust_cell_length(width, self.visual_style.rich_style)
+
+    def render(self) -> Content:
+        """The plot's text as shown, unstyled (what tests and screen readers read; painting uses ``render_line``)."""
+        self._ensure_built()
+        if self._too_small:
+            return Content("")
+        return Content("\n".join(strip.text for strip in self._shown_strips))
 
     @property
     def _too_small(self) -> bool:
@@ -110,28 +127,29 @@ class BudgetedPlot(PlotextPlot):
             return
         self._in_flight = key
         self._landed.clear()
-        figure, console = self.plt, self.app.console
+        figure = self.plt
 
         # A coroutine function, not a coroutine: a worker a closing app never starts leaves nothing unawaited.
         async def build() -> None:
-            await self._build(key, figure, console)
+            await self._build(key, figure)
 
         self.run_worker(build, group="plot-build")  # type: ignore[arg-type]  # Textual types it Coroutine[None, None, …]
 
-    async def _build(self, key: RenderKey, figure: Plot, console: Console) -> None:
-        def timed_build() -> tuple[Content, float]:
+    async def _build(self, key: RenderKey, figure: Plot) -> None:
+        def timed_build() -> tuple[PlotRows, float]:
             started = time.thread_time()
-            return build_text(figure, key, console), time.thread_time() - started
+            return build_rows(figure, key), time.thread_time() - started
 
         try:
-            text, seconds = await asyncio.to_thread(timed_build)
+            rows, seconds = await asyncio.to_thread(timed_build)
         finally:
             self._in_flight = None
             self._landed.set()
         self.renders += 1
         self.last_render_seconds = seconds
         if key.data_version == self.data_version:  # a build of newer data replaces this one below
-            self.shown, self._shown_text = key, text
+            self.shown, self._shown_rows = key, rows
+            self._shown_strips = self._cell_styles.strips(self, rows)
             self.refresh()
         self._ensure_built()  # the data or the size moved on while it was built: build the newest
 

@@ -1,0 +1,114 @@
+"""A plot drawn from plotext's matrix looks exactly as plotext's own text does in Textual (issue 37).
+
+The plot widget no longer writes plotext's matrix out as ANSI text to parse it back: it reads the
+matrix into runs of cells and styles each run as Textual styles that ANSI text. What the user sees
+must not change: every cell's character and style is compared with plotext's own ``build()`` text
+rendered by Textual, for the dark and the light theme, lines and dots of named and RGB colours, the
+legend, and after a theme change (the shown plot is restyled at once, before its rebuild lands).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+from rich.style import Style as RichStyle
+from rich.text import Text
+from textual.app import App
+from textual.content import Content
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.visual import Visual
+
+from tpudash.runs.series import DecimatedSeries
+from tpudash.tui import plotcells
+from tpudash.tui.plots import MetricPlot, PlotLine
+from tpudash.tui.plotwidget import plots_drawn
+
+
+class PlotApp(App):
+    def compose(self):
+        yield MetricPlot("loss", id="plot")
+
+
+def series(values: list[tuple[float, float]]) -> DecimatedSeries:
+    kept = DecimatedSeries()
+    kept.extend(values)
+    return kept
+
+
+def lines() -> list[PlotLine]:
+    train = [(step, 2.0 * math.exp(-step / 50) + 0.1 * math.sin(step)) for step in range(300)]
+    epochs = [(step, 2.0 * math.exp(-step / 50)) for step in range(0, 300, 40)]
+    return [
+        PlotLine("train", series(train), scatter=True),
+        PlotLine("epoch", series(epochs), color="orange", markers=True),
+        PlotLine("val", series([(step, value + 0.2) for step, value in epochs]), color=(200, 40, 220)),  # type: ignore[arg-type]
+    ]
+
+
+def cells(strips: list[Strip]) -> list[list[tuple[str, RichStyle | None]]]:
+    """Each line's cells as (character, style): the same picture compares equal however it is cut in segments."""
+    return [[(char, segment.style) for segment in strip for char in segment.text] for strip in strips]
+
+
+def plotext_own_text(plot: MetricPlot) -> list[Strip]:
+    """plotext's own text of the figure the plot drew, rendered as Textual renders a widget's text."""
+    ansi = plot.plt.build()  # the same figure, drawn again and written out as ANSI
+    content = Content.from_rich_text(Text.from_ansi(ansi), console=plot.app.console)
+    return Visual.to_strips(plot, content, plot.size.width, plot.size.height, plot.visual_style)
+
+
+def shown(plot: MetricPlot) -> list[Strip]:
+    return [plot.render_line(y) for y in range(plot.size.height)]
+
+
+@pytest.mark.parametrize("theme", ["textual-dark", "textual-light"])
+async def test_a_plot_drawn_from_plotexts_matrix_shows_every_cell_as_plotexts_text_does(theme):
+    app = PlotApp()
+    async with app.run_test(size=(72, 20)) as pilot:
+        app.theme = theme
+        plot = app.query_one(MetricPlot)
+        plot.set_lines(lines())
+        await plots_drawn(app.screen)
+        await pilot.pause()
+        drawn = shown(plot)
+        assert "train" in plot.render().plain and "⠁" <= max(plot.render().plain) <= "⣿"  # braille dots, legend
+        styles = {segment.style for strip in drawn for segment in strip}
+        assert len(styles) >= 4  # the title, axes, three lines' colours: not one style painted over all
+        assert cells(drawn) == cells(plotext_own_text(plot))
+        # What the compositor paints is those lines.
+        painted = plot.render_lines(Region(0, 0, plot.size.width, plot.size.height))
+        assert [strip.text for strip in painted] == [strip.text for strip in drawn]
+
+
+async def test_a_theme_change_restyles_the_plot_shown_before_its_rebuild_lands(monkeypatch):
+    rebuild_may_land = threading.Event()
+    build = plotcells.build_rows
+
+    def held_build(*args):
+        assert rebuild_may_land.wait(10), "the test never let the rebuild land"
+        return build(*args)
+
+    app = PlotApp()
+    async with app.run_test(size=(72, 20)) as pilot:
+        app.theme = "textual-dark"
+        plot = app.query_one(MetricPlot)
+        plot.set_lines(lines())
+        await plots_drawn(app.screen)
+        await pilot.pause()
+        dark = cells(shown(plot))
+        renders = plot.renders
+        monkeypatch.setattr(plotcells, "build_rows", held_build)
+        app.theme = "textual-light"
+        await pilot.pause()  # the screen repaints in the new theme; the plot's rebuild is held
+        assert plot.building and plot.renders == renders
+        restyled = cells(shown(plot))
+        assert restyled != dark and [char for char, _ in restyled[1]] == [char for char, _ in dark[1]]
+        # The figure drawn before, on the widget's new look: as plotext's text of it is shown in that look.
+        assert restyled == cells(plotext_own_text(plot))
+        rebuild_may_land.set()
+        await plots_drawn(app.screen)
+        await pilot.pause()
+        assert cells(shown(plot)) == cells(plotext_own_text(plot))
