@@ -8,11 +8,16 @@ timed. Only what falls between the first and the last epoch's end counts
 (the marginal epochs the overhead benchmark measures); the engine's CPU is
 its own process's and is not included. Prints one JSON line::
 
-    python -m tests.benchmarks.dashboard_cost light|cnn
+    python -m tests.benchmarks.dashboard_cost light|cnn [--epochs N]
+
+More epochs than the overhead benchmark's five give a longer window, so a
+smaller cost can be told from the noise (a change to the UI's timers, say).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -88,7 +93,13 @@ def main(argv: list[str]) -> int:
     os.environ["TPUDASH_ENGINE_LOCK"] = str(Path(tempfile.mkdtemp(prefix="tpudash-cost-")) / "engine.lock")
     from tests.benchmarks.overhead_sides import SETUPS, run_tui
 
-    setup = SETUPS[argv[0] if argv else "light"][0]
+    parser = argparse.ArgumentParser(prog="python -m tests.benchmarks.dashboard_cost")
+    parser.add_argument("setup", nargs="?", choices=tuple(SETUPS), default="light")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs to train (default: the setup's own, 5)")
+    args = parser.parse_args(argv)
+    setup = SETUPS[args.setup][0]
+    if args.epochs is not None:
+        setup = dataclasses.replace(setup, epochs=args.epochs)
     paints = timed_paints()
     with ThreadCpu() as cpu:
         _, ends = run_tui(setup)
@@ -101,7 +112,7 @@ def main(argv: list[str]) -> int:
             by_widget[widget][1] += seconds
     wall = end - start
     result = {
-        "setup": argv[0] if argv else "light",
+        "setup": args.setup,
         "seconds": round(wall, 2),
         "process_cores": round(sum(value for name, value in threads.items() if name != "cost-sampler"), 4),
         "thread_cores": {name: round(value, 4) for name, value in sorted(threads.items(), key=lambda kv: -kv[1])},
