@@ -225,6 +225,38 @@ async def test_a_live_runs_rate_and_its_advice_read_again_unchanged_never_lay_th
         recorder.close()
 
 
+async def test_new_advice_read_while_another_tab_is_shown_lays_nothing_out_and_shows_whole_when_opened(
+    tmp_path, fast_reads, screen_layouts
+):
+    # A live run's advice moves with its figures: each new text laid the whole screen out (every widget repainted)
+    # while the user looked at the plots, taking CPU from the training beside the dashboard (issue 37).
+    store, run_id, recorder = live_run(tmp_path)
+    files = store.files(run_id)
+    write_report(files, report(run_id, [PADDING], mfu=MFU))
+    app = AdviceApp(RunModel(run_id=run_id, job="fit", status="running"))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            view = app.query_one(RunView)
+            view.follow_advice(files, live=True)
+            await settle(pilot, lambda: "padding" in body(app) and tab_listed(app))
+            await pilot.pause()
+            assert app.query_one("#run-tabs", TabbedContent).active != ADVICE_PANE
+            screen_layouts.clear()
+
+            write_report(files, report(run_id, [PADDING, PREFETCH, CACHE], mfu=MFU))  # the header unchanged
+            await settle(pilot, lambda: "cache" in body(app))
+            await pilot.pause()
+            assert screen_layouts == []
+
+            view.open_advice()
+            advice = app.query_one("#advice-body", Static)
+            lines = len(body(app).splitlines())
+            await settle(pilot, lambda: advice.size.height == lines)  # every line of the new text, none cut off
+            assert lines > 3
+    finally:
+        recorder.close()
+
+
 async def test_a_run_without_advice_says_why_and_an_unreadable_file_says_what_is_wrong(tmp_path, fast_reads):
     store, run_id, recorder = live_run(tmp_path, job="matmul")
     app = AdviceApp(RunModel(run_id=run_id, job="matmul", status="running"))

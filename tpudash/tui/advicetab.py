@@ -129,7 +129,9 @@ class AdviceTab(VerticalScroll):
         if text == self._text:
             return  # a live run's report is read anew every few seconds, mostly to say the same: no relayout for it
         self._text = text
-        self.query_one("#advice-body", Static).update(text)
+        # A live run's report is read anew every few seconds, and new words lay the whole screen out again: while
+        # another tab is shown, that cost training's cores for nothing (issue 37). Showing the tab lays it out.
+        self.query_one("#advice-body", Static).update(text, layout=self.is_on_screen)
 
 
 class FollowsAdvice(Widget):
