@@ -46,16 +46,30 @@ class SessionBar(Static):
     }
     """
 
+    _stale = False
+    """The line changed while this bar's screen was not on show: it is drawn when the screen shows."""
+
     def on_mount(self) -> None:
         self.watch(self.app, "runtime_status", self._show, init=False)
         self.watch(self.app, "lane_status", self._show, init=False)
         self.watch(self.app, "engine_status", self._show, init=False)
+        self.app.screen_change_signal.subscribe(self, self._screen_changed)
         self._show()
 
     def on_resize(self) -> None:
         self._show()
 
+    def _screen_changed(self, _screen: object) -> None:
+        if self._stale:
+            self._show()
+
     def _show(self, _value: object = None) -> None:
+        if self.screen not in self.app.screen_stack:
+            # Every screen has this bar, and the lane's clock moves each second: a screen of another mode (composed
+            # ahead, or left) would redraw its bar unseen, every second, with a CPU training needs (issue 37).
+            self._stale = True
+            return
+        self._stale = False
         width = self.content_size.width
         text = self._line(brief=False)
         if width and text.cell_len > width:
