@@ -61,7 +61,9 @@ class SessionBar(Static):
 
     def _screen_changed(self, _screen: object) -> None:
         if self._stale:
-            self._show()
+            # Right after the screen's first frame, not in it: a key's new screen draws as fast as ever, and the
+            # news it missed follows a frame later.
+            self.call_after_refresh(self._show)
 
     def _show(self, _value: object = None) -> None:
         if self.screen not in self.app.screen_stack:
