@@ -15,6 +15,7 @@ from jobs.base import JobSpec
 JOB_MODULES = (
     "jobs.matmul",
     "jobs.replicas",
+    "jobs.all_reduce",
     "jobs.gradient_descent",
     "jobs.train",
     "jobs.dtensor_mlp",

@@ -31,6 +31,11 @@ class CheckFailed(RuntimeError):
     """
 
 
+def local_values(strategy: Any, distributed: Any) -> list:
+    """Every replica's value of a ``tf.distribute`` result, in replica order, as NumPy."""
+    return [value.numpy() for value in strategy.experimental_local_results(distributed)]
+
+
 def relative_tolerance(dtype: str, k: int, reduced_float32_input_roundoff: float = 0.0) -> float:
     """Largest allowed max|C − C_ref| / max|C_ref| for a correct device.
 

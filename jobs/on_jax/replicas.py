@@ -23,10 +23,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs.all_reduce import AllReduceChecks, TimedAllReduce, check_all_reduce
 from jobs.replicas import (
-    AllReduceChecks,
-    TimedAllReduce,
-    check_all_reduce,
     check_replica_dataset,
     check_replica_matmul,
     replica_dataset_plan,

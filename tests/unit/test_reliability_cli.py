@@ -658,9 +658,9 @@ def test_the_memory_check_counts_the_dtype_and_names_the_largest_dimension(runti
 
 
 def test_the_all_reduce_counts_every_replicas_copies_against_host_memory(runtime):
+    from jobs.all_reduce import check_all_reduce_memory
     from jobs.base import ParamError
     from jobs.hostmemory import GIB
-    from jobs.replicas import check_all_reduce_memory
 
     spec = get_job("all-reduce")
     spec.check_runtime(spec.resolve({}), runtime)  # the default fits anywhere
