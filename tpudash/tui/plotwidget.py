@@ -94,7 +94,7 @@ class BudgetedPlot(PlotextPlot):
     def render_lines(self, crop: Region) -> list[Strip]:
         self._ensure_built()
         if self._shown_rows is not None and self._cell_styles.look != self.visual_style:
-            self._shown_strips = self._cell_styles.strips(self, self._shown_rows)  # restyled: the theme changed
+            self._shown_strips = self._cell_styles.strips(self, self._shown_rows)  # the widget's look changed (theme)
         return super().render_lines(crop)
 
     def render_line(self, y: int) -> Strip:
@@ -105,7 +105,7 @@ class BudgetedPlot(PlotextPlot):
         return self._shown_strips[y].adjust_cell_length(width, self.visual_style.rich_style)
 
     def render(self) -> Content:
-        """The plot's text as shown, unstyled (what tests and screen readers read; painting uses ``render_line``)."""
+        """The plot's text as shown, without its styles (what tests read; painting goes through ``render_line``)."""
         self._ensure_built()
         if self._too_small:
             return Content("")
