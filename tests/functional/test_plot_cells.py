@@ -44,7 +44,7 @@ def lines() -> list[PlotLine]:
     return [
         PlotLine("train", series(train), scatter=True),
         PlotLine("epoch", series(epochs), color="orange", markers=True),
-        PlotLine("val", series([(step, value + 0.2) for step, value in epochs]), color=(200, 40, 220)),  # type: ignore[arg-type]
+        PlotLine("val", series([(step, value + 0.2) for step, value in epochs]), color=[200, 40, 220]),  # type: ignore[arg-type]  # RGB as a list: plotext makes it a tuple
     ]
 
 

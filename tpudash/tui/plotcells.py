@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from textual_plotext.plot import Plot
 
 CellColors = tuple[Hashable, Hashable, Hashable]
-"""plotext's (foreground, style, background) of a cell: a name, a 256-colour number or an RGB triple each."""
+"""plotext's (foreground, style, background) of a cell: a name, a 256-colour number or an RGB tuple each
+(plotext turns an RGB colour given as a list into a tuple), so a run's colours key the style cache."""
 
 PlotRows = tuple[tuple[tuple[str, CellColors], ...], ...]
 """The plot's rows, top first, each as runs of (text, colours) of equally coloured cells."""
@@ -59,15 +60,10 @@ def matrix_rows(matrix: Any) -> PlotRows:
         start = 0
         for column in range(1, len(colors) + 1):
             if column == len(colors) or colors[column] != colors[start]:
-                runs.append(("".join(markers[start:column]), hashable(colors[start])))
+                runs.append(("".join(markers[start:column]), colors[start]))
                 start = column
         rows.append(tuple(runs))
     return tuple(rows)
-
-
-def hashable(colors: tuple[Any, Any, Any]) -> CellColors:
-    """An RGB colour comes as a list from some of plotext's themes: a tuple can key the style cache."""
-    return tuple(tuple(color) if isinstance(color, list) else color for color in colors)  # type: ignore[return-value]
 
 
 class CellStyles:
