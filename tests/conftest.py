@@ -217,3 +217,18 @@ def run_job(runner):
         return JobResult(run=queued, events=events)
 
     return run
+
+
+@pytest.fixture
+def screen_layouts(monkeypatch) -> list[str]:
+    """The class name of every screen Textual lays out from now on (``Screen._refresh_layout``), in order."""
+    from textual.screen import Screen
+
+    layouts: list[str] = []
+    lay_out = Screen._refresh_layout
+    monkeypatch.setattr(
+        Screen,
+        "_refresh_layout",
+        lambda screen, *a, **k: layouts.append(type(screen).__name__) or lay_out(screen, *a, **k),
+    )
+    return layouts

@@ -188,18 +188,3 @@ async def press_to_quit(pilot, key: str, timeout: float = UNTIL_TIMEOUT) -> None
     app = pilot.app
     type_ahead(app, key)
     await until(pilot, lambda: not app.is_running, timeout)
-
-
-@pytest.fixture
-def screen_layouts(monkeypatch) -> list[str]:
-    """The class name of every screen Textual lays out from now on (``Screen._refresh_layout``), in order."""
-    from textual.screen import Screen
-
-    layouts: list[str] = []
-    lay_out = Screen._refresh_layout
-    monkeypatch.setattr(
-        Screen,
-        "_refresh_layout",
-        lambda screen, *a, **k: layouts.append(type(screen).__name__) or lay_out(screen, *a, **k),
-    )
-    return layouts

@@ -39,7 +39,7 @@ def stage_seconds(text: str) -> float:
 
 
 async def test_the_stage_under_way_shows_within_a_second_with_its_count_and_a_running_clock(
-    make_app, test_specs, job_gate
+    make_app, test_specs, job_gate, screen_layouts
 ):
     gate = JobGate()
     job_gate.release.set()  # test-steps runs through
@@ -58,6 +58,12 @@ async def test_the_stage_under_way_shows_within_a_second_with_its_count_and_a_ru
             # Nothing new arrives while the job is held: the clock still moves, on the view's once-a-second redraw.
             first = stage_seconds(str(stage_line.render()))
             await until(pilot, lambda: stage_seconds(str(stage_line.render())) >= first + 1.0, timeout=10)
+            # The clock is repainted in place: a layout would repaint the whole screen every second (issue 37).
+            screen_layouts.clear()
+            await until(pilot, lambda: stage_seconds(str(stage_line.render())) >= first + 2.0, timeout=10)
+            await pilot.pause()
+            assert screen_layouts == []
+            assert stage_line.render_line(0).text.strip() == str(stage_line.render())
         finally:
             gate.release.set()
         await run_settled(pilot, live)

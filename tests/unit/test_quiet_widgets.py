@@ -3,7 +3,8 @@
 A ``Spinner`` animates while it is displayed on the screen on show, and stops
 when hidden, when its screen is left or when it is removed; a
 ``BeatProgressBar`` shows what it is given and never asks for Textual's
-once-a-second ETA interval (which a plain ``ProgressBar`` does: the pin).
+once-a-second ETA interval (which a plain ``ProgressBar`` does: the pin); a
+``SteadyStatic`` lays the screen out only for a text of another height.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from textual.message_pump import MessagePump
 from textual.screen import Screen
 from textual.widgets import Label, ProgressBar
 
-from tpudash.tui.quiet_widgets import SPINNER_FRAME_SECONDS, BeatProgressBar, Spinner
+from tpudash.tui.quiet_widgets import SPINNER_FRAME_SECONDS, BeatProgressBar, Spinner, SteadyStatic
 
 
 class SpinnerScreen(Screen):
@@ -89,3 +90,27 @@ async def test_a_beat_progress_bar_shows_its_progress_without_a_timer_of_its_own
         assert "75%" in app.export_screenshot()
         assert ("plain", 1) in intervals  # Textual's own asks for its ETA's interval: what this one leaves out
         assert not [asked for asked in intervals if asked[0] == "beat"]
+
+
+class SteadyApp(App):
+    CSS = "SteadyStatic { height: auto; }"
+
+    def compose(self) -> ComposeResult:
+        yield SteadyStatic("0.1s", id="line")
+        yield Label("below", id="below")
+
+
+async def test_a_steady_static_lays_out_only_for_a_text_of_another_height(screen_layouts):
+    app = SteadyApp()
+    async with app.run_test(size=(30, 8)) as pilot:
+        line, below = app.query_one(SteadyStatic), app.query_one("#below")
+        await pilot.pause()
+        screen_layouts.clear()
+        line.update("1.1s")  # a clock that moved: repainted in place
+        await pilot.pause()
+        assert screen_layouts == [] and line.render_line(0).text.rstrip() == "1.1s"
+        line.update("a line far too long for the thirty columns")  # wraps: two lines, and what is below moves down
+        await _until(pilot, lambda: below.region.y == 2)
+        assert line.size.height == 2 and screen_layouts
+        line.update("2.1s")
+        await _until(pilot, lambda: below.region.y == 1)

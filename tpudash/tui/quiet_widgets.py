@@ -1,7 +1,7 @@
-"""Textual's animated widgets without the timers they keep while nothing they draw moves or can be seen.
+"""Textual's widgets without the work they do while what they draw does not move, cannot be seen, or keeps its size.
 
 Each timer wakes the UI thread whether or not its widget is on show, and
-every wake-up is CPU taken from the training the dashboard watches:
+every wake-up or layout is CPU taken from the training the dashboard watches:
 
 - ``Spinner``: Textual's ``LoadingIndicator`` redraws 16 times a second from
   mount to removal, hidden or not. The Devices screen's (shown while the
@@ -13,13 +13,22 @@ every wake-up is CPU taken from the training the dashboard watches:
   for its ETA countdown. tpudash shows no Textual ETA (it writes its own
   beside the bar) and updates the bar on the display beat, so that timer only
   repainted the same bar again.
+- ``SteadyStatic``: Textual's ``Static.update`` lays the whole screen out
+  (and so repaints every widget on it, 12-20 ms of the UI thread on a run
+  view) for each new text. A line that moves each second (a stage's clock)
+  did so every second. This one lays out only when the new text changes
+  its height.
 """
 
 from __future__ import annotations
 
+from typing import cast
+
 from textual import events
+from textual.css.styles import RulesMap
 from textual.screen import Screen
-from textual.widgets import LoadingIndicator, ProgressBar
+from textual.visual import VisualType, visualize
+from textual.widgets import LoadingIndicator, ProgressBar, Static
 
 SPINNER_FRAME_SECONDS = 1 / 16
 """How often the spinner redraws while it is seen (Textual's own rate)."""
@@ -70,3 +79,22 @@ class BeatProgressBar(ProgressBar):
         super()._on_mount(event)
         self.update()
         self._clock.reset()
+
+
+class SteadyStatic(Static):
+    """A Static whose new text lays the screen out only when it changes the Static's height.
+
+    A text of the same height is repainted in place: its width is its container's
+    (a ``height: auto`` line that wraps), so only the height can move the widgets around it.
+    """
+
+    def update(self, content: VisualType = "", *, layout: bool = True) -> None:
+        super().update(content, layout=layout and not self._keeps_height(content))
+
+    def _keeps_height(self, content: VisualType) -> bool:
+        width = self.size.width
+        if not width or not self.display:  # not laid out yet, or hidden: the next layout measures it anyway
+            return False
+        new = visualize(self, content, markup=self._render_markup)
+        rules = cast("RulesMap", self.styles)  # what Textual's own get_content_height measures with
+        return new.get_height(rules, width) == self.visual.get_height(rules, width)

@@ -31,7 +31,7 @@ from tpudash.tui.advicetab import ADVICE_PANE, AdviceTab, FollowsAdvice
 from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
 from tpudash.tui.profiletab import PROFILE_PANE, FollowsProfiles, ProfileTab
-from tpudash.tui.quiet_widgets import BeatProgressBar
+from tpudash.tui.quiet_widgets import BeatProgressBar, SteadyStatic
 from tpudash.tui.replicatable import fill_replica_table, replica_note
 from tpudash.tui.runheader import RunHeader, clipped, dashboard_runs_dir, shown_now
 from tpudash.tui.seams import being_taken_down
@@ -156,7 +156,7 @@ class RunView(FollowsWorkers, FollowsProfiles, FollowsAdvice, Vertical):
     def compose(self) -> ComposeResult:
         yield RunHeader(id="run-header")
         yield Vertical(id="run-progress")
-        yield Static("", id="run-stage", markup=False)
+        yield SteadyStatic("", id="run-stage", markup=False)  # its clock moves each second
         yield Static("", id="run-workers", markup=False)
         with RunTabs(id="run-tabs"):
             with TabPane("Plots", id="tab-plots"):
