@@ -3,8 +3,10 @@
 The overhead benchmark's dashboard side (``overhead_sides.run_tui``: the TUI
 under Pilot, the train job in its engine process) runs here, in this
 process, while a sampler reads each of this process's threads' CPU time
-from /proc four times a second and every widget's ``render_lines`` is
-timed. Only what falls between the first and the last epoch's end counts
+from /proc four times a second, every widget's ``render_lines`` is timed,
+and so is every frame Textual draws (a frame repaints every widget under
+the union of what changed, so it is grouped by that union) and every full
+layout (a layout draws a frame of the whole screen). Only what falls between the first and the last epoch's end counts
 (the marginal epochs the overhead benchmark measures); the engine's CPU is
 its own process's and is not included. Prints one JSON line::
 
@@ -88,6 +90,48 @@ def timed_paints() -> list[tuple[float, str, float]]:
     return paints
 
 
+def timed_frames() -> tuple[list[tuple[float, str, float]], list[tuple[float, float]]]:
+    """(Unix time, the screen region it covered, UI thread CPU seconds) of every frame from now on, and
+    (Unix time, UI thread CPU seconds) of every full layout, its frame included."""
+    from textual._compositor import Compositor
+    from textual.geometry import Region
+    from textual.screen import Screen
+
+    frames: list[tuple[float, str, float]] = []
+    layouts: list[tuple[float, float]] = []
+    covered: list[str] = []
+    render_update, compositor_refresh, refresh_layout = (
+        Compositor.render_update,
+        Screen._compositor_refresh,
+        Screen._refresh_layout,
+    )
+
+    def noted_update(compositor, *args, **kwargs):
+        changed = compositor._dirty_regions
+        region = Region.from_union(list(changed)) if changed else None
+        covered.append(f"{region.width}x{region.height} at y={region.y}" if region else "whole screen")
+        return render_update(compositor, *args, **kwargs)
+
+    def timed_frame(screen):
+        started, covered[:] = time.thread_time(), []
+        try:
+            return compositor_refresh(screen)
+        finally:
+            frames.append((time.time(), covered[0] if covered else "nothing", time.thread_time() - started))
+
+    def timed_layout(screen, *args, **kwargs):
+        started = time.thread_time()
+        try:
+            return refresh_layout(screen, *args, **kwargs)
+        finally:
+            layouts.append((time.time(), time.thread_time() - started))
+
+    Compositor.render_update = noted_update  # type: ignore[method-assign]
+    Screen._compositor_refresh = timed_frame  # type: ignore[method-assign]
+    Screen._refresh_layout = timed_layout  # type: ignore[method-assign]
+    return frames, layouts
+
+
 def main(argv: list[str]) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ["TPUDASH_ENGINE_LOCK"] = str(Path(tempfile.mkdtemp(prefix="tpudash-cost-")) / "engine.lock")
@@ -101,6 +145,7 @@ def main(argv: list[str]) -> int:
     if args.epochs is not None:
         setup = dataclasses.replace(setup, epochs=args.epochs)
     paints = timed_paints()
+    frames, layouts = timed_frames()
     with ThreadCpu() as cpu:
         _, ends = run_tui(setup)
     start, end = ends[0], ends[-1]
@@ -111,6 +156,12 @@ def main(argv: list[str]) -> int:
             by_widget[widget][0] += 1
             by_widget[widget][1] += seconds
     wall = end - start
+    by_region: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for stamp, region, seconds in frames:
+        if start <= stamp <= end:
+            by_region[region][0] += 1
+            by_region[region][1] += seconds
+    layouts_seen = [seconds for stamp, seconds in layouts if start <= stamp <= end]
     result = {
         "setup": args.setup,
         "seconds": round(wall, 2),
@@ -120,6 +171,15 @@ def main(argv: list[str]) -> int:
         "paints": {
             widget: {"per_second": round(count / wall, 2), "ms_per_second": round(seconds / wall * 1000, 2)}
             for widget, (count, seconds) in sorted(by_widget.items(), key=lambda kv: -kv[1][1])[:12]
+        },
+        "frames_ms_per_second": round(sum(seconds for _, seconds in by_region.values()) / wall * 1000, 1),
+        "frames": {
+            region: {"per_second": round(count / wall, 2), "mean_ms": round(seconds / count * 1000, 2)}
+            for region, (count, seconds) in sorted(by_region.items(), key=lambda kv: -kv[1][1])[:6]
+        },
+        "layouts": {
+            "per_second": round(len(layouts_seen) / wall, 2),
+            "ms_per_second": round(sum(layouts_seen) / wall * 1000, 2),
         },
     }
     print(json.dumps(result))
