@@ -10,6 +10,7 @@ once-a-second ETA interval (which a plain ``ProgressBar`` does: the pin); a
 from __future__ import annotations
 
 from textual.app import App, ComposeResult
+from textual.containers import Horizontal
 from textual.message_pump import MessagePump
 from textual.screen import Screen
 from textual.widgets import Label, ProgressBar
@@ -114,3 +115,24 @@ async def test_a_steady_static_lays_out_only_for_a_text_of_another_height(screen
         assert line.size.height == 2 and screen_layouts
         line.update("2.1s")
         await _until(pilot, lambda: below.region.y == 1)
+
+
+class AutoWidthApp(App):
+    CSS = "SteadyStatic { width: auto; height: auto; } Horizontal { height: 1; }"
+
+    def compose(self) -> ComposeResult:
+        with Horizontal():
+            yield SteadyStatic("0.1s", id="line")
+            yield Label("beside", id="beside")
+
+
+async def test_a_steady_static_as_wide_as_its_text_follows_its_text_s_width():
+    app = AutoWidthApp()
+    async with app.run_test(size=(30, 8)) as pilot:
+        line, beside = app.query_one(SteadyStatic), app.query_one("#beside")
+        await _until(pilot, lambda: beside.region.x == 4)
+        line.update("10.1s")  # one line still, but wider: what is beside it moves right
+        await _until(pilot, lambda: beside.region.x == 5)
+        line.update("0.2s")  # as high as before, and narrower: what is beside it moves back
+        await _until(pilot, lambda: beside.region.x == 4)
+        assert line.size.width == 4

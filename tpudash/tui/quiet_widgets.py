@@ -84,8 +84,8 @@ class BeatProgressBar(ProgressBar):
 class SteadyStatic(Static):
     """A Static whose new text lays the screen out only when it changes the Static's height.
 
-    A text of the same height is repainted in place: its width is its container's
-    (a ``height: auto`` line that wraps), so only the height can move the widgets around it.
+    A text of the same height is repainted in place. Only for a Static whose width is not its text's
+    (a ``height: auto`` line that wraps in its container): there, only the height can move the widgets around it.
     """
 
     def update(self, content: VisualType = "", *, layout: bool = True) -> None:
@@ -95,6 +95,8 @@ class SteadyStatic(Static):
         width = self.size.width
         if not width or not self.display:  # not laid out yet, or hidden: the next layout measures it anyway
             return False
+        if self.styles.width is not None and self.styles.width.is_auto:
+            return False  # as wide as its text: a new text may change its width
         new = visualize(self, content, markup=self._render_markup)
         rules = cast("RulesMap", self.styles)  # what Textual's own get_content_height measures with
         return new.get_height(rules, width) == self.visual.get_height(rules, width)
