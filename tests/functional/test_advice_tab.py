@@ -26,7 +26,6 @@ from tpudash.tui import advicetab
 from tpudash.tui.advicetab import ADVICE_PANE, AdviceFeed
 from tpudash.tui.advicetext import FIX_STYLE, STATE_MARKS
 from tpudash.tui.plots import RECOMPILE_LABEL, MetricPlot, plots_drawn
-from tpudash.tui.runheader import RunHeader
 from tpudash.tui.runview import RunView
 
 SIZE = (100, 40)
@@ -67,11 +66,13 @@ class AdviceApp(App):
         self.set_interval(0.02, self.beat)
 
     def beat(self) -> None:
-        # As the app's ticks stop once it is exiting: not while its widgets go away (a tick can
-        # land after the view itself is removed, so the view is looked for, not required).
+        # As the app's ticks stop once it is exiting (tpudash.tui.ticks): not while its widgets go away.
+        # Textual's shutdown stops running before it removes a widget, and a beat may land during it,
+        # with the header there and its lines gone.
+        if not self.is_running:
+            return
         for view in self.query(RunView):
-            if view.query(RunHeader):
-                view.sync()
+            view.sync()
 
 
 def live_run(tmp_path, *, job: str = "fit"):
