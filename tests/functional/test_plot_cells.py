@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import replace
 
 import pytest
 from rich.style import Style as RichStyle
@@ -22,7 +23,7 @@ from textual.strip import Strip
 from textual.visual import Visual
 
 from tpudash.runs.series import DecimatedSeries
-from tpudash.tui import plotcells
+from tpudash.tui import plotcells, plotlegend
 from tpudash.tui.plots import MetricPlot, PlotLine
 from tpudash.tui.plotwidget import plots_drawn
 
@@ -112,3 +113,33 @@ async def test_a_theme_change_restyles_the_plot_shown_before_its_rebuild_lands(m
         await plots_drawn(app.screen)
         await pilot.pause()
         assert cells(shown(plot)) == cells(plotext_own_text(plot))
+
+
+async def test_a_live_metric_plot_draws_its_lines_with_plotraster_as_plotext_alone_would(monkeypatch):
+    """The run view's metric plot (noisy dots, a line, per-epoch markers, an RGB colour) takes plotext's
+    costly part over (``tpudash.tui.plotraster``), and the plot shown is the one plotext alone draws."""
+    # The run view's colours are names (or none: the theme's next); an RGB colour is a tuple. (plotext
+    # reads a list as a colour per point: left to plotext, as the first test of this file shows.)
+    metric_lines = [replace(line, color=(200, 40, 220)) if isinstance(line.color, list) else line for line in lines()]
+    take_signals = plotlegend.take_signals
+    taken: list[bool] = []
+
+    def watched(monitor):
+        signals = take_signals(monitor)
+        if monitor.x:  # a figure with lines (not the empty one shown before the data came)
+            taken.append(signals is not None)
+        return signals
+
+    shown_when: dict[str, list] = {}
+    for drawer, take in (("plotraster", watched), ("plotext alone", lambda monitor: None)):
+        monkeypatch.setattr(plotlegend, "take_signals", take)
+        app = PlotApp()
+        async with app.run_test(size=(100, 24)) as pilot:
+            plot = app.query_one(MetricPlot)
+            plot.set_lines(metric_lines)
+            await plots_drawn(app.screen)
+            await pilot.pause()
+            shown_when[drawer] = cells(shown(plot))
+    assert taken and all(taken)
+    assert sum("⠁" <= char <= "⣿" for row in shown_when["plotraster"] for char, _ in row) > 50
+    assert shown_when["plotraster"] == shown_when["plotext alone"]

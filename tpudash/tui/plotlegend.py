@@ -17,6 +17,8 @@ from plotext._dict import hd_symbols
 from plotext._figure import _figure_class
 from textual_plotext.plot import Plot
 
+from tpudash.tui.plotraster import draw_signals, restore_signals, take_signals
+
 
 @dataclass(frozen=True)
 class LegendEntry:
@@ -47,8 +49,17 @@ class DecoratedFigure(Plot):
 
     def _build_matrix(self) -> None:
         figure: Any = self  # plotext's internals: typed neither by plotext nor by textual-plotext
-        _figure_class._build_matrix(figure)
-        decorate(figure.monitor, self.decoration)
+        monitor = figure.monitor
+        # plotext draws the frame, plotraster the lines and dots (the same cells, a fraction of the cost).
+        signals = take_signals(monitor) if figure._no_plots else None
+        try:
+            _figure_class._build_matrix(figure)
+            if signals is not None:
+                draw_signals(monitor, signals)
+        finally:
+            if signals is not None:
+                restore_signals(monitor, signals)
+        decorate(monitor, self.decoration)
 
 
 def decorate(monitor, decoration: Decoration) -> None:
