@@ -72,11 +72,17 @@ class CellStyles:
     Each is found as Textual finds it for plotext's ANSI text, one cell of that colour through
     ``Text.from_ansi``, ``Content`` and ``Visual.to_strips``, so a plot drawn from runs looks exactly
     as one parsed from plotext's text; a new theme or a changed widget style starts the cache anew.
+    A run's style also carries its place (``Strip.apply_offsets``'s), kept per colour and place: most
+    of a plot (its axes, ticks, title, most of its lines) is where it was at the build before.
     """
+
+    PLACED_STYLES_AT_MOST = 20_000
+    """Styles kept with their places: a few plots' worth of cells; past it the cache starts anew."""
 
     def __init__(self) -> None:
         self._look: Style | None = None
         self._styles: dict[CellColors, RichStyle | None] = {}
+        self._placed: dict[tuple[CellColors, int, int], RichStyle] = {}
 
     @property
     def look(self) -> Style | None:
@@ -86,19 +92,29 @@ class CellStyles:
     def strips(self, widget: Widget, rows: PlotRows) -> list[Strip]:
         """``rows`` as one strip each, styled for ``widget`` (the UI thread: it reads the widget's styles)."""
         look = widget.visual_style
-        if look != self._look:
-            self._look, self._styles = look, {}
-        styles = self._styles
+        if look != self._look or len(self._placed) > self.PLACED_STYLES_AT_MOST:
+            self._look, self._styles, self._placed = look, {}, {}
+        styles, placed = self._styles, self._placed
         strips = []
         for y, runs in enumerate(rows):
             segments = []
+            x = 0
             for text, colors in runs:
-                if colors not in styles:
-                    styles[colors] = self._style(widget, colors)
-                segments.append(Segment(text, styles[colors]))
-            # Each run's place, as Textual marks its text's: a mouse selects and copies the plot as text.
-            strips.append(Strip(segments).apply_offsets(0, y))
+                if (style := placed.get((colors, x, y))) is None:
+                    if colors not in styles:
+                        styles[colors] = self._style(widget, colors)
+                    style = placed[colors, x, y] = self._placed_style(styles[colors], x, y)
+                segments.append(Segment(text, style))
+                x += len(text)
+            strips.append(Strip(segments))
         return strips
+
+    @staticmethod
+    def _placed_style(style: RichStyle | None, x: int, y: int) -> RichStyle:
+        """``style`` marked with the place of its run, as ``Strip.apply_offsets`` marks Textual's own text:
+        a mouse selects and copies the plot as text."""
+        offset = RichStyle.from_meta({"offset": (x, y)})
+        return style + offset if style else offset
 
     @staticmethod
     def _style(widget: Widget, colors: CellColors) -> RichStyle | None:
