@@ -16,13 +16,13 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from tpudash.tui.bars import KeyBar, SessionBar
-from tpudash.tui.seams import KeptLayout
+from tpudash.tui.seams import KeptLayout, PaintsWhatChanged
 
 if TYPE_CHECKING:
     from tpudash.tui.app import TpudashApp
 
 
-class DashScreen(KeptLayout, Screen):
+class DashScreen(PaintsWhatChanged, KeptLayout, Screen):
     """A screen with the session bar and the keys line around its body; shown again, it keeps its layout."""
 
     BINDINGS = [

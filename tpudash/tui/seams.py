@@ -25,6 +25,14 @@ breaking the dashboard quietly. Written against Textual 8.2.
   with nothing moved since: about half of a re-visit's UI-thread time. A
   screen that asked for a layout while hidden says so (``_layout_required``),
   and then, or at another size, Textual's own layout runs.
+- ``PaintsWhatChanged``: a frame that is not a full one renders every widget
+  whose container overlaps the box around all the regions that changed
+  (``Compositor._get_renders`` filters by the clip, not the widget), yet
+  writes out only the changed lines. While a job trains, a clock at the top
+  of the run body and its plots below make that box the whole body: 45
+  widgets rendered, a handful changed. Its compositor renders only the
+  widgets whose visible part overlaps a changed region; what reaches the
+  terminal is the same.
 - ``CollectsAfterFrames``: the frame a screen key waits for is the first
   one of another screen that ``App._display`` hands the terminal after it;
   the collection held back for that key (``tpudash.tui.collector.hold``)
@@ -45,12 +53,15 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from textual import events
+from textual._compositor import Compositor
 from textual.dom import DOMNode
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.screen import Screen
+from textual.strip import Strip
 from textual.widget import AwaitMount
 from textual.widgets import OptionList
 
@@ -113,6 +124,51 @@ class KeptLayout(_MixedIntoScreen):
     def _lay_out_ahead_once(self) -> None:
         self._ahead_asked = False
         lay_out_ahead(self, self.app.size, 1)
+
+
+class ChangedWidgetsCompositor(Compositor):
+    """A compositor whose partial frames render only the widgets under a changed region.
+
+    Textual's ``_render_chops`` lets the front-most widget at each cut of a line win, and
+    ``ChopsUpdate`` writes out only the cuts within the changed lines' spans: the widget that wins a
+    cut there is always one whose visible part overlaps a changed region, so leaving the others out
+    changes nothing written. Relies on ``_get_renders`` reading ``visible_widgets`` (as a cached
+    ``_visible_widgets``) to choose the widgets it renders; ``cuts`` are found over every widget first.
+    """
+
+    _changed: tuple[Region, ...] = ()
+
+    def render_partial_update(self) -> Any:
+        _ = self.cuts  # found (and cached) over every widget, before the partial frame narrows them
+        self._changed = tuple(self._dirty_regions)
+        try:
+            return super().render_partial_update()
+        finally:
+            self._changed = ()
+
+    def _get_renders(self, crop: Region | None = None) -> Iterable[tuple[Region, Region, list[Strip]]]:
+        changed = self._changed
+        if not changed:
+            return super()._get_renders(crop)
+        every = self.visible_widgets
+        self._visible_widgets = {
+            widget: (region, clip)
+            for widget, (region, clip) in every.items()
+            if any(region.intersection(clip).overlaps(change) for change in changed)
+        }
+        try:
+            return list(super()._get_renders(crop))
+        finally:
+            self._visible_widgets = every
+
+
+class PaintsWhatChanged(_MixedIntoScreen):
+    """A Screen mixin: its partial frames render only the widgets under what changed
+    (``ChangedWidgetsCompositor``). Mix in before ``Screen``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._compositor = ChangedWidgetsCompositor()
 
 
 def lay_out_ahead(screen: Screen[Any], size: Size, rounds: int = 3) -> None:
