@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from rich.style import Style as RichStyle
 from textual.content import Content
 from textual.dom import DOMNode
 from textual.geometry import Region
@@ -95,14 +96,21 @@ class BudgetedPlot(PlotextPlot):
         self._ensure_built()
         if self._shown_rows is not None and self._cell_styles.look != self.visual_style:
             self._shown_strips = self._cell_styles.strips(self, self._shown_rows)  # the widget's look changed (theme)
-        return super().render_lines(crop)
+        # The width and look once for all lines: a widget's size is found through its screen's map, each time.
+        self._painting = (self.size.width, self._too_small, self.visual_style.rich_style)
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._painting = None
+
+    _painting: tuple[int, bool, RichStyle] | None = None
 
     def render_line(self, y: int) -> Strip:
         """Line ``y`` of the plot last built (blank until the first build lands, or while too small)."""
-        width = self.size.width
-        if self._too_small or not 0 <= y < len(self._shown_strips):
-            return Strip.blank(width, self.visual_style.rich_style)
-        return self._shown_strips[y].adjust_cell_length(width, self.visual_style.rich_style)
+        width, too_small, look = self._painting or (self.size.width, self._too_small, self.visual_style.rich_style)
+        if too_small or not 0 <= y < len(self._shown_strips):
+            return Strip.blank(width, look)
+        return self._shown_strips[y].adjust_cell_length(width, look)
 
     def render(self) -> Content:
         """The plot's text as shown, without its styles (what tests read; painting goes through ``render_line``)."""
