@@ -117,10 +117,16 @@ async def test_a_theme_change_restyles_the_plot_shown_before_its_rebuild_lands(m
 
 async def test_a_live_metric_plot_draws_its_lines_with_plotraster_as_plotext_alone_would(monkeypatch):
     """The run view's metric plot (noisy dots, a line, per-epoch markers, an RGB colour) takes plotext's
-    costly part over (``tpudash.tui.plotraster``), and the plot shown is the one plotext alone draws."""
+    costly part over (``tpudash.tui.plotraster``), keeps its frame while the data grow within its ticks, and
+    every plot it shows is the one plotext alone draws."""
     # The run view's colours are names (or none: the theme's next); an RGB colour is a tuple. (plotext
     # reads a list as a colour per point: left to plotext, as the first test of this file shows.)
     metric_lines = [replace(line, color=(200, 40, 220)) if isinstance(line.color, list) else line for line in lines()]
+    # The same run a few beats earlier: fewer steps, the same ticks (0 to 300).
+    earlier = [
+        replace(line, series=series([(x, y) for x, y in zip(*line.series.points()) if x < 290]))
+        for line in metric_lines
+    ]
     take_signals = plotlegend.take_signals
     taken: list[bool] = []
 
@@ -131,15 +137,22 @@ async def test_a_live_metric_plot_draws_its_lines_with_plotraster_as_plotext_alo
         return signals
 
     shown_when: dict[str, list] = {}
+    frames_reused = 0
     for drawer, take in (("plotraster", watched), ("plotext alone", lambda monitor: None)):
         monkeypatch.setattr(plotlegend, "take_signals", take)
         app = PlotApp()
         async with app.run_test(size=(100, 24)) as pilot:
             plot = app.query_one(MetricPlot)
-            plot.set_lines(metric_lines)
-            await plots_drawn(app.screen)
-            await pilot.pause()
-            shown_when[drawer] = cells(shown(plot))
+            for beat, beat_lines in enumerate((earlier, metric_lines)):
+                plot.set_lines(beat_lines)
+                await plots_drawn(app.screen)
+                await pilot.pause()
+                shown_when[f"{drawer}, beat {beat}"] = cells(shown(plot))
+            if drawer == "plotraster":
+                frames_reused = plot._frames.reused
     assert taken and all(taken)
-    assert sum("⠁" <= char <= "⣿" for row in shown_when["plotraster"] for char, _ in row) > 50
-    assert shown_when["plotraster"] == shown_when["plotext alone"]
+    assert frames_reused >= 1
+    assert sum("⠁" <= char <= "⣿" for row in shown_when["plotraster, beat 1"] for char, _ in row) > 50
+    assert shown_when["plotraster, beat 0"] != shown_when["plotraster, beat 1"]
+    for beat in (0, 1):
+        assert shown_when[f"plotraster, beat {beat}"] == shown_when[f"plotext alone, beat {beat}"]

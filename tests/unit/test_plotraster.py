@@ -9,7 +9,7 @@ cell: character, colour, style and background.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -38,7 +38,8 @@ class Figure:
     x_limits: tuple[float, float]
     y_limits: tuple[float, float]
     vlines: tuple[float, ...] = ()
-    extra: tuple[str, ...] = field(default=())  # what makes plotext draw the data itself (see make())
+    extra: tuple[str, ...] = field(default=())  # "log y", "label", "text", "plotext's limits", "reversed x"
+    x_labels: tuple[str, str] = ("low", "high")
 
 
 def make(figure: Figure) -> DecoratedFigure:
@@ -54,9 +55,11 @@ def make(figure: Figure) -> DecoratedFigure:
     plot.title("loss")
     plot.xlabel("step")
     low, high = figure.x_limits
-    if "no x limits" not in figure.extra:
-        plot.xticks([low, high], ["low", "high"])
+    if "plotext's limits" not in figure.extra:
+        plot.xticks([low, high], list(figure.x_labels))
         plot.xlim(low, high)
+    if "reversed x" in figure.extra:
+        plot.xreverse(True)
     bottom, top = figure.y_limits
     plot.yticks([bottom, top], ["bottom", "top"])
     plot.ylim(bottom, top)
@@ -82,8 +85,9 @@ def built_by_plotext_alone(figure: Figure) -> tuple[Any, ...]:
     return matrix_of(plot)
 
 
-def built_by_the_dashboard(figure: Figure) -> tuple[Any, ...]:
+def built_by_the_dashboard(figure: Figure, frames: plotraster.PlotFrames | None = None) -> tuple[Any, ...]:
     plot: Any = make(figure)
+    plot.frames = frames
     plot._build_matrix()
     return matrix_of(plot)
 
@@ -93,15 +97,22 @@ def takes_over(figure: Figure) -> bool:
     return plotraster.take_signals(plot.monitor) is not None
 
 
-finite = st.floats(min_value=-1e3, max_value=1e3, allow_nan=False)
-lines = st.builds(
-    Line,
-    xs=st.lists(finite, max_size=60).map(tuple),
-    ys=st.lists(finite, max_size=60).map(tuple),
-    joined=st.booleans(),
-    marker=st.sampled_from(["braille", "braille", "●", "x"]),
-    color=st.sampled_from([None, "cyan", "orange", (200, 40, 220), 105]),
-).filter(lambda line: len(line.xs) == len(line.ys))
+def lines_within(x_limits: tuple[float, float], y_limits: tuple[float, float]) -> st.SearchStrategy[Line]:
+    """Lines and dots whose points lie within the limits or up to a span beyond them on any side (plotext draws
+    every pixel of a segment, on the canvas or off it: a point a thousand spans away costs seconds)."""
+
+    def around(low: float, high: float) -> st.SearchStrategy[float]:
+        span = high - low
+        return st.floats(min_value=low - span, max_value=high + span, allow_nan=False)
+
+    points = st.lists(st.tuples(around(*x_limits), around(*y_limits)), max_size=60)
+    return st.builds(
+        lambda xy, joined, marker, color: Line(tuple(x for x, _ in xy), tuple(y for _, y in xy), joined, marker, color),
+        points,
+        st.booleans(),
+        st.sampled_from(["braille", "braille", "●", "x"]),
+        st.sampled_from([None, "cyan", "orange", (200, 40, 220), 105]),
+    )
 
 
 @st.composite
@@ -113,10 +124,11 @@ def figures(draw: st.DrawFn) -> Figure:
     return Figure(
         width=draw(st.integers(min_value=16, max_value=110)),
         height=draw(st.integers(min_value=5, max_value=30)),
-        lines=tuple(draw(st.lists(lines, max_size=4))),
+        lines=tuple(draw(st.lists(lines_within((low, high), (bottom, top)), max_size=4))),
         x_limits=(low, high),
         y_limits=(bottom, top),
-        vlines=tuple(draw(st.lists(st.floats(min_value=low, max_value=high), max_size=2))),
+        # Recompile marks fall on steps; plotext itself fails on an axis spanning a subnormal number alone.
+        vlines=tuple(draw(st.lists(st.floats(min_value=low, max_value=high, allow_subnormal=False), max_size=2))),
     )
 
 
@@ -185,7 +197,7 @@ def test_lines_that_run_off_the_canvas_are_cut_where_plotext_cuts_them():
         ("log y",),  # plotext takes logarithms of data and ticks as it builds
         ("label",),  # plotext's own legend goes over the data
         ("text",),  # so does its text
-        ("no x limits",),  # without data plotext would find no limits or ticks
+        ("plotext's limits",),  # without data plotext would find no limits or ticks
     ],
 )
 def test_a_figure_plotraster_cannot_draw_exactly_is_left_whole_to_plotext(why):
@@ -217,3 +229,55 @@ def test_a_built_figure_still_holds_the_data_it_was_given():
     plot: Any = make(figure)
     plot._build_matrix()
     assert [list(getattr(plot.monitor, name)) for name in ("x", "y", "marker", "color", "style")] == given
+
+
+@st.composite
+def plots_over_time(draw: st.DrawFn) -> list[Figure]:
+    """One plot's figures, build after build, as a live plot's: each line's points anew (its marker and colour
+    kept); now and then new limits, tick labels, size, a recompile mark, a reversed axis, limits left to plotext."""
+    figure = draw(figures())
+    shown = [figure]
+    for _ in range(draw(st.integers(min_value=1, max_value=4))):
+        moved = [draw(lines_within(figure.x_limits, figure.y_limits)) for _ in figure.lines]
+        figure = replace(
+            figure,
+            lines=tuple(replace(line, xs=new.xs, ys=new.ys) for line, new in zip(figure.lines, moved, strict=True)),
+        )
+        change = draw(
+            st.sampled_from(
+                ["data", "data", "data", "x limits", "tick labels", "size", "vline", "reversed x", "plotext's limits"]
+            )
+        )
+        if change == "x limits":
+            low, high = figure.x_limits
+            figure = replace(figure, x_limits=(low, high + draw(st.floats(min_value=0.5, max_value=100))))
+        elif change == "tick labels":
+            figure = replace(figure, x_labels=(figure.x_labels[0], figure.x_labels[1] + "+"))
+        elif change == "size":
+            figure = replace(figure, width=draw(st.integers(min_value=16, max_value=110)))
+        elif change == "vline":
+            figure = replace(figure, vlines=(*figure.vlines, sum(figure.x_limits) / 2))
+        elif change in ("reversed x", "plotext's limits"):
+            figure = replace(figure, extra=(change,) if change not in figure.extra else ())
+        shown.append(figure)
+    return shown
+
+
+@given(plots_over_time())
+def test_a_plots_frame_kept_from_the_build_before_is_the_frame_plotext_would_draw(shown):
+    frames = plotraster.PlotFrames()
+    for figure in shown:
+        assert built_by_the_dashboard(figure, frames) == built_by_plotext_alone(figure)
+
+
+@pytest.mark.parametrize("extra", [(), ("reversed x",)])
+def test_a_plot_whose_data_grow_within_its_ticks_draws_its_frame_once(extra):
+    loss = replace(falling_loss(), extra=extra)  # reversed: plotext's built limits are the given ones, reversed
+    frames = plotraster.PlotFrames()
+    for points in (120, 180, 240, 300):  # the live plot's data grow; its ticks (0 to 300) stay
+        figure = replace(loss, lines=falling_loss(points).lines)
+        assert built_by_the_dashboard(figure, frames) == built_by_plotext_alone(figure), points
+    assert frames.reused == 3
+    wider = replace(loss, x_limits=(0.0, 400.0))  # past the last tick: a new frame
+    assert built_by_the_dashboard(wider, frames) == built_by_plotext_alone(wider)
+    assert frames.reused == 3

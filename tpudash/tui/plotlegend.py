@@ -17,7 +17,7 @@ from plotext._dict import hd_symbols
 from plotext._figure import _figure_class
 from textual_plotext.plot import Plot
 
-from tpudash.tui.plotraster import draw_signals, restore_signals, take_signals
+from tpudash.tui.plotraster import PlotFrames, draw_signals, restore_signals, take_signals
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,8 @@ class DecoratedFigure(Plot):
     """A plotext figure that draws its ``decoration`` on the matrix plotext built, before its text is made."""
 
     decoration = Decoration()
+    frames: PlotFrames | None = None
+    """The plot's last frame, reused while only the data change (None: plotext draws every frame)."""
 
     def _build_matrix(self) -> None:
         figure: Any = self  # plotext's internals: typed neither by plotext nor by textual-plotext
@@ -53,8 +55,14 @@ class DecoratedFigure(Plot):
         # plotext draws the frame, plotraster the lines and dots (the same cells, a fraction of the cost).
         signals = take_signals(monitor) if figure._no_plots else None
         try:
-            _figure_class._build_matrix(figure)
-            if signals is not None:
+            if signals is None:
+                _figure_class._build_matrix(figure)
+            else:
+                key = PlotFrames.key(monitor) if self.frames is not None else ""
+                if self.frames is None or not self.frames.reuse(monitor, key):
+                    _figure_class._build_matrix(figure)
+                    if self.frames is not None:
+                        self.frames.keep(monitor, key)
                 draw_signals(monitor, signals)
         finally:
             if signals is not None:

@@ -20,10 +20,16 @@ braille and one-character markers, explicit limits and ticks on both axes
 no fills, no plotext labels or texts. Any other figure is left to plotext
 whole. ``tests/unit/test_plotraster.py`` checks the two matrices are the
 same, cell for cell, over random figures.
+
+A plot's frame is mostly the same from one build to the next (its ticks
+move on a 1-2-5 step, every few hundred steps): ``PlotFrames`` keeps the
+last frame plotext drew for a plot, keyed by everything of the figure but
+its data, and hands a copy of it to the next build with the same key.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -186,3 +192,51 @@ def _segments(xs: list[int], ys: list[int]) -> tuple[list[int], list[int]]:
         line_xs.append(xs[-1])
         line_ys.append(ys[-1])
     return line_xs, line_ys
+
+
+# What a figure's frame does not depend on: its data (lifted out by take_signals), its matrix (the frame
+# itself), plotext's fixed defaults, and the colours given to lines (those choose only lines' colours).
+NOT_OF_THE_FRAME = frozenset({"matrix", "default", "x", "y", "marker", "color", "style", "past_colors"})
+
+
+class PlotFrames:
+    """The last frame plotext drew for one plot, reused while the figure but its data stays the same.
+
+    One build of a plot runs at a time (``tpudash.tui.plotwidget``), so one plot's frames need no lock.
+    """
+
+    def __init__(self) -> None:
+        self._key: str | None = None
+        self._frame: Any = None
+        self._limits: tuple[Any, Any] = (None, None)
+        self.reused = 0
+        """How many builds took their frame from here rather than from plotext."""
+
+    @staticmethod
+    def key(monitor: Any) -> str:
+        """Everything plotext's frame is drawn from, once ``take_signals`` has lifted the data out."""
+        state = {name: value for name, value in vars(monitor).items() if name not in NOT_OF_THE_FRAME}
+        state["date"] = vars(monitor.date)
+        return repr(sorted(state.items()))
+
+    def reuse(self, monitor: Any, key: str) -> bool:
+        """Put a copy of the frame kept for ``key`` on ``monitor`` as plotext would have built it, if there is one."""
+        if key != self._key:
+            return False
+        monitor.matrix = _copied_matrix(self._frame)
+        monitor.xlim, monitor.ylim = copy.deepcopy(self._limits)  # as built: draw_signals reads the final limits
+        self.reused += 1
+        return True
+
+    def keep(self, monitor: Any, key: str) -> None:
+        """Keep ``monitor``'s frame, just built by plotext, for the next build with ``key``."""
+        self._key, self._frame = key, _copied_matrix(monitor.matrix)
+        self._limits = copy.deepcopy((monitor.xlim, monitor.ylim))
+
+
+def _copied_matrix(matrix: Any) -> Any:
+    """plotext's matrix with its cells copied: what is drawn on the copy leaves the original as it was."""
+    copied = copy.copy(matrix)
+    for layer in ("marker", "fullground", "style", "background"):
+        setattr(copied, layer, [row[:] for row in getattr(matrix, layer)])
+    return copied

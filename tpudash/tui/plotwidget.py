@@ -31,6 +31,7 @@ from textual_plotext.plot import Plot
 from tpudash.tui import plotcells
 from tpudash.tui.plotcells import CellStyles, PlotRows
 from tpudash.tui.plotlegend import DecoratedFigure, Decoration, legend_entry
+from tpudash.tui.plotraster import PlotFrames
 from tpudash.tui.plotticks import nice_ticks
 
 
@@ -87,6 +88,7 @@ class BudgetedPlot(PlotextPlot):
         self._shown_rows: PlotRows | None = None
         self._shown_strips: list[Strip] = []
         self._cell_styles = CellStyles()
+        self._frames = PlotFrames()
         self._in_flight: RenderKey | None = None
         self._landed = asyncio.Event()
         self.axis_ticks: dict[str, list[str]] = {}
@@ -201,6 +203,7 @@ class BudgetedPlot(PlotextPlot):
         # A fresh figure: the one before may be in a worker thread being built. Its theme first:
         # lines without a colour take the next of the theme's colours as they are plotted.
         self._plot = DecoratedFigure()
+        self._plot.frames = self._frames  # one build at a time: the frames are this plot's, never shared
         self._plot.theme(self._plotext_theme)
         self.axis_ticks = {}
         self.replot()
