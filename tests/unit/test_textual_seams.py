@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
+import pytest
 from textual import timer as textual_timer
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.geometry import Size
 from textual.screen import Screen
 from textual.strip import Strip
@@ -25,10 +27,12 @@ from tpudash.tui.runview import RunTabs
 from tpudash.tui.seams import (
     PAINT_AHEAD_QUIET_SECONDS,
     TEXTUAL_MOVE_PAGE,
+    TEXTUAL_SELECT_ON_MOUNT,
     KeptLayout,
     UndelayedRevisits,
     being_taken_down,
     guard_option_list_page_keys,
+    guard_select_mount_while_taken_down,
 )
 
 
@@ -463,3 +467,46 @@ async def test_a_mode_built_ahead_is_laid_out_and_painted_ahead_and_its_first_vi
         assert "drawn" in shown and drawn.lines_rendered == rendered_ahead  # painted from what was rendered ahead
         # The first visit's paint is the timer's next tick, not one a whole frame (1/60 s) after its first start.
         assert sleeps.shown and not [seconds for seconds in sleeps.seconds if seconds > 0.001], sleeps.seconds
+
+
+class SelectScreen(Screen):
+    """A form's choice, with a value: its mount sets the value shown, from its own parts."""
+
+    def compose(self) -> ComposeResult:
+        yield Select([("float32", 1), ("bfloat16", 2)], value=2)
+
+
+async def close_while_a_select_mounts(how: str) -> None:
+    app = PlainApp()
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        app.push_screen(SelectScreen())
+        if how == "screen closed":
+            app.pop_screen()
+            await pilot.pause()
+        # else: the app quits as the screen mounts (the end of this block)
+
+
+@pytest.mark.parametrize("how", ["screen closed", "app quits"])
+async def test_textual_still_fails_on_a_select_mounting_as_it_is_taken_down(monkeypatch, how):
+    """If this fails, Textual's Select no longer fails there: drop guard_select_mount_while_taken_down."""
+    monkeypatch.setattr(Select, "_on_mount", TEXTUAL_SELECT_ON_MOUNT)
+    with pytest.raises(NoMatches):
+        await close_while_a_select_mounts(how)
+
+
+@pytest.mark.parametrize("how", ["screen closed", "app quits"])
+async def test_a_select_mounting_as_it_is_taken_down_closes_cleanly(how):
+    guard_select_mount_while_taken_down()
+    guard_select_mount_while_taken_down()  # twice: one guard
+    await close_while_a_select_mounts(how)
+
+
+async def test_a_guarded_select_still_shows_its_value():
+    guard_select_mount_while_taken_down()
+    app = PlainApp()
+    async with app.run_test() as pilot:
+        await app.push_screen(SelectScreen())
+        await pilot.pause()
+        select = app.screen.query_one(Select)
+        assert select.value == 2 and "bfloat16" in str(select.query_one("SelectCurrent #label").render())

@@ -47,7 +47,12 @@ from tpudash.tui.hostio import HostIO
 from tpudash.tui.modes import MODE_SCREENS, mode_screen_factories, run_detail_screen
 from tpudash.tui.palette import TpudashCommands
 from tpudash.tui.quitting import QuitFlow
-from tpudash.tui.seams import CollectsAfterFrames, UndelayedRevisits, guard_option_list_page_keys
+from tpudash.tui.seams import (
+    CollectsAfterFrames,
+    UndelayedRevisits,
+    guard_option_list_page_keys,
+    guard_select_mount_while_taken_down,
+)
 from tpudash.tui.session import DashboardSession, EngineFactory
 from tpudash.tui.ticks import TICK_SECONDS, UITicks
 from tpudash.tui.view import DashboardView
@@ -133,6 +138,7 @@ class TpudashApp(QuitFlow, AfterFirstFrame, UITicks, CollectsAfterFrames, Undela
         super().__init__()
         self.freeze_after_start = freeze_after_start
         guard_option_list_page_keys()  # see tpudash/tui/seams.py
+        guard_select_mount_while_taken_down()
         self.settings = settings or Settings.load()
         self.session = DashboardSession(
             self.settings,

@@ -10,6 +10,9 @@ breaking the dashboard quietly. Written against Textual 8.2.
   first layout (a Select's list just opened) raises KeyError inside Textual and
   takes the app down. The list lives inside Select, so no subclass of ours can
   replace it.
+- ``guard_select_mount_while_taken_down``: a Select mounting in a screen
+  that is being closed (or as the app quits) looks up its own parts, which
+  were never mounted, and raises NoMatches, taking the app down.
 - ``UndelayedRevisits``: ``App.switch_mode`` holds every frame for 50 ms
   through ``App.delay_update`` to hide a screen still composing. A mode shown
   before is composed and kept, so that delay is pure key latency.
@@ -63,7 +66,7 @@ from textual.geometry import Region, Size
 from textual.screen import Screen
 from textual.strip import Strip
 from textual.widget import AwaitMount
-from textual.widgets import OptionList
+from textual.widgets import OptionList, Select
 
 from tpudash.tui import collector
 
@@ -81,6 +84,8 @@ _GUARDED = "_tpudash_page_keys_guarded"
 _PAINT_TIMER = "_tpudash_paint_ahead_timer"
 TEXTUAL_MOVE_PAGE = OptionList._move_page
 """Textual's own page move, kept so a test can tell when a release no longer needs the guard."""
+TEXTUAL_SELECT_ON_MOUNT = Select._on_mount
+"""Textual's own Select mount, kept so a test can tell when a release no longer needs the guard."""
 
 
 def being_taken_down(node: DOMNode) -> bool:
@@ -245,6 +250,25 @@ def guard_option_list_page_keys() -> None:
 
     OptionList._move_page = move_page_once_laid_out  # type: ignore[method-assign]  # the seam: Textual patched
     setattr(OptionList, _GUARDED, True)
+
+
+def guard_select_mount_while_taken_down() -> None:
+    """A Select mounting as its screen is closed (or the app quits) sets nothing up (Textual 8.2 raises
+    NoMatches: its own parts were never mounted, and its mount looks them up). Safe to call more than once.
+
+    Seen once in a local run of the suite: a form's Select in a screen built ahead as the app closed.
+    """
+    if getattr(Select, _GUARDED, False):
+        return
+    on_mount = TEXTUAL_SELECT_ON_MOUNT
+
+    def on_mount_unless_taken_down(self, event):
+        if being_taken_down(self):
+            return  # its overlay and current value may be gone or never mounted: nothing to set up
+        on_mount(self, event)
+
+    Select._on_mount = on_mount_unless_taken_down  # type: ignore[method-assign]  # the seam: Textual patched
+    setattr(Select, _GUARDED, True)
 
 
 class CollectsAfterFrames(_MixedIntoApp):
