@@ -54,18 +54,18 @@ class DecoratedFigure(Plot):
         monitor = figure.monitor
         # plotext draws the frame, plotraster the lines and dots (the same cells, a fraction of the cost).
         signals = take_signals(monitor) if figure._no_plots else None
-        try:
-            if signals is None:
-                _figure_class._build_matrix(figure)
-            else:
-                key = PlotFrames.key(monitor) if self.frames is not None else ""
-                if self.frames is None or not self.frames.reuse(monitor, key):
+        if signals is None:
+            _figure_class._build_matrix(figure)
+        else:
+            try:
+                frames = self.frames
+                key = PlotFrames.key(monitor) if frames is not None else ""
+                if frames is None or not frames.reuse(monitor, key):  # no frame kept for this figure: plotext draws it
                     _figure_class._build_matrix(figure)
-                    if self.frames is not None:
-                        self.frames.keep(monitor, key)
+                    if frames is not None:
+                        frames.keep(monitor, key)
                 draw_signals(monitor, signals)
-        finally:
-            if signals is not None:
+            finally:
                 restore_signals(monitor, signals)
         decorate(monitor, self.decoration)
 

@@ -22,7 +22,7 @@ whole. ``tests/unit/test_plotraster.py`` checks the two matrices are the
 same, cell for cell, over random figures.
 
 A plot's frame is mostly the same from one build to the next (its ticks
-move on a 1-2-5 step, every few hundred steps): ``PlotFrames`` keeps the
+move on a 1-2-5 step, only when the data pass the last one): ``PlotFrames`` keeps the
 last frame plotext drew for a plot, keyed by everything of the figure but
 its data, and hands a copy of it to the next build with the same key.
 """
