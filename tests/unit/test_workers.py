@@ -19,6 +19,7 @@ from tpudash.runs.workers import (
     StepTimer,
     WorkerIdentity,
     WorkerStatus,
+    end_unended_workers,
     find_worker,
     mark_stragglers,
     read_workers,
@@ -299,3 +300,23 @@ def test_several_workers_without_a_shared_run_id_are_told_before_anything_is_wri
     with pytest.raises(RecordingError, match="run_id: this process is worker 1 of 3 workers"):
         RecordedRun("loop", runs_dir=tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_cancelled_runs_workers_that_were_killed_before_their_last_beat_are_said_cancelled(tmp_path):
+    """The launcher, once every worker is gone after a cancel: one that said how it ended keeps its word, one
+    killed mid-collective (its last beat "running", now stale) is said cancelled, its last beat's time kept."""
+    write_beat(tmp_path, "host-0.json", beat(0, 1, status="cancelled"))
+    write_beat(tmp_path, "host-1.json", beat(1, 20, status="running"))
+    write_beat(tmp_path, "host-2.json", beat(2, 20))  # an older worker: no status at all
+    write_beat(tmp_path, "alone.json", {"heartbeat": time.time(), "interval": 5, "writer": "alone"})  # no worker
+    files = LocalRunFiles(tmp_path)
+    before = {worker.index: worker for worker in read_workers(files)}
+    assert [before[index].status for index in (0, 1, 2)] == ["cancelled", "running", None]
+
+    assert end_unended_workers(files, "cancelled") == [1, 2]
+
+    after = {worker.index: worker for worker in read_workers(files)}
+    assert [after[index].status for index in (0, 1, 2)] == ["cancelled"] * 3
+    assert all(after[index].heartbeat == before[index].heartbeat for index in (1, 2))
+    assert json.loads((tmp_path / "writers" / "alone.json").read_bytes())["writer"] == "alone"  # left alone
+    assert end_unended_workers(files, "cancelled") == []  # nothing left to say

@@ -40,6 +40,7 @@ from typing import IO, Any
 
 from jobs.events import Event, RunFinished, decode_event_line
 from tpudash.childproc import parent_death_signal
+from tpudash.runs.workers import end_unended_workers
 
 MAX_WORKERS = 64
 STOP_GRACE_SECONDS = 3.0
@@ -393,6 +394,12 @@ class ClusterLaunch:
             write_error = self.store.finish_abandoned(self.run_id, self.job, self.params, outcome.status, outcome.error)
             if write_error is not None:
                 outcome.error = f"{outcome.error or outcome.status}; its end could not be recorded: {write_error}"
+        if outcome.status == "cancelled":
+            # A worker stopped while it waited on a chief already gone is killed before its last beat.
+            try:
+                end_unended_workers(self.store.files(self.run_id), "cancelled")
+            except Exception:  # noqa: BLE001 - a store away: the Workers tab says "stale" for it, as it would
+                pass
         for log in self.logs:
             log.close()
         return outcome

@@ -405,6 +405,25 @@ def read_workers(files: RunFiles, now: float | None = None, problems: list[str] 
     return mark_stragglers([newest[index] for index in sorted(newest)])
 
 
+def end_unended_workers(files: RunFiles, status: str) -> list[int]:
+    """Say ``status`` in the last heartbeat of every worker of a run that ended without saying how it ended.
+
+    For the launcher, once every worker process is gone: a worker stopped by a cancel while it waited in a
+    collective on a chief that had already left is killed at the end of the grace, before its last beat.
+    Its heartbeat keeps its time (the table shows how long ago it last beat). Returns the workers' indexes.
+    """
+    ended = []
+    for status_now in read_workers(files):
+        if status_now.ended:
+            continue
+        name = f"{WRITERS_FOLDER}/{status_now.writer}.json"
+        payload = json.loads(files.read(name, MAX_HEARTBEAT_BYTES))
+        payload["status"] = status
+        files.write(name, json.dumps(payload, sort_keys=True).encode())
+        ended.append(status_now.index)
+    return ended
+
+
 def _recency(status: WorkerStatus) -> tuple[bool, float]:
     """Which of one worker's heartbeats is its latest: one from the future never outranks one from the past."""
     return status.age >= -heartbeat.CLOCK_SKEW_SECONDS, status.heartbeat
