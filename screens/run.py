@@ -21,6 +21,7 @@ from screens.base import DashScreen
 from tpudash.format import status_text
 from tpudash.tui.messages import DisplayTick
 from tpudash.tui.runview import RunView
+from tpudash.tui.seams import being_taken_down
 
 
 class RunScreen(DashScreen):
@@ -58,8 +59,10 @@ class RunScreen(DashScreen):
         return self.query_one("#run-view", RunView)
 
     def _show_run(self, run_id: str | None) -> None:
-        if self.dashboard.exiting:
-            return  # a signal or quit arrived while this screen was mounting: its widgets are going away
+        if self.dashboard.exiting or being_taken_down(self):
+            # A signal or quit arrived while this screen was mounting, or it is being closed as it mounts
+            # (built ahead as the app closes): its widgets are going away, its run view may have no parts.
+            return
         live = self.dashboard.session.live_runs.get(run_id) if run_id else None
         self.view.show(live.model if live else None)
         # A run of several workers (``tpudash run --workers N``) lists them; read on the display beat, off this thread.
