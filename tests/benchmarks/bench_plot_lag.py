@@ -82,7 +82,7 @@ async def watch(seconds: float) -> dict:
             while writer.is_alive() and time.monotonic() < deadline:
                 await asyncio.wait_for(app.next_tick(), TIMEOUT)
                 rows = list(screen.view._progress_rows.values()) if screen.loaded else []
-                progress = str(rows[0].counts.content).split("/")[0] if rows else ""
+                progress = str(rows[0].note).split("/")[0] if rows else ""
                 plot = screen.view.plot_for("loss") if screen.loaded else None
                 if not progress or progress == shown_progress or plot is None:
                     continue

@@ -22,8 +22,8 @@ async def test_the_loss_plot_updates_while_a_job_runs_and_ends_with_val_metrics(
         assert live.model.status == "running"
         assert "running" in app.lane_status and "test-steps" in app.lane_status
         # The bar moves at most twice a second; it gets there.
-        await until(pilot, lambda: "step" in view._progress_rows and view._progress_rows["step"].bar.progress == 20)
-        assert view._progress_rows["step"].bar.total == 40
+        await until(pilot, lambda: "step" in view._progress_rows and view._progress_rows["step"].done == 20)
+        assert view._progress_rows["step"].total == 40
         job_gate.release.set()
         await run_settled(pilot, live)
         assert live.model.status == "done"

@@ -21,7 +21,7 @@ STEPS = 6
 def shown_step(screen: RunDetailScreen) -> int | None:
     """The step the progress row shows (``5/6``), or None before it shows one."""
     rows = list(screen.view._progress_rows.values())
-    text = str(rows[0].counts.content) if rows else ""
+    text = str(rows[0].note) if rows else ""
     return int(text.split("/")[0]) if text else None
 
 

@@ -2,8 +2,6 @@
 
 A ``Spinner`` animates while it is displayed on the screen on show, and stops
 when hidden, when its screen is left or when it is removed; a
-``BeatProgressBar`` shows what it is given and never asks for Textual's
-once-a-second ETA interval (which a plain ``ProgressBar`` does: the pin); a
 ``SteadyStatic`` lays the screen out only for a text of another height.
 """
 
@@ -11,11 +9,10 @@ from __future__ import annotations
 
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal
-from textual.message_pump import MessagePump
 from textual.screen import Screen
-from textual.widgets import Label, ProgressBar
+from textual.widgets import Label
 
-from tpudash.tui.quiet_widgets import SPINNER_FRAME_SECONDS, BeatProgressBar, Spinner, SteadyStatic
+from tpudash.tui.quiet_widgets import SPINNER_FRAME_SECONDS, Spinner, SteadyStatic
 
 
 class SpinnerScreen(Screen):
@@ -62,35 +59,6 @@ async def test_a_spinner_hidden_before_its_first_frame_never_starts_its_timer():
         await pilot.pause()
         await pilot.pause()
         assert not spinner.animating
-
-
-class BarsApp(App):
-    def compose(self) -> ComposeResult:
-        yield BeatProgressBar(id="beat")
-        yield ProgressBar(id="plain", show_eta=False)
-
-
-async def test_a_beat_progress_bar_shows_its_progress_without_a_timer_of_its_own(monkeypatch):
-    intervals: list[tuple[str, float]] = []
-    set_interval = MessagePump.set_interval
-
-    def recorded(self, interval, *args, **kwargs):
-        intervals.append((self.id or type(self).__name__, interval))
-        return set_interval(self, interval, *args, **kwargs)
-
-    monkeypatch.setattr(MessagePump, "set_interval", recorded)
-    app = BarsApp()
-    async with app.run_test(size=(60, 6)) as pilot:
-        beat = app.query_one("#beat", BeatProgressBar)
-        beat.update(total=8, progress=2)
-        await pilot.pause()
-        assert beat.percentage == 0.25
-        assert "25%" in app.export_screenshot()
-        beat.update(progress=6)
-        await pilot.pause()
-        assert "75%" in app.export_screenshot()
-        assert ("plain", 1) in intervals  # Textual's own asks for its ETA's interval: what this one leaves out
-        assert not [asked for asked in intervals if asked[0] == "beat"]
 
 
 class SteadyApp(App):

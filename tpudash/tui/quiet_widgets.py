@@ -9,10 +9,6 @@ every wake-up or layout is CPU taken from the training the dashboard watches:
   screen, after the runtime had long answered: 16 wake-ups a second of the
   UI thread for nothing. This one animates only while it is displayed on the
   screen on show.
-- ``BeatProgressBar``: Textual's ``ProgressBar`` updates itself once a second
-  for its ETA countdown. tpudash shows no Textual ETA (it writes its own
-  beside the bar) and updates the bar on the display beat, so that timer only
-  repainted the same bar again.
 - ``SteadyStatic``: Textual's ``Static.update`` lays the whole screen out
   (and so repaints every widget on it, 12-20 ms of the UI thread on a run
   view) for each new text. A line that moves each second (a stage's clock)
@@ -24,11 +20,10 @@ from __future__ import annotations
 
 from typing import cast
 
-from textual import events
 from textual.css.styles import RulesMap
 from textual.screen import Screen
 from textual.visual import VisualType, visualize
-from textual.widgets import LoadingIndicator, ProgressBar, Static
+from textual.widgets import LoadingIndicator, Static
 
 SPINNER_FRAME_SECONDS = 1 / 16
 """How often the spinner redraws while it is seen (Textual's own rate)."""
@@ -63,22 +58,6 @@ class Spinner(LoadingIndicator):
         wanted = SPINNER_FRAME_SECONDS if seen else None
         if self.auto_refresh != wanted:
             self.auto_refresh = wanted
-
-
-class BeatProgressBar(ProgressBar):
-    """A progress bar updated only by whoever owns it: no once-a-second timer for an ETA it does not show."""
-
-    def __init__(self, *, total: float | None = None, id: str | None = None, classes: str | None = None) -> None:
-        super().__init__(total=total, show_eta=False, id=id, classes=classes)
-
-    def _on_mount(self, event: events.Mount) -> None:
-        # ProgressBar.on_mount updates, starts ``set_interval(1, self.update)`` and resets its clock. Textual runs
-        # every class's mount handler unless one prevents the default, which skips Widget's too: that one runs
-        # here (super()), then ProgressBar's minus the interval (tests/unit/test_quiet_widgets.py pins the interval).
-        event.prevent_default()
-        super()._on_mount(event)
-        self.update()
-        self._clock.reset()
 
 
 class SteadyStatic(Static):

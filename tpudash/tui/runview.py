@@ -19,19 +19,20 @@ import math
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
-from textual.widgets import DataTable, Label, Static, TabbedContent, TabPane, Tabs
+from textual.containers import Grid, Vertical, VerticalScroll
+from textual.widgets import DataTable, Static, TabbedContent, TabPane, Tabs
 from textual.widgets.tabbed_content import ContentTab
 
 from tpudash.advice.report import AdviceReport
-from tpudash.format import DeviceNames, display_beat, format_seconds, format_value, table_devices
+from tpudash.format import DeviceNames, display_beat, format_value, table_devices
 from tpudash.format import status_text as status_text  # the dashboard's status words: tests hold the CLI to them
-from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, ProgressState, RunModel
+from tpudash.runs.model import MAX_LOG_LINES, PATH_FAMILIES, TELEMETRY_LINES, MetricTrack, RunModel
 from tpudash.tui.advicetab import ADVICE_PANE, AdviceTab, FollowsAdvice
 from tpudash.tui.panelog import PaneLog
 from tpudash.tui.plots import MetricPlot, PathPlot, PlotLine, ReplicaBarPlot
 from tpudash.tui.profiletab import PROFILE_PANE, FollowsProfiles, ProfileTab
-from tpudash.tui.quiet_widgets import BeatProgressBar, SteadyStatic
+from tpudash.tui.progressline import ProgressLine
+from tpudash.tui.quiet_widgets import SteadyStatic
 from tpudash.tui.replicatable import fill_replica_table, replica_note
 from tpudash.tui.runheader import RunHeader, clipped, dashboard_runs_dir, shown_now
 from tpudash.tui.seams import being_taken_down
@@ -47,37 +48,6 @@ TELEMETRY_COLORS = {"TPU duty cycle": "green", "HBM used": "magenta", "host CPU"
 
 
 # -- the view -------------------------------------------------------------------
-
-
-class ProgressRow(Horizontal):
-    """One unit's progress: label, bar, counts and ETA."""
-
-    DEFAULT_CSS = """
-    ProgressRow { height: 1; }
-    ProgressRow .progress-unit { width: 10; color: $text-muted; }
-    ProgressRow ProgressBar { width: auto; }
-    ProgressRow .progress-eta { width: 1fr; padding: 0 0 0 1; color: $text-muted; }
-    """
-
-    def __init__(self, unit: str):
-        super().__init__()
-        self.unit = unit
-        self.bar = BeatProgressBar()
-        self.counts = Label("", classes="progress-eta")
-        self._shown = ""
-
-    def compose(self) -> ComposeResult:
-        yield Label(self.unit, classes="progress-unit")
-        yield self.bar
-        yield self.counts
-
-    def show(self, state: ProgressState, finished: bool) -> None:
-        self.bar.update(total=state.total, progress=state.done)
-        counts = f"{state.done}/{state.total}" if state.total is not None else str(state.done)
-        eta = "" if finished or state.total is None else f"  ETA {format_seconds(state.eta(), precise=False)}"
-        if counts + eta != self._shown:
-            self._shown = counts + eta
-            self.counts.update(self._shown, layout=False)
 
 
 class RunTabs(TabbedContent):
@@ -136,7 +106,7 @@ class RunView(FollowsWorkers, FollowsProfiles, FollowsAdvice, Vertical):
         self._tables_drawn: dict[str, int] = {}
         self._device_names = DeviceNames()
         self._result_tables: dict[str, DataTable] = {}
-        self._progress_rows: dict[str, ProgressRow] = {}
+        self._progress_rows: dict[str, ProgressLine] = {}
         self._plots: dict[str, MetricPlot] = {}
         self._path_plot: PathPlot | None = None
         self._plots_shape: tuple[int, int] | None = None
@@ -292,7 +262,7 @@ class RunView(FollowsWorkers, FollowsProfiles, FollowsAdvice, Vertical):
         for unit, state in model.progress.items():
             row = self._progress_rows.get(unit)
             if row is None:
-                row = self._progress_rows[unit] = ProgressRow(unit)
+                row = self._progress_rows[unit] = ProgressLine(unit)
                 container.mount(row)
             row.show(state, model.finished_state)
 
