@@ -2,17 +2,23 @@
 
 A ``Spinner`` animates while it is displayed on the screen on show, and stops
 when hidden, when its screen is left or when it is removed; a
-``SteadyStatic`` lays the screen out only for a text of another height.
+``SteadyStatic`` lays the screen out only for a text of another height; a
+``OneLineStatic`` draws its text's line without Textual's text layout, and
+shows what Static shows, cell for cell.
 """
 
 from __future__ import annotations
 
+from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal
 from textual.screen import Screen
-from textual.widgets import Label
+from textual.strip import Strip
+from textual.visual import Visual
+from textual.widgets import Label, Static
 
-from tpudash.tui.quiet_widgets import SPINNER_FRAME_SECONDS, Spinner, SteadyStatic
+from tpudash.format import status_text
+from tpudash.tui.quiet_widgets import SPINNER_FRAME_SECONDS, OneLineStatic, Spinner, SteadyStatic
 
 
 class SpinnerScreen(Screen):
@@ -104,3 +110,88 @@ async def test_a_steady_static_as_wide_as_its_text_follows_its_text_s_width():
         line.update("0.2s")  # as high as before, and narrower: what is beside it moves back
         await _until(pilot, lambda: beside.region.x == 4)
         assert line.size.width == 4
+
+
+class LinesApp(App):
+    CSS = "Static { height: 1; padding: 0 1; background: $panel; } #ellipsis-textual, #ellipsis-ours { text-wrap: nowrap; text-overflow: ellipsis; }"
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="textual")
+        yield OneLineStatic("", id="ours")
+        yield Static("", id="ellipsis-textual")
+        yield OneLineStatic("", id="ellipsis-ours")
+
+
+def shown(strip: Strip) -> list[tuple]:
+    """Each cell as a terminal shows it (character, colours, attributes), and the offset mouse selection reads."""
+    cells = []
+    for segment in strip:
+        style = segment.style
+        assert style is not None
+        offset = style.meta.get("offset")
+        for index, character in enumerate(segment.text):
+            attributes = tuple(bool(getattr(style, name)) for name in ("bold", "dim", "italic", "underline", "reverse"))
+            cells.append((character, style.color, style.bgcolor, attributes, offset and (offset[0] + index, offset[1])))
+    return cells
+
+
+LINES = [
+    Text.assemble(("tpudash", "bold"), "  ", ("CPU · 8 replicas", "cyan"), "  │  engine ", ("released", "dim")),
+    Text.assemble(("tpudash", "bold"), "  ", ("TPU runtime failed: no TPU found", "bold red")),
+    Text.assemble(
+        ("train", "bold"), "  ", status_text("running"), ("  0:07", "bold"), ("   20261129-1412-train", "dim")
+    ),
+    Text.assemble(("train", "bold"), "  ", status_text("failed"), ("  1:02:07", "bold")),
+    Text.assemble(("train", "bold"), "  ", status_text("running"), ("  0:07", "bold"), ("   " + "x" * 60, "dim")),
+    Text("word " * 20),  # too wide: Textual shows the words that fit
+    Text("y" * 80),  # one word too wide: folded
+    Text("No run yet: press m, r or g.", style="dim"),
+    Text.assemble(("a dim line", "dim"), " with a bold end", style="bold"),
+    Text(""),
+]
+
+
+async def test_a_one_line_static_shows_what_a_static_shows_cell_for_cell():
+    app = LinesApp()
+    async with app.run_test(size=(48, 6)) as pilot:
+        textual, ours = app.query_one("#textual", Static), app.query_one("#ours", OneLineStatic)
+        for theme in ("textual-dark", "textual-light"):
+            app.theme = theme
+            for line in LINES:
+                textual.update(line, layout=False)
+                ours.update(line, layout=False)
+                await pilot.pause()
+                strips = app.screen._compositor.render_strips()
+                assert strips[1].text == strips[0].text
+                assert shown(strips[1]) == shown(strips[0]), f"{theme}: {line.plain!r}"
+
+
+async def test_a_one_line_static_draws_without_textuals_text_layout_only_what_it_can_draw_so(monkeypatch):
+    app = LinesApp()
+    async with app.run_test(size=(48, 6)) as pilot:
+        laid_out: list[str | None] = []
+        to_strips = Visual.to_strips
+
+        def noted(widget, *args, **kwargs):
+            laid_out.append(widget.id)
+            return to_strips(widget, *args, **kwargs)
+
+        monkeypatch.setattr(Visual, "to_strips", staticmethod(noted))
+        ours, ellipsis = app.query_one("#ours", OneLineStatic), app.query_one("#ellipsis-ours", OneLineStatic)
+        ours.update(LINES[2], layout=False)
+        ellipsis.update(LINES[4], layout=False)
+        app.query_one("#ellipsis-textual", Static).update(LINES[4], layout=False)
+        await pilot.pause()
+        assert "ours" not in laid_out
+        # Styled to end in an ellipsis, or given markup rather than a Text: drawn by Static, as Static draws it.
+        assert "ellipsis-ours" in laid_out
+        strips = app.screen._compositor.render_strips()
+        assert strips[3].text.rstrip().endswith("…") and shown(strips[3]) == shown(strips[2])
+        laid_out.clear()
+        ours.update("[b]markup[/b]", layout=False)
+        await pilot.pause()
+        assert "ours" in laid_out and "markup" in app.screen._compositor.render_strips()[1].text
+        laid_out.clear()
+        ours.update(Text("all of it dim", style="dim"), layout=False)  # Textual blends that style into its colours
+        await pilot.pause()
+        assert "ours" in laid_out

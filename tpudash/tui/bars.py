@@ -17,12 +17,12 @@ from textual import events
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Static
 
 from tpudash.format import counted
+from tpudash.tui.quiet_widgets import OneLineStatic
 
 
-class SessionBar(Static):
+class SessionBar(OneLineStatic):
     """The one-line header on every screen: the runtime, then the accelerator lane.
 
     Shows the app's ``runtime_status`` ("connecting…", then kind, strategy and

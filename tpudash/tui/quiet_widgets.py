@@ -14,14 +14,24 @@ every wake-up or layout is CPU taken from the training the dashboard watches:
   view) for each new text. A line that moves each second (a stage's clock)
   did so every second. This one lays out only when the new text changes
   its height.
+- ``OneLineStatic``: a Static of one line turns its text into that line
+  through Textual's whole text layout (visual, content, wrapping, one style
+  lookup per span) at each repaint: about half a millisecond, more while
+  training takes the caches, for the session bar's and the run title's
+  clocks every second. This one draws a Rich ``Text`` straight to its line,
+  the same cells and text-selection offsets as Textual's.
 """
 
 from __future__ import annotations
 
 from typing import cast
 
+from rich.segment import Segment
+from rich.style import Style as RichStyle
+from rich.text import Text
 from textual.css.styles import RulesMap
 from textual.screen import Screen
+from textual.strip import Strip
 from textual.visual import VisualType, visualize
 from textual.widgets import LoadingIndicator, Static
 
@@ -79,3 +89,40 @@ class SteadyStatic(Static):
         new = visualize(self, content, markup=self._render_markup)
         rules = cast("RulesMap", self.styles)  # what Textual's own get_content_height measures with
         return new.get_height(rules, width) == self.visual.get_height(rules, width)
+
+
+class OneLineStatic(Static):
+    """A one-line Static that draws a Rich ``Text`` straight to its line; any other content as Static does.
+
+    What shows is what Static shows (``tests/unit/test_quiet_widgets.py`` holds the cells to it): the text's
+    styles over the widget's, the first line of the text as Textual wraps it when it is too wide, blanks after.
+    A line styled otherwise than left-aligned, wrapped and folded, or a text with a style of its own (not only
+    its spans'), is left to Static.
+    """
+
+    DEFAULT_CSS = "OneLineStatic { height: 1; }"
+
+    def render_line(self, y: int) -> Strip:
+        text = self.content
+        styles = self.styles
+        plain = (styles.text_wrap, styles.text_overflow, styles.text_align, styles.content_align_horizontal) == (
+            "wrap",
+            "fold",
+            "start",
+            "left",
+        )
+        if y or not isinstance(text, Text) or text.style or not plain:
+            return super().render_line(y)  # a style on the whole text Textual blends into its colours
+        width = self.content_size.width
+        console = self.app.console
+        if text.cell_len > width:
+            text = text.wrap(console, width)[0]  # the line Textual shows: words that fit, a long word folded
+            text.rstrip()
+        look = self.visual_style.rich_style
+        segments = [
+            Segment(segment.text, look + segment.style if segment.style else look)
+            for segment in text.render(console)
+            if segment.text and segment.text != "\n"
+        ]
+        # Offsets as Textual gives its text (mouse selection reads them), none on the blanks after.
+        return Strip(segments).apply_offsets(0, y).adjust_cell_length(width, RichStyle(bgcolor=look.bgcolor))

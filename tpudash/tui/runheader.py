@@ -31,6 +31,7 @@ from tpudash.runs.model import RunModel
 from tpudash.runs.storeclient import Outage, outage, spilled_events
 from tpudash.runs.uploader import local_run_dir
 from tpudash.tui.advicetext import hint_line, rate_text
+from tpudash.tui.quiet_widgets import OneLineStatic
 
 
 def clipped(text: str, width: int) -> str:
@@ -111,7 +112,7 @@ class RunHeader(Vertical):
         self._hint_shown: Text | None = None
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="run-title")
+        yield OneLineStatic("", id="run-title")  # its clock moves each second
         yield Static("", id="run-store", markup=False)
         yield Static("", id="run-params", markup=False)
         yield Static("", id="run-runtime", markup=False)
