@@ -30,7 +30,13 @@ from tpudash.runs.tail import read_events
 from tpudash.runs.telemetry_samples import idle_accelerator_hint, scalars
 from tpudash.telemetry.recorder import TelemetryRecorder
 from tpudash.telemetry.sampling import TelemetrySampler
-from tpudash.telemetry.sources import AddressError, HostMetrics, TpuMetricsClient, parse_metrics_address
+from tpudash.telemetry.sources import (
+    NO_CHIPS_RETRY_SECONDS,
+    AddressError,
+    HostMetrics,
+    TpuMetricsClient,
+    parse_metrics_address,
+)
 
 DUTY = {0: 87.5, 1: 62.5, 2: 25.0, 3: 12.5}
 USED = {0: 4 * GIB, 1: 2 * GIB, 2: GIB, 3: 0}
@@ -124,6 +130,43 @@ def test_no_chips_on_the_host_says_so_rather_than_connection_refused():
         address = server.address
     chips, reason = TpuMetricsClient(address, chips_on_host=0).read()
     assert chips == [] and reason == f"no TPU chips on this host (and no TPU metrics service at {address})"
+
+
+def test_a_host_without_chips_asks_a_refusing_service_again_only_every_half_minute():
+    with FakeTpuMetrics(chips=2) as server:
+        address = server.address
+        server.set(duty={0: 50.0, 1: 25.0}, used={0: GIB, 1: GIB})
+        server.stop()
+        now = [100.0]
+        client = TpuMetricsClient(address, chips_on_host=0, clock=lambda: now[0])
+        asked = len(server.requests)
+        chips, reason = client.read()
+        assert chips == [] and reason.startswith("no TPU chips on this host")
+        server.start()  # a service that appears: not asked for within the half minute, the same reason given
+        now[0] += NO_CHIPS_RETRY_SECONDS - 1
+        assert client.read() == ([], reason) and len(server.requests) == asked
+        now[0] += 1
+        chips, reason = client.read()
+        assert reason is None and [chip["duty_cycle_pct"] for chip in chips] == [50.0, 25.0]
+        server.stop()  # one that answered once is asked at every sample again: its going away is news
+        now[0] += 1
+        assert client.read()[1].startswith(f"no TPU metrics service at {address}")
+        server.start()
+        now[0] += 1
+        assert client.read()[1] is None
+        client.close()
+
+
+def test_a_host_with_chips_or_an_unknown_count_asks_at_every_sample():
+    with FakeTpuMetrics(chips=1) as server:
+        server.set(duty={0: 50.0}, used={0: GIB})
+        for chips_on_host in (None, 4):
+            server.stop()
+            client = TpuMetricsClient(server.address, chips_on_host=chips_on_host, clock=lambda: 0.0)
+            assert client.read()[0] == []
+            server.start()
+            assert client.read()[1] is None, chips_on_host
+            client.close()
 
 
 def test_a_service_that_does_not_answer_is_given_up_on_at_the_deadline():
