@@ -16,9 +16,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from plotext._figure import _figure_class
+from textual_plotext.plot import Plot
 
 from tpudash.tui import plotraster
-from tpudash.tui.plotlegend import DecoratedFigure, decorate
+from tpudash.tui.plotlegend import DecoratedFigure, Decoration, decorate
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,9 @@ class Figure:
     x_labels: tuple[str, str] = ("low", "high")
 
 
-def make(figure: Figure) -> DecoratedFigure:
+def make(figure: Figure, kind: type[Plot] = DecoratedFigure) -> Any:
     """A figure as the dashboard's plots give plotext one: lines, a title, ticks and limits set on both axes."""
-    plot = DecoratedFigure()
+    plot = kind()
     plot.theme("pro")
     for line in figure.lines:
         draw = plot.plot if line.joined else plot.scatter
@@ -79,9 +80,9 @@ def matrix_of(plot: Any) -> tuple[Any, ...]:
 
 
 def built_by_plotext_alone(figure: Figure) -> tuple[Any, ...]:
-    plot: Any = make(figure)
+    plot: Any = make(figure, Plot)  # plotext's own figure, set up as plotext sets it up
     _figure_class._build_matrix(plot)
-    decorate(plot.monitor, plot.decoration)
+    decorate(plot.monitor, Decoration())
     return matrix_of(plot)
 
 

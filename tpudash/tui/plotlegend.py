@@ -49,6 +49,18 @@ class DecoratedFigure(Plot):
     frames: PlotFrames | None = None
     """The plot's last frame, reused while only the data change (None: plotext draws every frame)."""
 
+    def _set_master(self) -> None:
+        # plotext's master figure makes a stand-in figure for subplots, whose monitor is a deep copy of the
+        # master's, still as new here: a new monitor is that copy at a twelfth of the cost, and a plot makes
+        # a figure at every replot, on the UI thread (issue 37).
+        figure: Any = self  # plotext's internals: typed neither by plotext nor by textual-plotext
+        monitor = figure.monitor
+        monitor.copy = type(monitor)
+        try:
+            _figure_class._set_master(figure)
+        finally:
+            del monitor.copy
+
     def _build_matrix(self) -> None:
         figure: Any = self  # plotext's internals: typed neither by plotext nor by textual-plotext
         monitor = figure.monitor
