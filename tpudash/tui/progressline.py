@@ -59,6 +59,9 @@ class ProgressLine(Widget, can_focus=False):
         self.note = ""
         """The counts and ETA written after the bar."""
         self._strip: tuple[tuple[object, ...], Strip] | None = None
+        self._bars: dict[tuple[object, ...], list[Segment]] = {}
+        """Bars drawn, by highlight, style and look: a bar moves in half cells, so it is mostly one drawn before."""
+        self._looks: tuple[tuple[RichStyle, str], dict[str, RichStyle]] | None = None
 
     @property
     def percentage(self) -> float | None:
@@ -84,33 +87,50 @@ class ProgressLine(Widget, can_focus=False):
             self._strip = (key, self._draw(width, look))
         return self._strip[1]
 
+    def _component(self, name: str, look: RichStyle) -> RichStyle:
+        """A component class's style, found once per look (Textual works it out anew at every call)."""
+        key = (look, self.app.theme)
+        if self._looks is None or self._looks[0] != key:
+            self._looks = (key, {})
+            self._bars.clear()
+        styles = self._looks[1]
+        if name not in styles:
+            styles[name] = self.get_component_rich_style(name)
+        return styles[name]
+
     def _draw(self, width: int, look: RichStyle) -> Strip:
-        muted = self.get_component_rich_style("progress-line--muted")
+        muted = self._component("progress-line--muted", look)
         blank = RichStyle(bgcolor=look.bgcolor)  # what Textual pads a label with
         percentage = self.percentage
         percent = "--%" if percentage is None else f"{round(percentage * 100)}%"
         segments = [
             *_cell_text(first_line(self.unit, UNIT_WIDTH), UNIT_WIDTH, muted, blank),
-            *self._bar(percentage),
+            *self._bar(percentage, look),
             *_cell_text(percent.rjust(PERCENT_WIDTH), PERCENT_WIDTH, look, blank),
             Segment(" ", blank),
             Segment(first_line(self.note, width - UNIT_WIDTH - BAR_WIDTH - PERCENT_WIDTH - 1), muted),
         ]
         return Strip(segments).adjust_cell_length(width, blank)
 
-    def _bar(self, percentage: float | None) -> list[Segment]:
+    def _bar(self, percentage: float | None, look: RichStyle) -> list[Segment]:
         """Textual's Bar at its default width: its renderable, its half-cell steps, its component styles."""
         if percentage is None:
-            style = self.get_component_rich_style("bar--indeterminate")
+            name = "bar--indeterminate"
             highlighted = 0.25 * BAR_WIDTH
             span = BAR_WIDTH + highlighted  # as Textual's: the highlight goes into the corners
             start = (self.done * INDETERMINATE_CELLS_PER_STEP) % (2 * span)
             start = (2 * span - start if start > span else start) - highlighted
             highlight = (max(0.0, start), min(start + highlighted, BAR_WIDTH))
         else:
-            style = self.get_component_rich_style("bar--bar" if percentage < 1 else "bar--complete")
+            name = "bar--bar" if percentage < 1 else "bar--complete"
             quantized = int(percentage * BAR_WIDTH * 2) / (BAR_WIDTH * 2)  # Bar's own half-cell steps
             highlight = (0.0, BAR_WIDTH * quantized)
+        drawn = self._bars.get((highlight, name))
+        if drawn is None:
+            drawn = self._bars[highlight, name] = self._draw_bar(highlight, self._component(name, look), look)
+        return drawn
+
+    def _draw_bar(self, highlight: tuple[float, float], style: RichStyle, look: RichStyle) -> list[Segment]:
         bar = BarRenderable(
             highlight_range=highlight,
             highlight_style=RichStyle.from_color(style.color),
@@ -119,9 +139,8 @@ class ProgressLine(Widget, can_focus=False):
         )
         console = self.app.console
         texts = [text for text in bar.__rich_console__(console, console.options.update_width(BAR_WIDTH))]
-        base = self.visual_style.rich_style
         return [
-            Segment(segment.text, base + segment.style if segment.style else base)
+            Segment(segment.text, look + segment.style if segment.style else look)
             for text in texts
             if isinstance(text, Text)
             for segment in text.render(console)
