@@ -156,3 +156,37 @@ async def test_a_live_metric_plot_draws_its_lines_with_plotraster_as_plotext_alo
     assert shown_when["plotraster, beat 0"] != shown_when["plotraster, beat 1"]
     for beat in (0, 1):
         assert shown_when[f"plotraster, beat {beat}"] == shown_when[f"plotext alone, beat {beat}"]
+
+
+async def test_a_plot_is_built_on_its_own_thread_and_a_build_that_fails_keeps_the_plot_shown(monkeypatch):
+    build = plotcells.build_rows
+    built_on: list[str] = []
+
+    def noted_build(*args):
+        built_on.append(threading.current_thread().name)
+        return build(*args)
+
+    def failing_build(*args):
+        raise ValueError("plotext could not draw this")
+
+    app = PlotApp()
+    async with app.run_test(size=(72, 20)) as pilot:
+        plot = app.query_one(MetricPlot)
+        monkeypatch.setattr(plotcells, "build_rows", noted_build)
+        plot.set_lines(lines())
+        await plots_drawn(app.screen)
+        await pilot.pause()
+        assert built_on and all(name.startswith("tpudash-plot-build") for name in built_on)
+        assert not app.workers  # no Textual worker: the UI thread's cost of one is more than the landing's
+        before = [strip.text for strip in shown(plot)]
+        monkeypatch.setattr(plotcells, "build_rows", failing_build)
+        plot.set_lines(lines()[:1])
+        await plots_drawn(app.screen)  # returns: the failed build is not asked for again and again
+        await pilot.pause()
+        assert plot.build_error == "ValueError: plotext could not draw this"
+        assert app.is_running and [strip.text for strip in shown(plot)] == before  # the old text stays
+        monkeypatch.setattr(plotcells, "build_rows", noted_build)
+        plot.set_lines(lines()[:2])  # new data: built again
+        await plots_drawn(app.screen)
+        await pilot.pause()
+        assert plot.build_error is None and [strip.text for strip in shown(plot)] != before

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from rich.style import Style as RichStyle
@@ -51,6 +52,23 @@ def build_rows(figure: Plot, key: RenderKey) -> PlotRows:
     Only ``figure`` is written, and nothing else holds it: every replot draws on a fresh figure.
     """
     return plotcells.build_rows(figure, key.width, key.height, key.theme)
+
+
+def timed_build(figure: Plot, key: RenderKey) -> tuple[PlotRows, float]:
+    """``build_rows`` and the CPU seconds it took (its thread's)."""
+    started = time.thread_time()
+    return build_rows(figure, key), time.thread_time() - started
+
+
+_plot_builds: ThreadPoolExecutor | None = None
+
+
+def plot_build_thread() -> ThreadPoolExecutor:
+    """The one thread every plot is built on, one build after another (plotext's drawing holds the GIL anyway)."""
+    global _plot_builds
+    if _plot_builds is None:
+        _plot_builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpudash-plot-build")
+    return _plot_builds
 
 
 class BudgetedPlot(PlotextPlot):
@@ -91,6 +109,10 @@ class BudgetedPlot(PlotextPlot):
         self._frames = PlotFrames()
         self._in_flight: RenderKey | None = None
         self._landed = asyncio.Event()
+        self.build_error: str | None = None
+        """Why the last build failed (None: it did not)."""
+        self._failed: RenderKey | None = None
+        """What the failed build was of: not asked for again (its data or size must move first)."""
         self.axis_ticks: dict[str, list[str]] = {}
         """The tick labels the last replot gave each axis ("x", "y")."""
 
@@ -133,30 +155,32 @@ class BudgetedPlot(PlotextPlot):
             # Decimation depends on the width and the ticks on the height, which may have changed since replot().
             self._replot_at_size()
         key = RenderKey(self.data_version, self.size.width, self.size.height, self._plotext_theme)
-        if key == self.shown:
+        if key == self.shown or key == self._failed:
             return
         self._in_flight = key
         self._landed.clear()
-        figure = self.plt
+        # On the plots' own thread, without a Textual worker: a worker's set-up, its state messages and asyncio's
+        # executor hand-off cost the UI thread more than the landing of the build itself (issue 37).
+        build = asyncio.get_running_loop().run_in_executor(plot_build_thread(), timed_build, self.plt, key)
+        build.add_done_callback(lambda done: self._land(key, done))
 
-        # A coroutine function, not a coroutine: a worker a closing app never starts leaves nothing unawaited.
-        async def build() -> None:
-            await self._build(key, figure)
-
-        self.run_worker(build, group="plot-build")  # type: ignore[arg-type]  # Textual types it Coroutine[None, None, …]
-
-    async def _build(self, key: RenderKey, figure: Plot) -> None:
-        def timed_build() -> tuple[PlotRows, float]:
-            started = time.thread_time()
-            return build_rows(figure, key), time.thread_time() - started
-
-        try:
-            rows, seconds = await asyncio.to_thread(timed_build)
-        finally:
-            self._in_flight = None
-            self._landed.set()
+    def _land(self, key: RenderKey, build: asyncio.Future[tuple[PlotRows, float]]) -> None:
+        """A build came back (on the UI thread): show it if it is of the current data, then build the newest."""
+        self._in_flight = None
+        self._landed.set()
+        if build.cancelled() or not self.is_attached:
+            return  # the app closed, or the plot left the screen, while it was built
+        error = build.exception()
+        if error is not None:
+            # The old text stays; the next change of data or size asks again. A plot never takes the app down.
+            self.build_error = f"{type(error).__name__}: {error}"
+            self._failed = key
+            self.log.error(f"plot build failed: {self.build_error}")
+            return
+        rows, seconds = build.result()
         self.renders += 1
         self.last_render_seconds = seconds
+        self.build_error = None
         if key.data_version == self.data_version:  # a build of newer data replaces this one below
             self.shown, self._shown_rows = key, rows
             self._shown_strips = self._cell_styles.strips(self, rows)
