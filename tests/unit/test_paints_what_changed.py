@@ -121,3 +121,51 @@ async def test_a_widget_in_front_of_a_change_still_covers_it():
         wrote, rendered = changed_frame(app, ChangedWidgetsCompositor.render_partial_update)
         assert wrote == textual_wrote
         assert "BOX" in wrote and "box" in rendered and "row" not in rendered
+
+
+class HiddenTabScreen(BodyScreen):
+    """The body, and beside it a container not displayed (as a tab not shown) with a line that changes."""
+
+    def compose(self) -> ComposeResult:
+        yield from super().compose()
+        with Vertical(id="hidden-tab"):
+            yield Ticking("table 0", id="hidden")
+
+    def on_mount(self) -> None:
+        self.query_one("#hidden-tab").display = False
+
+
+class HiddenTabApp(BodyApp):
+    SCREEN = HiddenTabScreen
+
+
+async def test_a_change_under_a_hidden_node_does_not_map_the_whole_screen_again(monkeypatch):
+    whole_maps: list[bool] = []
+    arrange = Compositor._arrange_root
+
+    def noted(self, root, size, visible_only=True):
+        if not visible_only:
+            whole_maps.append(True)
+        return arrange(self, root, size, visible_only)
+
+    monkeypatch.setattr(Compositor, "_arrange_root", noted)
+    app = HiddenTabApp()
+    async with app.run_test(size=(80, 16)) as pilot:
+        await pilot.pause()
+        screen = app.screen
+        compositor = screen._compositor
+        hidden, clock = screen.query_one("#hidden", Ticking), screen.query_one("#clock", Ticking)
+        _ = clock.size  # the map of every widget, as a first lookup of any widget's place makes it
+        whole_maps.clear()
+        for update in (ChangedWidgetsCompositor.update_widgets, Compositor.update_widgets):
+            hidden.tick("table 1")
+            clock.tick("clock 0:02")
+            update(compositor, {hidden, clock})
+            _ = clock.size  # a widget's place looked up, as the run view does at every beat
+            wrote = "".join(compositor.render_partial_update().render_segments(app.console))
+            assert "clock 0:02" in wrote and "table" not in wrote
+            if update is ChangedWidgetsCompositor.update_widgets:
+                assert whole_maps == []
+        # If this fails, Textual no longer maps the whole screen for a hidden widget's change: the seam can go.
+        assert whole_maps == [True]
+        await pilot.pause()
