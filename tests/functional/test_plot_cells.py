@@ -190,3 +190,44 @@ async def test_a_plot_is_built_on_its_own_thread_and_a_build_that_fails_keeps_th
         await plots_drawn(app.screen)
         await pilot.pause()
         assert plot.build_error is None and [strip.text for strip in shown(plot)] != before
+
+
+async def test_a_build_that_moves_some_rows_repaints_only_those_and_shows_the_whole_new_plot():
+    app = PlotApp()
+    async with app.run_test(size=(72, 20)) as pilot:
+        plot = app.query_one(MetricPlot)
+        plot.set_lines(lines())
+        await plots_drawn(app.screen)
+        await pilot.pause()
+        before = cells(shown(plot))
+        painted: list[int] = []
+        render_line = plot.render_line
+
+        def noted(y: int) -> Strip:
+            painted.append(y)
+            return render_line(y)
+
+        plot.render_line = noted  # type: ignore[method-assign]
+        moved = lines()
+        moved[2] = PlotLine("val", series([(step, 1.6) for step in range(0, 300, 40)]), color="cyan")  # a flat line
+        plot.set_lines(moved)
+        await plots_drawn(app.screen)
+        await pilot.pause()
+        repainted = set(painted)
+        plot.render_line = render_line  # type: ignore[method-assign]
+        after = cells(shown(plot))
+        changed = {y for y, (old, new) in enumerate(zip(before, after)) if old != new}
+        assert changed and len(changed) < plot.size.height  # some rows moved, not all
+        assert repainted == changed
+        # What the screen shows is the whole new plot: every row as plotext draws the new figure.
+        on_screen = app.screen._compositor.render_strips()
+        top = plot.region.y
+        assert [strip.text for strip in on_screen[top : top + plot.size.height]] == [
+            strip.crop(0, plot.size.width).text for strip in plotext_own_text(plot)
+        ]
+        painted.clear()
+        plot.render_line = noted  # type: ignore[method-assign]
+        plot.set_lines(moved)  # the same lines again: a build that changes nothing repaints nothing
+        await plots_drawn(app.screen)
+        await pilot.pause()
+        assert painted == []

@@ -182,10 +182,27 @@ class BudgetedPlot(PlotextPlot):
         self.last_render_seconds = seconds
         self.build_error = None
         if key.data_version == self.data_version:  # a build of newer data replaces this one below
+            shown = self.shown
+            before = self._shown_strips if shown is not None and shown.width == key.width else None
             self.shown, self._shown_rows = key, rows
             self._shown_strips = self._cell_styles.strips(self, rows)
-            self.refresh()
+            self._repaint_changed_rows(before)
         self._ensure_built()  # the data or the size moved on while it was built: build the newest
+
+    def _repaint_changed_rows(self, before: list[Strip] | None) -> None:
+        """Repaint the rows that differ from ``before`` (the strips shown until now), or all if it cannot tell.
+
+        About half a live plot's rows change from one build to the next: the others keep their painted lines,
+        and the frame writes only the rows that moved.
+        """
+        after = self._shown_strips
+        if before is None or len(before) != len(after):
+            self.refresh()
+            return
+        width = self.size.width
+        changed = [Region(0, y, width, 1) for y, (old, new) in enumerate(zip(before, after)) if old != new]
+        if changed:
+            self.refresh(*changed)
 
     @property
     def building(self) -> bool:
