@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from rich.style import Style as RichStyle
 from textual.content import Content
 from textual.dom import DOMNode
-from textual.geometry import Region
+from textual.geometry import Region, Size
 from textual.strip import Strip
 from textual_plotext import PlotextPlot
 from textual_plotext.plot import Plot
@@ -121,7 +121,8 @@ class BudgetedPlot(PlotextPlot):
         if self._shown_rows is not None and self._cell_styles.look != self.visual_style:
             self._shown_strips = self._cell_styles.strips(self, self._shown_rows)  # the widget's look changed (theme)
         # The width and look once for all lines: a widget's size is found through its screen's map, each time.
-        self._painting = (self.size.width, self._too_small, self.visual_style.rich_style)
+        size = self.size
+        self._painting = (size.width, self._too_small_at(size), self.visual_style.rich_style)
         try:
             return super().render_lines(crop)
         finally:
@@ -145,16 +146,23 @@ class BudgetedPlot(PlotextPlot):
 
     @property
     def _too_small(self) -> bool:
-        return self.size.width < self.MIN_WIDTH or self.size.height < self.MIN_HEIGHT
+        return self._too_small_at(self.size)
+
+    def _too_small_at(self, size: Size) -> bool:
+        # A widget's size is looked up through its screen's map at each read: callers read it once.
+        return size.width < self.MIN_WIDTH or size.height < self.MIN_HEIGHT
 
     def _ensure_built(self) -> None:
         """Ask for a build of the current data at the current size, unless it is shown or one is in flight."""
-        if self._too_small or self._in_flight is not None:
+        if self._in_flight is not None:
             return
-        if tuple(self.size) != self._drawn_size:
+        size = self.size
+        if self._too_small_at(size):
+            return
+        if tuple(size) != self._drawn_size:
             # Decimation depends on the width and the ticks on the height, which may have changed since replot().
             self._replot_at_size()
-        key = RenderKey(self.data_version, self.size.width, self.size.height, self._plotext_theme)
+        key = RenderKey(self.data_version, size.width, size.height, self._plotext_theme)
         if key == self.shown or key == self._failed:
             return
         self._in_flight = key
@@ -239,7 +247,8 @@ class BudgetedPlot(PlotextPlot):
             self.refresh()
 
     def _replot_at_size(self) -> None:
-        self._drawn_size = (self.size.width, self.size.height)
+        size = self.size
+        self._drawn_size = (size.width, size.height)
         self.data_version += 1
         # A fresh figure: the one before may be in a worker thread being built. Its theme first:
         # lines without a colour take the next of the theme's colours as they are plotted.
