@@ -91,13 +91,17 @@ class SteadyStatic(Static):
         return new.get_height(rules, width) == self.visual.get_height(rules, width)
 
 
+OVERFLOWS_DRAWN = {("wrap", "fold"), ("nowrap", "ellipsis")}
+"""The (text-wrap, text-overflow) a ``OneLineStatic`` draws itself; any other is left to Static."""
+
+
 class OneLineStatic(Static):
     """A one-line Static that draws a Rich ``Text`` straight to its line; any other content as Static does.
 
     What shows is what Static shows (``tests/unit/test_quiet_widgets.py`` holds the cells to it): the text's
-    styles over the widget's, the first line of the text as Textual wraps it when it is too wide, blanks after.
-    A line styled otherwise than left-aligned, wrapped and folded, or a text with a style of its own (not only
-    its spans'), is left to Static.
+    styles over the widget's, the first line of the text as Textual wraps it when it is too wide (or cut with an
+    ellipsis, for ``text-wrap: nowrap; text-overflow: ellipsis``), blanks after. A line styled otherwise than
+    left-aligned, or a text with a style of its own (not only its spans'), is left to Static.
     """
 
     DEFAULT_CSS = "OneLineStatic { height: 1; }"
@@ -105,17 +109,16 @@ class OneLineStatic(Static):
     def render_line(self, y: int) -> Strip:
         text = self.content
         styles = self.styles
-        plain = (styles.text_wrap, styles.text_overflow, styles.text_align, styles.content_align_horizontal) == (
-            "wrap",
-            "fold",
-            "start",
-            "left",
-        )
-        if y or not isinstance(text, Text) or text.style or not plain:
+        overflow = (styles.text_wrap, styles.text_overflow)
+        left = (styles.text_align, styles.content_align_horizontal) == ("start", "left")
+        if y or not isinstance(text, Text) or text.style or not left or overflow not in OVERFLOWS_DRAWN:
             return super().render_line(y)  # a style on the whole text Textual blends into its colours
         width = self.content_size.width
         console = self.app.console
-        if text.cell_len > width:
+        if text.cell_len > width and overflow == ("nowrap", "ellipsis"):
+            text = text.copy()
+            text.truncate(width, overflow="ellipsis")
+        elif text.cell_len > width:
             text = text.wrap(console, width)[0]  # the line Textual shows: words that fit, a long word folded
             text.rstrip()
         look = self.visual_style.rich_style

@@ -116,7 +116,7 @@ class RunHeader(Vertical):
         yield Static("", id="run-store", markup=False)
         yield Static("", id="run-params", markup=False)
         yield Static("", id="run-runtime", markup=False)
-        yield Static("", id="run-rate", markup=False)
+        yield OneLineStatic("", id="run-rate", markup=False)
         yield Static("", id="run-advice", markup=False)
         yield Static("", id="run-error", markup=False)
         yield Static("", id="run-outcome", markup=False)
