@@ -8,6 +8,9 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+from textual import events
+from textual.geometry import Size
 from textual.widgets import DataTable, Static
 
 from screens.devices import DevicesScreen
@@ -331,9 +334,13 @@ class RunLoadedAtOnce(RunDetailScreen):
         self.post_message(RunsLoaded([follow_run(self.dashboard.session.store, self.run_id)]))
 
 
-async def test_a_run_left_while_its_view_still_composes_raises_nothing_when_its_load_lands(make_app, isolated_runs_dir):
-    # The order one CI run produced: escape closed the run while its run view was still to compose, so the
-    # view mounted with no parts, and the run's load landed in the screen's queue before the close did.
+@pytest.mark.parametrize("queued_for_the_view", ["nothing", "a resize"])
+async def test_a_run_left_while_its_view_still_composes_raises_nothing_when_its_load_lands(
+    make_app, isolated_runs_dir, queued_for_the_view
+):
+    # The orders two CI runs produced: escape (or the app's exit) closed the run while its run view was still to
+    # compose, so the view mounted with no parts; the run's load landed in the screen's queue before the close did,
+    # or a layout's resize in the view's own queue.
     craft_runs(isolated_runs_dir)
     app = make_app()
     async with app.run_test(size=SIZE) as pilot:
@@ -344,6 +351,8 @@ async def test_a_run_left_while_its_view_still_composes_raises_nothing_when_its_
             pruned = prune(*nodes, parent=parent)
             for node in nodes:
                 if isinstance(node, RunLoadedAtOnce):
+                    if queued_for_the_view == "a resize":
+                        node.view.post_message(events.Resize(Size(80, 30), Size(80, 30)))
                     node.view_go.set()
             return pruned
 

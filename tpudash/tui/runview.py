@@ -432,6 +432,8 @@ class RunView(FollowsWorkers, FollowsProfiles, FollowsAdvice, Vertical):
         self._last_note = text
 
     def on_resize(self) -> None:
+        if not self._ready or being_taken_down(self):
+            return  # composed while it was being removed: it has no parts to fit (on_mount drew nothing either)
         if self.model is not None:
             self._sync_replicas(self.model)
             self._sync_telemetry_plot(self.model)
