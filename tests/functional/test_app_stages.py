@@ -8,12 +8,22 @@ The train job's own stages are checked in tests/unit/test_train.py.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+
+import pytest
 
 from jobs.base import JobSpec
 from jobs.events import Stage
 from tests.functional.conftest import SIZE, JobGate, run_settled, runtime_ready, until
 
 DATA = "making the data"
+
+
+@pytest.fixture
+def settings(settings):
+    """No telemetry: a run's first sample shows its telemetry plot, a layout; on a loaded machine it came late,
+    inside the seconds in which the test counts the layouts the stage's clock makes (none)."""
+    return replace(settings, telemetry_interval=0)
 
 
 def staged_job(gate: JobGate) -> JobSpec:
