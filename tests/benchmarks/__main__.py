@@ -52,6 +52,7 @@ BENCHMARKS = {
     "hosts": "tests.benchmarks.bench_hosts",
     "agent": "tests.benchmarks.bench_agent",
     "overhead": "tests.benchmarks.bench_overhead",
+    "watch_cost": "tests.benchmarks.bench_watch_cost",
 }
 
 

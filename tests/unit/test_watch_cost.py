@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.benchmarks.watch_cost import Period, frozen_over_watched, period_means, step_intervals
+from tests.benchmarks.bench_watch_cost import Period, frozen_over_watched, period_means, step_intervals
 
 
 def step_events(stamps_by_epoch: list[list[float]]) -> list[dict]:
