@@ -11,7 +11,8 @@ apart:
 - once the first epoch has ended, this process stops the dashboard's process
   (SIGSTOP: its UI thread, plot builds, telemetry, frames; the engine, a
   process of its own, trains on) and lets it go on (SIGCONT) in turn, every
-  ``--period`` seconds, in pairs whose order is drawn at random;
+  ``--period`` seconds (longer where the first epoch's steps were slow: at
+  least ``STEPS_PER_PERIOD`` of them), in pairs whose order is drawn at random;
 - the steps' own times (the job's per-step progress events, stamped in the
   engine) are split by the state each step fell in wholly, and each pair
   gives one ratio: the mean step time while frozen ÷ while watched.
@@ -56,7 +57,7 @@ import psutil
 from tests.benchmarks.harness import Result
 from tests.benchmarks.paired import spread
 
-DEFAULT_EPOCHS = {"light": 80, "cnn": 40}  # about two minutes of measured training each, on two cores
+DEFAULT_EPOCHS = {"light": 80, "cnn": 60}  # about two and a half minutes of measured training each, on two cores
 QUICK_EPOCHS = 3
 DEFAULT_PERIOD_SECONDS = 0.5
 TARGET_RATIO = 0.98
@@ -64,6 +65,7 @@ INTERVAL_FLOOR = 0.95
 FIRST_EPOCH_TIMEOUT = 900.0
 TRAINING_TIMEOUT = 3600.0
 MIN_STEPS_PER_PERIOD = 5
+STEPS_PER_PERIOD = 10
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -190,6 +192,9 @@ def measure(setup_name: str, epochs: int, period: float, seed: int, quick: bool 
                     raise RuntimeError(f"the dashboard's training never ended an epoch: see {scratch}/dashboard.stderr")
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     dashboard.wait(timeout=0.5)
+            first_steps = [end - start for start, end in step_intervals(read_events(scratch))]
+            if first_steps:
+                period = max(period, STEPS_PER_PERIOD * statistics.median(first_steps))
             periods, watched_cpu = watch_in_turn(dashboard, period, seed)
         finally:
             if dashboard.poll() is None:
@@ -214,7 +219,7 @@ def measure(setup_name: str, epochs: int, period: float, seed: int, quick: bool 
     return {
         "setup": setup_name,
         "epochs": epochs,
-        "period_seconds": period,
+        "period_seconds": round(period, 3),
         "pairs": len(ratios),
         "frozen_over_watched": figure.text(),
         "median": round(figure.median, 4),
@@ -254,7 +259,7 @@ def run(quick: bool) -> list[Result]:
                 met=measured["median"] >= TARGET_RATIO and low > INTERVAL_FLOOR,
                 samples=measured,
                 notes=(
-                    f"{measured['frozen_over_watched']}; {epochs} epochs, {DEFAULT_PERIOD_SECONDS} s periods; "
+                    f"{measured['frozen_over_watched']}; {epochs} epochs, {measured['period_seconds']} s periods; "
                     f"steps {measured['step_ms_frozen']} ms frozen, {measured['step_ms_watched']} ms watched "
                     f"(medians of periods); the dashboard's process {measured['dashboard_cores_watched']} cores "
                     "while watched"
@@ -271,7 +276,7 @@ def main(argv: list[str]) -> int:
         prog="python -m tests.benchmarks.bench_watch_cost", description=__doc__.splitlines()[0]
     )
     parser.add_argument("setup", nargs="?", choices=tuple(SETUPS), default="light")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs to train (default: light 80, cnn 40)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs to train (default: light 80, cnn 60)")
     parser.add_argument(
         "--period", type=float, default=DEFAULT_PERIOD_SECONDS, help="seconds in each state (default %(default)s)"
     )
