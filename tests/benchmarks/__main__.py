@@ -53,6 +53,7 @@ BENCHMARKS = {
     "agent": "tests.benchmarks.bench_agent",
     "overhead": "tests.benchmarks.bench_overhead",
     "watch_cost": "tests.benchmarks.bench_watch_cost",
+    "headless_cost": "tests.benchmarks.bench_headless_cost",
 }
 
 
