@@ -458,19 +458,31 @@ def decode_event_line(line: str | bytes) -> tuple[float | None, Event]:
     return _timed_event_from_dict(payload)
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+"""Each event class's field names, in order: looked up once (a training writes several events a step)."""
+_PLAIN = (str, bool, int, float, type(None))
+# One encoder for every line: ``json.dumps`` with separators builds a new one per call.
+_LINE_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def event_to_dict(event: Event, timestamp: float | None = None) -> dict:
     """The JSON object for ``event``; ``timestamp`` is stored as ``t``."""
     payload: dict[str, Any] = {"type": event.type}
     if timestamp is not None:
         payload["t"] = round(timestamp, 6)
-    for item in dataclasses.fields(event):
-        payload[item.name] = to_jsonable(getattr(event, item.name))
+    names = _FIELD_NAMES.get(type(event))
+    if names is None:
+        names = _FIELD_NAMES[type(event)] = tuple(item.name for item in dataclasses.fields(event))
+    for name in names:
+        value = getattr(event, name)
+        # Exact types only: a bool subclass, a numpy float or an int enum goes through to_jsonable.
+        payload[name] = value if type(value) in _PLAIN else to_jsonable(value)
     return payload
 
 
 def dumps(event: Event, timestamp: float | None = None) -> str:
     """One JSON line (no newline) for ``event``; NaN/inf stay readable by Python."""
-    return json.dumps(event_to_dict(event, timestamp), separators=(",", ":"))
+    return _LINE_ENCODER.encode(event_to_dict(event, timestamp))
 
 
 def loads(line: str | bytes) -> Event:
