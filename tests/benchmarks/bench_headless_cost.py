@@ -76,6 +76,8 @@ from tests.benchmarks.paired import spread
 
 DEFAULT_EPOCHS = {"light": 60, "cnn": 50}  # about two minutes of measured training each, on two cores
 CHILD_TIMEOUT = 3600.0
+PARTS = ("hooks", "display", "telemetry")
+"""What the switch turns off: the job callback's step hooks (and all they emit), the display's redraws, telemetry."""
 TERMINAL_SIZE = {"COLUMNS": "120", "LINES": "40"}
 REPO = Path(__file__).resolve().parents[2]
 
@@ -121,8 +123,10 @@ class Switch:
     (``RecordingTelemetry``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, parts: tuple[str, ...] = PARTS) -> None:
+        """``parts``: which of ``PARTS`` are turned off (the others run in both states: what is left is their cost)."""
         self.on = True
+        self.parts = frozenset(parts)
         self.live: Any = None
         self.sampling: Any = None
         self.switches: list[tuple[float, bool, int]] = []
@@ -151,8 +155,8 @@ class Switch:
 
     def _set(self, on: bool) -> None:
         self.on = on
-        for owner, name in ((self.live, "refresh"), (self.sampling, "_sample_once")):
-            if owner is None:
+        for part, owner, name in (("display", self.live, "refresh"), ("telemetry", self.sampling, "_sample_once")):
+            if owner is None or part not in self.parts:
                 continue
             if on:
                 vars(owner).pop(name, None)
@@ -217,7 +221,7 @@ def switchable(
         timed_hook = step_hooks.timed(hook)
 
         def hook_when_on(*args: Any, **kwargs: Any) -> Any:
-            return timed_hook(*args, **kwargs) if switch.on else None
+            return timed_hook(*args, **kwargs) if switch.on or "hooks" not in switch.parts else None
 
         return hook_when_on
 
@@ -312,7 +316,9 @@ def switch_in_turn(
         pair += 1
 
 
-def train_switching(setup_name: str, epochs: int, period: float, seed: int, quick: bool) -> dict:
+def train_switching(
+    setup_name: str, epochs: int, period: float, seed: int, quick: bool, parts: tuple[str, ...] = PARTS
+) -> dict:
     """The child: one headless train run with tpudash's part switched in turn; the figures."""
     from jobs import registry
     from tests.benchmarks.overhead_sides import REPLICAS, SETUPS
@@ -327,7 +333,7 @@ def train_switching(setup_name: str, epochs: int, period: float, seed: int, quic
     runtime = get_runtime(settings)
     spec = registry()["train"]
     params = spec.resolve(setup.overrides())
-    switch, starts = Switch(), []
+    switch, starts = Switch(parts), []
     first_epoch_over, training_over = threading.Event(), threading.Event()
     # At least STEPS_PER_PERIOD steps a period: the setup's steps are timed in its first epoch, so ask after it.
     controller_period = [period]
@@ -373,6 +379,7 @@ def train_switching(setup_name: str, epochs: int, period: float, seed: int, quic
     return {
         "setup": setup_name,
         "epochs": epochs,
+        "parts_switched": list(parts),
         "period_seconds": round(controller_period[0], 3),
         "pairs": len(ratios),
         "off_over_on": figure.text(),
@@ -400,10 +407,13 @@ def process_cores(periods: list[Period], cpu_at_switch: list[float]) -> dict[boo
     return {on: round(cpu[on] / wall[on], 3) for on in cpu if wall[on] > 0}
 
 
-def measure(setup_name: str, epochs: int, period: float, seed: int, quick: bool = False) -> dict:
+def measure(
+    setup_name: str, epochs: int, period: float, seed: int, quick: bool = False, parts: tuple[str, ...] = PARTS
+) -> dict:
     """Run the child (TensorFlow and its threads stay out of this process); its JSON line."""
     argv = [sys.executable, "-m", "tests.benchmarks.bench_headless_cost", "--trainer", setup_name]
-    argv += ["--epochs", str(epochs), "--period", str(period), "--seed", str(seed)] + (["--quick"] if quick else [])
+    argv += ["--epochs", str(epochs), "--period", str(period), "--seed", str(seed), "--parts", ",".join(parts)]
+    argv += ["--quick"] if quick else []
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     completed = subprocess.run(
         argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT, check=False
@@ -455,6 +465,11 @@ def main(argv: list[str]) -> int:
         "--period", type=float, default=DEFAULT_PERIOD_SECONDS, help="seconds in each state (default %(default)s)"
     )
     parser.add_argument("--seed", type=int, default=0, help="draws each pair's order")
+    parser.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help="what is switched off, of %(default)s (the rest runs throughout: one part alone is its own cost)",
+    )
     parser.add_argument("--quick", action="store_true", help="the setup's small size (checks it works)")
     parser.add_argument("--trainer", choices=tuple(SETUPS), help=argparse.SUPPRESS)  # the child this runs
     args = parser.parse_args(argv)
@@ -465,10 +480,14 @@ def main(argv: list[str]) -> int:
         parser.error(f"--epochs: at least 2 (the first is not measured), got {args.epochs}")
     if args.period <= 0:
         parser.error(f"--period: seconds above 0, got {args.period}")
+    parts = tuple(part.strip() for part in args.parts.split(",") if part.strip())
+    unknown = [part for part in parts if part not in PARTS]
+    if unknown or not parts:
+        parser.error(f"--parts: {', '.join(unknown) or 'none given'}; allowed: one or more of {', '.join(PARTS)}")
     if args.trainer:
-        figures = train_switching(args.trainer, args.epochs, args.period, args.seed, args.quick)
+        figures = train_switching(args.trainer, args.epochs, args.period, args.seed, args.quick, parts)
     else:
-        figures = measure(setup_name, args.epochs, args.period, args.seed, args.quick)
+        figures = measure(setup_name, args.epochs, args.period, args.seed, args.quick, parts)
     print(json.dumps(figures))
     return 0
 

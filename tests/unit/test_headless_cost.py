@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from tests.benchmarks.bench_headless_cost import (
+    PARTS,
     StepStart,
     Switch,
     do_nothing,
@@ -69,6 +70,16 @@ def test_what_is_asked_applies_at_the_next_step_start_and_off_quiets_the_display
     assert len(switch.cpu_at_switch) == 3
 
 
+def test_a_part_left_out_of_the_switch_runs_in_both_states():
+    switch = Switch(parts=("display",))
+    switch.live, switch.sampling = Redrawing(), Sampling()
+    switch.ask(False, pair=0)
+    switch.at_step_start(1.0)
+    assert not switch.on
+    assert switch.live.refresh is do_nothing
+    assert switch.sampling._sample_once() == "sampled"
+
+
 class Reporter:
     """What the job's callback reports to: which steps it was told of."""
 
@@ -98,7 +109,17 @@ class Context:
         return False
 
 
-def test_off_skips_the_jobs_step_hooks_from_the_next_step_and_every_step_start_is_stamped():
+@pytest.mark.parametrize(
+    ("parts", "steps_reported"),
+    [
+        # Epoch 1: steps 1–3 off, then on; epoch 2 on throughout.
+        (PARTS, [4, 5, 6, 1, 2, 3, 4, 5, 6]),
+        # The hooks left out of the switch: every step is reported, off or on.
+        (("display", "telemetry"), [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6]),
+    ],
+    ids=["every part", "all but the hooks"],
+)
+def test_off_skips_the_jobs_step_hooks_from_the_next_step_and_every_step_start_is_stamped(parts, steps_reported):
     import keras
     import numpy as np
     from keras.src.callbacks.callback_list import CallbackList
@@ -107,7 +128,7 @@ def test_off_skips_the_jobs_step_hooks_from_the_next_step_and_every_step_start_i
 
     keras_list_init = CallbackList.__init__
 
-    switch, starts = Switch(), []
+    switch, starts = Switch(parts), []
     reporter = Reporter()
 
     class TurnOnAfterThirdStep(keras.callbacks.Callback):
@@ -122,10 +143,9 @@ def test_off_skips_the_jobs_step_hooks_from_the_next_step_and_every_step_start_i
     with switchable(switch, starts, threading.Event()) as (step_hooks, _):
         callbacks = [reporting_callback(keras, Context(), reporter, lambda split: {}), TurnOnAfterThirdStep()]
         model.fit(*data, batch_size=8, epochs=2, callbacks=callbacks, verbose=0, shuffle=False)
-    # Epoch 1: steps 1–3 off, then on; epoch 2 on throughout.
-    assert reporter.ended == [4, 5, 6, 1, 2, 3, 4, 5, 6]
-    assert len(reporter.begun) == 9
-    assert len(step_hooks.seconds) == 2 * 9, "the hooks' time is counted only while they run"
+    assert reporter.ended == steps_reported
+    assert len(reporter.begun) == len(steps_reported)
+    assert len(step_hooks.seconds) == 2 * len(steps_reported), "the hooks' time is counted only while they run"
     assert [(start.epoch, start.batch) for start in starts] == [
         (epoch, batch) for epoch in (0, 1) for batch in range(6)
     ]
