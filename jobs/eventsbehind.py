@@ -8,10 +8,11 @@ headless_cost``), all of it time the next step waited. On a TPU, whose steps
 take a few milliseconds, the same report is a larger share.
 
 Here a step's events go to one thread of their own, which emits them in order
-while the training thread starts the next step. Before the training thread
-emits anything itself, or starts the step after, ``flush`` waits until what
-was handed over is out, so the run's events keep exactly the order they had
-(a step's events are at most one step late). Keras does the same with the
+while the training thread runs the next step (the framework's step leaves
+Python's lock free for it). At that step's end, and before the training
+thread emits anything itself, ``flush`` waits until what was handed over is
+out, so the run's events keep exactly the order they had (a step's events
+are at most one step late). Keras does the same with the
 step-end hooks of callbacks on backends it deems thread-safe (``CallbackList``'s
 asynchronous dispatch); on TensorFlow it calls them on the training thread, so
 it is done here, after Keras has turned the step's logs into numbers.

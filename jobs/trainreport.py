@@ -58,7 +58,8 @@ class TrainingReporter:
         self.ctx = ctx
         self.scalars = scalars
         self.step_events = EventsBehind(ctx.emit)
-        """Each execution's events, emitted while the next one runs; flushed before anything else is emitted."""
+        """Each execution's events, emitted while the next one runs; flushed at its end, and before anything
+        else is emitted."""
         self.stage = stage or StageAnnouncer(ctx.emit)
         self.plan = plan
         self.profile = profile
@@ -97,16 +98,22 @@ class TrainingReporter:
         self.epoch_started = time.perf_counter()
 
     def before_execution(self, steps: int) -> None:
-        self.step_events.flush()
+        # The last execution's events are still being emitted while this one runs; anything emitted here
+        # waits for them first, so the run's events keep their order.
         if self.global_step == 0:
+            self.step_events.flush()
             self.stage(STAGE_FIRST_STEP)
         elif self.stage.current != STAGE_TRAINING:
+            self.step_events.flush()
             self.stage(STAGE_TRAINING)
         if self.profile is not None:
+            if self.profile.profiler is None:
+                self.step_events.flush()  # a window outside tpudash's runner logs its start itself
             self.profile.before(self.global_step + 1, self.global_step + steps)
 
     def after_execution(self, steps_done_in_epoch: int, mean_loss: float | None, mean_accuracy: float | None) -> None:
         """``mean_*`` are running means over the epoch so far (what Keras logs)."""
+        self.step_events.flush()  # the last execution's events, emitted while this one ran
         new_steps = steps_done_in_epoch - self.batch_means.steps
         running = {name: mean for name, mean in (("loss", mean_loss), ("accuracy", mean_accuracy)) if mean is not None}
         values = self.batch_means.since_last(steps_done_in_epoch, running)
