@@ -63,12 +63,13 @@ from typing import Any
 
 from tests.benchmarks.bench_watch_cost import (
     DEFAULT_PERIOD_SECONDS,
-    INTERVAL_FLOOR,
     QUICK_EPOCHS,
+    REPO,
     STEPS_PER_PERIOD,
-    TARGET_RATIO,
     Period,
+    add_training_arguments,
     frozen_over_watched,
+    in_training_result,
     period_means,
 )
 from tests.benchmarks.harness import Result
@@ -79,7 +80,6 @@ CHILD_TIMEOUT = 3600.0
 PARTS = ("hooks", "display", "telemetry")
 """What the switch turns off: the job callback's step hooks (and all they emit), the display's redraws, telemetry."""
 TERMINAL_SIZE = {"COLUMNS": "120", "LINES": "40"}
-REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,23 +431,16 @@ def run(quick: bool) -> list[Result]:
     for setup_name in (name.strip() for name in names if name.strip()):
         epochs = QUICK_EPOCHS if quick else DEFAULT_EPOCHS[setup_name]
         measured = measure(setup_name, epochs, DEFAULT_PERIOD_SECONDS, seed=0, quick=quick)
-        low, _ = measured["interval"]
         results.append(
-            Result(
-                benchmark="headless_cost",
-                figure=f"{setup_name}: step time plain Keras ÷ headless tpudash, in one training",
-                value=measured["median"],
-                unit="×",
-                target=f"≥ {TARGET_RATIO}, interval > {INTERVAL_FLOOR}",
-                met=measured["median"] >= TARGET_RATIO and low > INTERVAL_FLOOR,
-                samples=measured,
-                notes=(
-                    f"{measured['off_over_on']}; {epochs} epochs, {measured['period_seconds']} s periods; "
-                    f"steps {measured['step_ms_off']} ms off, {measured['step_ms_on']} ms on (medians of periods); "
-                    f"the process {measured['process_cores_off']} cores off, {measured['process_cores_on']} on; "
-                    f"the job thread in tpudash's step hooks {measured['step_hooks_ms']} ms a step, in its epoch "
-                    f"start and end {measured['epoch_work_ms']} ms an epoch of {measured['steps_per_epoch']} steps"
-                ),
+            in_training_result(
+                "headless_cost",
+                f"{setup_name}: step time plain Keras ÷ headless tpudash, in one training",
+                measured,
+                f"{measured['off_over_on']}; {epochs} epochs, {measured['period_seconds']} s periods; "
+                f"steps {measured['step_ms_off']} ms off, {measured['step_ms_on']} ms on (medians of periods); "
+                f"the process {measured['process_cores_off']} cores off, {measured['process_cores_on']} on; "
+                f"the job thread in tpudash's step hooks {measured['step_hooks_ms']} ms a step, in its epoch "
+                f"start and end {measured['epoch_work_ms']} ms an epoch of {measured['steps_per_epoch']} steps",
             )
         )
     return results
@@ -459,18 +452,12 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.benchmarks.bench_headless_cost", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("setup", nargs="?", choices=tuple(SETUPS), default="light")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs to train (default: light 60, cnn 50)")
-    parser.add_argument(
-        "--period", type=float, default=DEFAULT_PERIOD_SECONDS, help="seconds in each state (default %(default)s)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="draws each pair's order")
+    add_training_arguments(parser, tuple(SETUPS), "light 60, cnn 50")
     parser.add_argument(
         "--parts",
         default=",".join(PARTS),
         help="what is switched off, of %(default)s (the rest runs throughout: one part alone is its own cost)",
     )
-    parser.add_argument("--quick", action="store_true", help="the setup's small size (checks it works)")
     parser.add_argument("--trainer", choices=tuple(SETUPS), help=argparse.SUPPRESS)  # the child this runs
     args = parser.parse_args(argv)
     setup_name = args.trainer or args.setup

@@ -241,6 +241,32 @@ def run_dashboard(setup_name: str, epochs: int, quick: bool) -> int:
     return 0
 
 
+def in_training_result(benchmark: str, figure: str, measured: dict, notes: str) -> Result:
+    """A suite row for a ratio measured inside one training: its median, met when ≥ the goal with its interval above the floor."""
+    low, _ = measured["interval"]
+    return Result(
+        benchmark=benchmark,
+        figure=figure,
+        value=measured["median"],
+        unit="×",
+        target=f"≥ {TARGET_RATIO}, interval > {INTERVAL_FLOOR}",
+        met=measured["median"] >= TARGET_RATIO and low > INTERVAL_FLOOR,
+        samples=measured,
+        notes=notes,
+    )
+
+
+def add_training_arguments(parser: argparse.ArgumentParser, setups: tuple[str, ...], epochs_help: str) -> None:
+    """The arguments of a benchmark measuring one training against itself: setup, epochs, period, seed."""
+    parser.add_argument("setup", nargs="?", choices=setups, default="light")
+    parser.add_argument("--epochs", type=int, default=None, help=f"epochs to train (default: {epochs_help})")
+    parser.add_argument(
+        "--period", type=float, default=DEFAULT_PERIOD_SECONDS, help="seconds in each state (default %(default)s)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="draws each pair's order")
+    parser.add_argument("--quick", action="store_true", help="the setup's small size (checks it works)")
+
+
 def run(quick: bool) -> list[Result]:
     """The suite's rows: one per setup, training watched ÷ frozen within one training."""
     setups = [name.strip() for name in os.environ.get("TPUDASH_WATCH_SETUPS", "light,cnn").split(",") if name.strip()]
@@ -248,22 +274,15 @@ def run(quick: bool) -> list[Result]:
     for setup_name in setups:
         epochs = QUICK_EPOCHS if quick else DEFAULT_EPOCHS[setup_name]
         measured = measure(setup_name, epochs, DEFAULT_PERIOD_SECONDS, seed=0, quick=quick)
-        low, _ = measured["interval"]
         results.append(
-            Result(
-                benchmark="watch_cost",
-                figure=f"{setup_name}: step time frozen ÷ watched, in one training",
-                value=measured["median"],
-                unit="×",
-                target=f"≥ {TARGET_RATIO}, interval > {INTERVAL_FLOOR}",
-                met=measured["median"] >= TARGET_RATIO and low > INTERVAL_FLOOR,
-                samples=measured,
-                notes=(
-                    f"{measured['frozen_over_watched']}; {epochs} epochs, {measured['period_seconds']} s periods; "
-                    f"steps {measured['step_ms_frozen']} ms frozen, {measured['step_ms_watched']} ms watched "
-                    f"(medians of periods); the dashboard's process {measured['dashboard_cores_watched']} cores "
-                    "while watched"
-                ),
+            in_training_result(
+                "watch_cost",
+                f"{setup_name}: step time frozen ÷ watched, in one training",
+                measured,
+                f"{measured['frozen_over_watched']}; {epochs} epochs, {measured['period_seconds']} s periods; "
+                f"steps {measured['step_ms_frozen']} ms frozen, {measured['step_ms_watched']} ms watched "
+                f"(medians of periods); the dashboard's process {measured['dashboard_cores_watched']} cores "
+                "while watched",
             )
         )
     return results
@@ -275,13 +294,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.benchmarks.bench_watch_cost", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("setup", nargs="?", choices=tuple(SETUPS), default="light")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs to train (default: light 80, cnn 60)")
-    parser.add_argument(
-        "--period", type=float, default=DEFAULT_PERIOD_SECONDS, help="seconds in each state (default %(default)s)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="draws each pair's order")
-    parser.add_argument("--quick", action="store_true", help="the setup's small size (checks it works)")
+    add_training_arguments(parser, tuple(SETUPS), "light 80, cnn 60")
     parser.add_argument("--dashboard", action="store_true", help=argparse.SUPPRESS)  # the child this runs
     args = parser.parse_args(argv)
     if args.epochs is None:
