@@ -15,7 +15,6 @@ from typing import Any
 from jobs import datasets as data
 from jobs.batchmeans import BatchMeans
 from jobs.events import TRAINING_STAGE, Metric, Progress, ReplicaValues, StageAnnouncer
-from jobs.eventsbehind import EventsBehind
 from jobs.trainplan import ProfileWindow, TrainingPlan, distribute
 from jobs.trainworkers import cluster_of, cluster_replica_devices, spans_workers
 
@@ -57,9 +56,6 @@ class TrainingReporter:
         """
         self.ctx = ctx
         self.scalars = scalars
-        self.step_events = EventsBehind(ctx.emit)
-        """Each execution's events, emitted while the next one runs; flushed at its end, and before anything
-        else is emitted."""
         self.stage = stage or StageAnnouncer(ctx.emit)
         self.plan = plan
         self.profile = profile
@@ -98,22 +94,15 @@ class TrainingReporter:
         self.epoch_started = time.perf_counter()
 
     def before_execution(self, steps: int) -> None:
-        # The last execution's events are still being emitted while this one runs; anything emitted here
-        # waits for them first, so the run's events keep their order.
         if self.global_step == 0:
-            self.step_events.flush()
             self.stage(STAGE_FIRST_STEP)
         elif self.stage.current != STAGE_TRAINING:
-            self.step_events.flush()
             self.stage(STAGE_TRAINING)
         if self.profile is not None:
-            if self.profile.profiler is None:
-                self.step_events.flush()  # a window outside tpudash's runner logs its start itself
             self.profile.before(self.global_step + 1, self.global_step + steps)
 
     def after_execution(self, steps_done_in_epoch: int, mean_loss: float | None, mean_accuracy: float | None) -> None:
         """``mean_*`` are running means over the epoch so far (what Keras logs)."""
-        self.step_events.flush()  # the last execution's events, emitted while this one ran
         new_steps = steps_done_in_epoch - self.batch_means.steps
         running = {name: mean for name, mean in (("loss", mean_loss), ("accuracy", mean_accuracy)) if mean is not None}
         values = self.batch_means.since_last(steps_done_in_epoch, running)
@@ -123,26 +112,18 @@ class TrainingReporter:
             self.stage(STAGE_TRAINING)
         self.global_step += new_steps
         self.steps_in_epoch = steps_done_in_epoch
+        emit = self.ctx.emit
+        for name, value in values.items():
+            if name == "accuracy":
+                value = min(1.0, max(0.0, value))
+            emit(Metric(name=f"batch_{name}", value=value, step=self.global_step, epoch=self.epoch, split="train"))
+        emit(Progress(done=steps_done_in_epoch, total=self.plan.steps_per_epoch, unit="step"))
         if self.profile is not None:
-            # First: the step marker ends with the step, not with its report (XProf's step time is the step's).
             self.profile.after(self.global_step)
-        events: list[Metric | Progress] = [
-            Metric(
-                name=f"batch_{name}",
-                value=min(1.0, max(0.0, value)) if name == "accuracy" else value,
-                step=self.global_step,
-                epoch=self.epoch,
-                split="train",
-            )
-            for name, value in values.items()
-        ]
-        events.append(Progress(done=steps_done_in_epoch, total=self.plan.steps_per_epoch, unit="step"))
-        self.step_events.later(events)
 
     def end_training_part(self) -> None:
         if self.train_seconds is None:
             self.train_seconds = time.perf_counter() - self.epoch_started
-        self.step_events.flush()  # the last step's events before validation's and the epoch's
 
     def end_epoch(self, train: dict, val: dict | None) -> None:
         self.end_training_part()
@@ -170,7 +151,6 @@ class TrainingReporter:
         emit(Progress(done=self.epoch, total=self.plan.epochs, unit="epoch"))
 
     def report_test(self, results: dict) -> None:
-        self.step_events.flush()
         self.test = {name: float(value) for name, value in results.items()}
         for name, value in self.test.items():
             self.ctx.emit(Metric(name=name, value=value, step=self.global_step, epoch=self.epochs_done, split="test"))
@@ -199,7 +179,6 @@ class TrainingReporter:
         return sum(steady) / len(steady) if steady else None
 
     def close(self) -> None:
-        self.step_events.close()
         if self.scalars is not None:
             self.scalars.close()
         for writer in self.writers.values():

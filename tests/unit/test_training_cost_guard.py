@@ -5,12 +5,10 @@ Wall time on a shared machine is too noisy to guard that in the default
 suite, so this guard counts instead: a run shaped like the train job's
 Keras ``fit`` (the job's own ``TrainingReporter`` called as its Keras
 callback calls it, once per step) goes through the engine's ``Runner``, the
-run's recorder and the headless console sink, and on the job's thread and
-the thread its steps' events are emitted on (``jobs.eventsbehind``) it
+run's recorder and the headless console sink, and on the job's thread it
 counts per step:
 
-- Python function calls (``sys.setprofile``): the CPU the step's reporting
-  costs, and apart those on the training thread, which the next step waits for;
+- Python function calls (``sys.setprofile``): the CPU the step's reporting costs;
 - writes into events.jsonl and the bytes they carry;
 - fsyncs, and run.json rewrites (``os.replace``).
 
@@ -33,8 +31,6 @@ import pytest
 from rich.console import Console
 
 from jobs.base import JobSpec
-from jobs.eventsbehind import THREAD_NAME as EVENTS_THREAD_NAME
-from jobs.eventsbehind import EventsBehind
 from jobs.trainplan import TrainingPlan
 from jobs.trainreport import TrainingReporter
 from tpudash.cli.sinks import ConsoleSink
@@ -46,13 +42,10 @@ COUNTED_STEPS = 200
 REPLICAS = 8
 BATCH_PER_REPLICA = 64
 
-# Today: 121 Python calls (33 of them on the training thread, the rest on
-# the events thread), 3 writes (batch_loss, batch_accuracy, the step's
-# progress) of 308 bytes, no fsync and no run.json per step. Room for small
-# growth, none for a new kind of cost: the step's events recorded and drawn
-# on the training thread again (114 calls there) fail the training thread's.
+# Today (a9d0343): 114 Python calls, 3 writes (batch_loss, batch_accuracy,
+# the step's progress) of 308 bytes, no fsync and no run.json per step. Room
+# for small growth, none for a new kind of cost.
 CALLS_PER_STEP_BUDGET = 160
-TRAINING_THREAD_CALLS_PER_STEP_BUDGET = 50
 WRITES_PER_STEP_BUDGET = 3
 BYTES_PER_STEP_BUDGET = 400
 # fsync: once a second at most between epochs; 200 steps that took 10 s would still pass.
@@ -78,7 +71,6 @@ class StepCosts:
     """What the job's thread did over the counted steps."""
 
     calls: int = 0
-    events_thread_calls: int = 0
     writes: int = 0
     bytes_written: int = 0
     fsyncs: int = 0
@@ -90,8 +82,7 @@ class StepCosts:
 
     def per_step(self) -> dict[str, float]:
         return {
-            "calls": (self.calls + self.events_thread_calls) / self.steps,
-            "training_thread_calls": self.calls / self.steps,
+            "calls": self.calls / self.steps,
             "writes": self.writes / self.steps,
             "bytes": self.bytes_written / self.steps,
             "fsyncs": self.fsyncs / self.steps,
@@ -99,17 +90,12 @@ class StepCosts:
         }
 
 
-def on_a_counted_thread(costs: StepCosts) -> bool:
-    """The job's thread, or the thread its steps' events are emitted on (``jobs.eventsbehind``)."""
-    return threading.get_ident() == costs.thread or threading.current_thread().name.startswith(EVENTS_THREAD_NAME)
-
-
 def count_os_calls(costs: StepCosts, monkeypatch: pytest.MonkeyPatch) -> None:
     """Wrap os.write, os.fsync and os.replace: counted when the job's thread calls them while counting."""
     write, fsync, replace = os.write, os.fsync, os.replace
 
     def counted() -> bool:
-        return costs.counting and on_a_counted_thread(costs)
+        return costs.counting and threading.get_ident() == costs.thread
 
     def counting_write(fd, data):
         if counted():
@@ -165,18 +151,6 @@ def train_shaped_job(costs: StepCosts) -> JobSpec:
             total_steps * global_batch,
             global_batch,
         )
-
-        def profile(frame, event, arg):
-            if event == "call":
-                costs.calls += 1
-
-        def profile_events_thread(frame, event, arg):
-            # Its own count (two threads adding to one would race); other threads started meanwhile are not counted.
-            if event == "call" and costs.counting and threading.current_thread().name.startswith(EVENTS_THREAD_NAME):
-                costs.events_thread_calls += 1
-
-        # Before the reporter's events thread starts (at the first step): it then runs with this profile.
-        threading.setprofile(profile_events_thread)
         reporter = TrainingReporter(ctx, plan, None, profile=None)
         reporter.begin_epoch(1)
 
@@ -189,16 +163,18 @@ def train_shaped_job(costs: StepCosts) -> JobSpec:
         for done in range(1, WARM_UP_STEPS + 1):
             step(done)
         costs.thread = threading.get_ident()
-        reporter.step_events.flush()  # the warm-up's last events are not counted
+
+        def profile(frame, event, arg):
+            if event == "call":
+                costs.calls += 1
+
         costs.counting = True
         sys.setprofile(profile)
         try:
             for done in range(WARM_UP_STEPS + 1, total_steps + 1):
                 step(done)
-            reporter.step_events.flush()  # the last counted step's events are
         finally:
             sys.setprofile(None)
-            threading.setprofile(None)
             costs.counting = False
         costs.steps = COUNTED_STEPS
         reporter.end_epoch({"loss": 0.5, "accuracy": 0.5}, {"loss": 0.5, "accuracy": 0.5})
@@ -232,7 +208,6 @@ def measure_step_costs(store, monkeypatch: pytest.MonkeyPatch) -> dict[str, floa
 def over_budget(per_step: dict[str, float]) -> list[str]:
     budgets = {
         "calls": CALLS_PER_STEP_BUDGET,
-        "training_thread_calls": TRAINING_THREAD_CALLS_PER_STEP_BUDGET,
         "writes": WRITES_PER_STEP_BUDGET,
         "bytes": BYTES_PER_STEP_BUDGET,
         "fsyncs": FSYNCS_PER_STEP_BUDGET,
@@ -254,10 +229,3 @@ def test_the_budget_catches_an_fsync_per_step(store, monkeypatch):
     monkeypatch.setattr(recorder_module, "FSYNC_INTERVAL_SECONDS", 0.0)
     per_step = measure_step_costs(store, monkeypatch)
     assert [line.split()[0] for line in over_budget(per_step)] == ["fsyncs"], per_step
-
-
-def test_the_budget_catches_a_steps_events_emitted_on_the_training_thread(store, monkeypatch):
-    # What the reporter did before its events thread: the next step waited for the record and the display.
-    monkeypatch.setattr(EventsBehind, "later", lambda self, events: [self._emit(event) for event in events])
-    per_step = measure_step_costs(store, monkeypatch)
-    assert [line.split()[0] for line in over_budget(per_step)] == ["training_thread_calls"], per_step
