@@ -23,7 +23,9 @@ from tpudash.runs.uploader import local_run_dir
 from tpudash.tui.runview import RunView
 
 RUN_ID = "20261128-003845-train-4be1c0"
-URL = "gs://b/runs"
+# A bucket of this module's own: the store outage record is process-wide, and a thread of an earlier test may
+# still be marking its store away (a full run under load drew "since" a moment of this test for gs://b).
+URL = "gs://run-view-outage-test/runs"
 
 
 def preparing_run(started: float) -> RunModel:
@@ -44,6 +46,14 @@ async def screen_text(pilot) -> str:
     return "\n".join(screen_rows(pilot.app))
 
 
+class DashboardOf(RunViewApp):
+    """The run view in an app whose settings name its runs directory, as the dashboard's do."""
+
+    def __init__(self, model: RunModel, runs_dir: object) -> None:
+        super().__init__(model)
+        self.settings = SimpleNamespace(runs_dir=runs_dir)
+
+
 async def test_a_store_that_stopped_answering_is_said_under_the_title_and_the_clocks_stand_at_that_moment():
     away_since = time.time() - 600  # the store stopped answering ten minutes ago, 42 s into the run
     model = preparing_run(away_since - 42)
@@ -53,7 +63,7 @@ async def test_a_store_that_stopped_answering_is_said_under_the_title_and_the_cl
     (spill / "host-1-aa-00000007.jsonl").write_text('{"type":"log"}\n' * 446)
     storeclient.mark_unreachable(f"{URL}/{RUN_ID}", away_since, "no answer within 8 s")
 
-    async with RunViewApp(model).run_test(size=(100, 24)) as pilot:
+    async with DashboardOf(model, URL).run_test(size=(100, 24)) as pilot:
         text = await screen_text(pilot)
         since = datetime.fromtimestamp(away_since).strftime("%H:%M:%S")
         assert f"⚠ store unreachable since {since} · 446 events held locally: shown as of then" in text
@@ -74,14 +84,6 @@ async def test_an_ended_run_says_nothing_of_its_store():
     model.status, model.finished = "done", time.time() - 90
     async with RunViewApp(model).run_test(size=(100, 24)) as pilot:
         assert "store unreachable" not in await screen_text(pilot)
-
-
-class DashboardOf(RunViewApp):
-    """The run view in an app whose settings name its runs directory, as the dashboard's do."""
-
-    def __init__(self, model: RunModel, runs_dir: object) -> None:
-        super().__init__(model)
-        self.settings = SimpleNamespace(runs_dir=runs_dir)
 
 
 async def test_only_the_dashboards_own_runs_store_stops_its_clocks(tmp_path):
